@@ -1,0 +1,108 @@
+/*
+ * internal.h - what every part of the library shares: error reporting, argument checks,
+ * settings, threads. Nothing here is public; the public API is include/deepgemm.h.
+ */
+#ifndef DG_CORE_INTERNAL_H
+#define DG_CORE_INTERNAL_H
+
+#include "deepgemm.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors (runtime/error.c) ------------------------------------------------------------ */
+
+/* Every public entry point starts with dg_api_begin(name): it clears this thread's message and
+ * names the function for the messages that follow. */
+void dg_api_begin(const char *api_name);
+/* Records "api_name: <message>" for this thread and returns `status`. */
+dg_status dg_fail(dg_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Early-return helpers for functions that return dg_status. */
+#define DG_TRY(expr)                    \
+    do {                                \
+        dg_status dg_try_s_ = (expr);   \
+        if (dg_try_s_ != DG_OK)         \
+            return dg_try_s_;           \
+    } while (0)
+
+#define DG_CHECK(cond, status, ...)             \
+    do {                                        \
+        if (!(cond))                            \
+            return dg_fail((status), __VA_ARGS__); \
+    } while (0)
+
+/* ---- tensor checks (core/check.c) -------------------------------------------------------- */
+
+/* `name` is the argument's name as DeepGEMM spells it ("a", "sfb", "grouped_layout", ...). */
+
+/* t and t->data are non-NULL (data may be NULL only when the tensor is empty), ndim matches
+ * (ndim < 0: any), no negative extents, the addressed span fits in size_t. */
+dg_status dg_check_tensor(const dg_tensor *t, const char *name, int ndim);
+/* dg_check_tensor, plus dtype == want. */
+dg_status dg_check_tensor_dtype(const dg_tensor *t, const char *name, int ndim, dg_dtype want);
+/* dtype is one of the `count` dtypes in `allowed`. */
+dg_status dg_check_dtype_in(const dg_tensor *t, const char *name, const dg_dtype *allowed, int count);
+/* shape[dim] == want. */
+dg_status dg_check_dim(const dg_tensor *t, const char *name, int dim, int64_t want);
+/* Row-major contiguous. */
+dg_status dg_check_contiguous(const dg_tensor *t, const char *name);
+/* The last dimension has unit stride (or extent <= 1): "row-major rows". */
+dg_status dg_check_last_dim_contiguous(const dg_tensor *t, const char *name);
+/* Writing `out` cannot overwrite `in` (their byte spans are disjoint), unless they are the
+ * very same view and `allow_same` is set (in-place accumulation). */
+dg_status dg_check_no_overlap(const dg_tensor *out, const char *out_name, const dg_tensor *in,
+                              const char *in_name, bool allow_same);
+/* An output view must not address one element twice (no zero strides on extents > 1, no
+ * dimensions interleaving). */
+dg_status dg_check_output(const dg_tensor *t, const char *name);
+/* Byte span [lo, hi) that a tensor's elements address relative to data; false on overflow. */
+bool dg_tensor_span(const dg_tensor *t, int64_t *lo, int64_t *hi);
+bool dg_tensors_same_view(const dg_tensor *a, const dg_tensor *b);
+
+/* Element address of a tensor with up to 4 indices (unused trailing indices are ignored). */
+static inline void *dg_elem_ptr(const dg_tensor *t, const int64_t *idx) {
+    int64_t off = 0;
+    for (int i = 0; i < t->ndim; ++i)
+        off += idx[i] * t->strides[i];
+    return (char *)t->data + off * (int64_t)dg_dtype_size(t->dtype);
+}
+static inline void *dg_ptr2(const dg_tensor *t, int64_t i, int64_t j) {
+    return (char *)t->data + (i * t->strides[0] + j * t->strides[1]) * (int64_t)dg_dtype_size(t->dtype);
+}
+static inline void *dg_ptr3(const dg_tensor *t, int64_t i, int64_t j, int64_t k) {
+    return (char *)t->data +
+           (i * t->strides[0] + j * t->strides[1] + k * t->strides[2]) * (int64_t)dg_dtype_size(t->dtype);
+}
+
+/* Reads any real-valued element as float (FLOAT32, BFLOAT16, FLOAT8_E4M3, INT32, INT8,
+ * UINT8, UE8M0) and writes FLOAT32 or BFLOAT16 (round to nearest even). */
+float dg_load_float(const dg_tensor *t, const void *p);
+void dg_store_float(const dg_tensor *t, void *p, float v);
+
+/* Overflow-checked arithmetic on sizes. */
+static inline bool dg_mul_ok(int64_t a, int64_t b, int64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline int64_t dg_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t dg_align(int64_t a, int64_t b) { return dg_ceil_div(a, b) * b; }
+
+/* ---- settings (runtime/settings.c) ------------------------------------------------------- */
+
+const dg_cpu_info *dg_cpu(void); /* detected once; never clears the error message */
+int dg_num_threads(void);          /* dg_get_num_sms() */
+bool dg_use_reference(void);       /* DG_BACKEND=reference or dg_set_backend */
+
+/* ---- allocation -------------------------------------------------------------------------- */
+
+/* 64-byte aligned; NULL on failure or when bytes overflow. Free with dg_free. */
+void *dg_malloc(size_t bytes);
+void *dg_calloc(size_t count, size_t size);
+void dg_free(void *p);
+
+#endif /* DG_CORE_INTERNAL_H */

@@ -1,0 +1,107 @@
+/* operand.c - checking GEMM operands and their scales (see operand.h). */
+#include "operand.h"
+
+dg_status dg_operand_init(dg_operand *op, const char *name, const dg_tensor *data, int grouped,
+                          const dg_dtype *allowed, int n_allowed) {
+    const int nd = grouped ? 3 : 2;
+    DG_TRY(dg_check_tensor(data, name, nd));
+    DG_TRY(dg_check_dtype_in(data, name, allowed, n_allowed));
+    op->data = data;
+    op->sf = NULL;
+    op->grouped = grouped;
+    op->groups = grouped ? data->shape[0] : 1;
+    op->mn = data->shape[nd - 2];
+    op->k = data->shape[nd - 1];
+    op->fp4_dim = -1;
+    op->gran_mn = op->gran_k = 1;
+    op->sf_packed = 0;
+    if (data->dtype == DG_FP4_E2M1X2) {
+        /* Pairs run along the unit-stride dimension; K-major is preferred when both are. */
+        if (data->strides[nd - 1] == 1 || data->shape[nd - 1] <= 1) {
+            op->fp4_dim = nd - 1;
+            op->k *= 2;
+        } else if (data->strides[nd - 2] == 1 || data->shape[nd - 2] <= 1) {
+            op->fp4_dim = nd - 2;
+            op->mn *= 2;
+        } else {
+            return dg_fail(DG_ERR_LAYOUT,
+                           "argument '%s': packed FP4 needs a unit stride in one of its last two "
+                           "dimensions (strides %lld, %lld)",
+                           name, (long long)data->strides[nd - 2], (long long)data->strides[nd - 1]);
+        }
+    }
+    return DG_OK;
+}
+
+dg_status dg_operand_set_scales(dg_operand *op, const char *sf_name, const dg_tensor *sf,
+                                int gran_mn, int gran_k) {
+    const dg_dtype dt = op->data->dtype;
+    const bool needs_sf = dt == DG_FLOAT8_E4M3 || dt == DG_FP4_E2M1X2;
+    if (!needs_sf) {
+        DG_CHECK(sf == NULL, DG_ERR_VALUE, "argument '%s': %s data takes no scales", sf_name,
+                 dg_dtype_name(dt));
+        op->sf = NULL;
+        return DG_OK;
+    }
+    DG_CHECK(sf != NULL, DG_ERR_NULL_POINTER, "argument '%s': %s data needs scales", sf_name,
+             dg_dtype_name(dt));
+    DG_CHECK(gran_mn > 0 && gran_k > 0, DG_ERR_VALUE,
+             "argument '%s': scale granularity (%d, %d) must be positive", sf_name, gran_mn, gran_k);
+    const int nd = op->grouped ? 3 : 2;
+    DG_TRY(dg_check_tensor(sf, sf_name, nd));
+    const dg_dtype sf_types[2] = {DG_FLOAT32, DG_INT32};
+    DG_TRY(dg_check_dtype_in(sf, sf_name, sf_types, 2));
+    const bool packed = sf->dtype == DG_INT32;
+    DG_CHECK(!packed || gran_mn == 1, DG_ERR_VALUE,
+             "argument '%s': packed UE8M0 scales need gran_mn == 1 (recipe gives %d)", sf_name,
+             gran_mn);
+    if (op->grouped)
+        DG_TRY(dg_check_dim(sf, sf_name, 0, op->groups));
+    DG_TRY(dg_check_dim(sf, sf_name, nd - 2, dg_ceil_div(op->mn, gran_mn)));
+    DG_TRY(dg_check_dim(sf, sf_name, nd - 1, dg_ceil_div(op->k, (int64_t)gran_k * (packed ? 4 : 1))));
+    op->sf = sf;
+    op->gran_mn = gran_mn;
+    op->gran_k = gran_k;
+    op->sf_packed = packed;
+    return DG_OK;
+}
+
+static bool all_zero(const int *v, int n) {
+    for (int i = 0; i < n; ++i)
+        if (v[i] != 0)
+            return false;
+    return true;
+}
+
+dg_status dg_resolve_recipe(const dg_gemm_options *opt, const dg_tensor *sfa, const dg_tensor *sfb,
+                            int gran_a[2], int gran_b[2]) {
+    const dg_gemm_options def = dg_gemm_options_default();
+    if (!opt)
+        opt = &def;
+    const bool has_recipe = !all_zero(opt->recipe, 3);
+    const bool has_a = !all_zero(opt->recipe_a, 2), has_b = !all_zero(opt->recipe_b, 2);
+    DG_CHECK(has_a == has_b, DG_ERR_VALUE, "recipe_a and recipe_b must be given together");
+    DG_CHECK(!(has_a && has_recipe), DG_ERR_VALUE,
+             "give either recipe or the recipe_a/recipe_b pair, not both");
+    if (has_a) {
+        gran_a[0] = opt->recipe_a[0];
+        gran_a[1] = opt->recipe_a[1];
+        gran_b[0] = opt->recipe_b[0];
+        gran_b[1] = opt->recipe_b[1];
+    } else if (has_recipe) {
+        gran_a[0] = opt->recipe[0];
+        gran_b[0] = opt->recipe[1];
+        gran_a[1] = gran_b[1] = opt->recipe[2];
+    } else {
+        /* DeepGEMM's get_default_recipe: float32 SFB is the legacy 1D2D format. */
+        const bool sfb_packed = sfb && sfb->dtype == DG_INT32;
+        (void)sfa;
+        gran_a[0] = 1;
+        gran_b[0] = sfb_packed ? 1 : 128;
+        gran_a[1] = gran_b[1] = 128;
+    }
+    DG_CHECK(gran_a[0] > 0 && gran_a[1] > 0 && gran_b[0] > 0 && gran_b[1] > 0, DG_ERR_VALUE,
+             "recipe granularities must be positive (A: %d, %d; B: %d, %d)", gran_a[0], gran_a[1],
+             gran_b[0], gran_b[1]);
+    return DG_OK;
+}

@@ -1,0 +1,148 @@
+/* cpu.c - CPU feature detection (once per process) and the ISA level kernels use. */
+#define _GNU_SOURCE /* sched_getaffinity */
+#include "../core/internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define DG_X86 1
+#endif
+
+static dg_cpu_info g_info;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static atomic_int g_isa = -1;
+
+static int count_cores(void) {
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        const int n = CPU_COUNT(&set);
+        if (n > 0)
+            return n;
+    }
+#endif
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+#if DG_X86
+static uint64_t read_xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static void detect_x86(dg_cpu_info *ci) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return;
+    const unsigned max_leaf = a;
+    memcpy(ci->vendor + 0, &b, 4);
+    memcpy(ci->vendor + 4, &d, 4);
+    memcpy(ci->vendor + 8, &c, 4);
+    ci->vendor[12] = '\0';
+    __get_cpuid(1, &a, &b, &c, &d);
+    const int osxsave = (c >> 27) & 1;
+    ci->fma = (c >> 12) & 1;
+    const uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+    const int os_avx = (xcr0 & 0x6) == 0x6;        /* XMM and YMM state */
+    const int os_avx512 = (xcr0 & 0xe6) == 0xe6;   /* plus opmask and ZMM state */
+    const int os_amx = (xcr0 & 0x60000) == 0x60000;
+    ci->fma = ci->fma && os_avx;
+    if (max_leaf >= 7) {
+        __get_cpuid_count(7, 0, &a, &b, &c, &d);
+        ci->avx2 = os_avx && ((b >> 5) & 1);
+        ci->avx512f = os_avx512 && ((b >> 16) & 1);
+        ci->avx512bw = os_avx512 && ((b >> 30) & 1);
+        ci->avx512vl = os_avx512 && ((b >> 31) & 1);
+        ci->avx512_vnni = os_avx512 && ((c >> 11) & 1);
+        ci->amx_bf16 = os_amx && ((d >> 22) & 1);
+        __get_cpuid_count(7, 1, &a, &b, &c, &d);
+        ci->avx512_bf16 = os_avx512 && ((a >> 5) & 1);
+    }
+    unsigned ext = 0;
+    __get_cpuid(0x80000000u, &ext, &b, &c, &d);
+    if (ext >= 0x80000004u) {
+        unsigned *w = (unsigned *)ci->brand;
+        for (unsigned leaf = 0; leaf < 3; ++leaf)
+            __get_cpuid(0x80000002u + leaf, &w[4 * leaf], &w[4 * leaf + 1], &w[4 * leaf + 2], &w[4 * leaf + 3]);
+        ci->brand[48] = '\0';
+    }
+}
+#endif
+
+static dg_isa isa_from_env(dg_isa best) {
+    const char *s = getenv("DG_ISA");
+    if (!s || !*s)
+        return best;
+    static const struct { const char *name; dg_isa isa; } kNames[] = {
+        {"generic", DG_ISA_GENERIC}, {"avx2", DG_ISA_AVX2}, {"avx512", DG_ISA_AVX512},
+        {"avx512_bf16", DG_ISA_AVX512_BF16}};
+    for (size_t i = 0; i < sizeof kNames / sizeof kNames[0]; ++i)
+        if (strcmp(s, kNames[i].name) == 0)
+            return kNames[i].isa <= best ? kNames[i].isa : best;
+    return best; /* unknown names keep the detected level */
+}
+
+static void detect(void) {
+    memset(&g_info, 0, sizeof g_info);
+    strcpy(g_info.vendor, "unknown");
+    strcpy(g_info.brand, "unknown");
+    g_info.logical_cores = count_cores();
+#if DG_X86
+    detect_x86(&g_info);
+#endif
+    dg_isa best = DG_ISA_GENERIC;
+    if (g_info.avx2 && g_info.fma)
+        best = DG_ISA_AVX2;
+    if (best == DG_ISA_AVX2 && g_info.avx512f && g_info.avx512bw && g_info.avx512vl)
+        best = DG_ISA_AVX512;
+    if (best == DG_ISA_AVX512 && g_info.avx512_bf16 && g_info.avx512_vnni)
+        best = DG_ISA_AVX512_BF16;
+    g_info.best_isa = best;
+    atomic_store(&g_isa, (int)isa_from_env(best));
+}
+
+const dg_cpu_info *dg_cpu(void) {
+    pthread_once(&g_once, detect);
+    return &g_info;
+}
+
+dg_status dg_get_cpu_info(dg_cpu_info *out) {
+    dg_api_begin("dg_get_cpu_info");
+    DG_CHECK(out != NULL, DG_ERR_NULL_POINTER, "argument 'out' is NULL");
+    *out = *dg_cpu();
+    return DG_OK;
+}
+
+const char *dg_isa_name(dg_isa isa) {
+    switch (isa) {
+    case DG_ISA_GENERIC: return "generic";
+    case DG_ISA_AVX2: return "avx2";
+    case DG_ISA_AVX512: return "avx512";
+    case DG_ISA_AVX512_BF16: return "avx512_bf16";
+    }
+    return "unknown";
+}
+
+dg_isa dg_get_isa(void) {
+    pthread_once(&g_once, detect);
+    return (dg_isa)atomic_load(&g_isa);
+}
+
+dg_status dg_set_isa(dg_isa isa) {
+    dg_api_begin("dg_set_isa");
+    pthread_once(&g_once, detect);
+    DG_CHECK(isa >= DG_ISA_GENERIC && isa <= DG_ISA_AVX512_BF16, DG_ERR_VALUE, "unknown ISA level %d", (int)isa);
+    DG_CHECK(isa <= g_info.best_isa, DG_ERR_UNSUPPORTED, "this CPU does not support %s (best: %s)",
+             dg_isa_name(isa), dg_isa_name(g_info.best_isa));
+    atomic_store(&g_isa, (int)isa);
+    return DG_OK;
+}
