@@ -205,6 +205,71 @@ DG_API dg_gemm_options dg_gemm_options_default(void);
 
 /* @@SECTION formats-quant: quantization helpers, packing, calc_diff (SPEC 1-2) @@ */
 
+/*
+ * Bulk conversion, like torch's `dst.copy_(src)`: src and dst have the same shape and any
+ * strides; each dtype is FLOAT32, BFLOAT16 or FLOAT8_E4M3. Every element gives exactly the bits
+ * of the scalar functions above (through float32). dst may be src itself only when the dtypes
+ * agree (then nothing changes); otherwise they must not overlap.
+ */
+DG_API dg_status dg_cast(const dg_tensor *src, const dg_tensor *dst);
+
+/*
+ * Quantization helpers of deep_gemm.utils (SPEC 2). x is FLOAT32 or BFLOAT16 with any strides.
+ * In every group: amax = max |x| (NaN propagates) clamped below at float(1e-4); sf = amax / 448
+ * (FP8) or amax / 6 (FP4) in float32; with use_ue8m0, sf = dg_ceil_to_ue8m0(sf); then
+ * data = cast(x * (1.0f / sf)), the reciprocal and the product in float32. K is padded with
+ * zeros to a multiple of gran_k (> 0; DeepGEMM's default is 128). Outputs are row-major or
+ * any strides that address each element once ("out": unit stride along its last dimension for
+ * packed FP4) and must not overlap inputs or each other. Query form: when out or out_sf has
+ * data == NULL, those descriptors are filled in (row-major) and nothing else is done.
+ *
+ * per_token:  x [M, K] -> out E4M3 [M, K], out_sf FLOAT32 [M, ceil(K/gran_k)], or with
+ *             use_packed_ue8m0 INT32 [M, S/4] (needs use_ue8m0 and S = ceil(K/gran_k) % 4 == 0).
+ */
+DG_API dg_status dg_per_token_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k, int use_packed_ue8m0,
+                                          dg_tensor *out, dg_tensor *out_sf);
+/* per_block:  gran_k x gran_k blocks; x [M, K] -> out E4M3 [M, K],
+ *             out_sf FLOAT32 [ceil(M/gran_k), ceil(K/gran_k)]. */
+DG_API dg_status dg_per_block_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k, dg_tensor *out,
+                                          dg_tensor *out_sf);
+/* per_channel: gran_k rows x 1 column; x [M, N] with M % gran_k == 0 -> out E4M3 [M, N],
+ *             out_sf FLOAT32 [M/gran_k, N]. */
+DG_API dg_status dg_per_channel_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k, dg_tensor *out,
+                                            dg_tensor *out_sf);
+/* per_custom_dims: x of any ndim; one scale per index of the dimensions listed in
+ * dims[0..num_dims) (each in [0, ndim), no repeats), amax over all the other dimensions.
+ * out E4M3 with x's shape; out_sf FLOAT32 shaped like DeepGEMM's `sf.squeeze()`: the listed
+ * dimensions' extents in dimension order, extents of 1 dropped. As in torch's amax, listing
+ * no dimension or every dimension reduces over the whole tensor (out_sf has 0 dimensions). */
+DG_API dg_status dg_per_custom_dims_cast_to_fp8(const dg_tensor *x, const int *dims, int num_dims, int use_ue8m0,
+                                                dg_tensor *out, dg_tensor *out_sf);
+/* per_token FP4: x [M, K], K even, ceil(K/gran_k)*gran_k even -> out DG_FP4_E2M1X2 (or INT8)
+ * [M, K/2] (element 2i low nibble); out_sf FLOAT32 [M, S], S = ceil(K/gran_k), or with
+ * use_packed_ue8m0 (needs use_ue8m0) INT32 [M, ceil(S/4)] with the missing scales of the
+ * last word set to 1.0 (byte 127), as DeepGEMM pads. */
+DG_API dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int gran_k, int use_packed_ue8m0,
+                                          dg_tensor *out, dg_tensor *out_sf);
+/* Dequantize packed FP4: packed DG_FP4_E2M1X2/INT8 [M, N/2] (unit stride along the last dim),
+ * sf FLOAT32 [M, >= ceil(N/gran_k)] or with use_packed_ue8m0 INT32 [M, >= ceil(ceil(N/gran_k)/4)]
+ * (byte b means the float with bits b << 23, as DeepGEMM unpacks: byte 0 gives 0) ->
+ * out FLOAT32 (or BFLOAT16) [M, N] = value(code) * sf; code 8 (-0) gives +0 * sf. */
+DG_API dg_status dg_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, int gran_k,
+                                       int use_packed_ue8m0, dg_tensor *out);
+/* Element-wise dg_ceil_to_ue8m0: x FLOAT32/BFLOAT16 -> out FLOAT32 of x's shape (out may be the
+ * same view as a FLOAT32 x). */
+DG_API dg_status dg_ceil_to_ue8m0_tensor(const dg_tensor *x, const dg_tensor *out);
+/* x FLOAT32 [..., S], S % 4 == 0, every value a non-negative float with zero mantissa bits
+ * (+0, powers of two, +inf) -> out INT32 [..., S/4], byte j of word q = exponent byte of x[4q+j]. */
+DG_API dg_status dg_pack_ue8m0_to_int(const dg_tensor *x, dg_tensor *out);
+/* The inverse: packed INT32 [..., S4] -> out FLOAT32 [..., 4*S4], value bits = byte << 23. */
+DG_API dg_status dg_unpack_ue8m0_from_int(const dg_tensor *packed_sf, dg_tensor *out);
+/* Transpose a packed FP4 matrix: a DG_FP4_E2M1X2/INT8 [M, N/2] (M even, unit stride along the
+ * last dim) holding logical [M, N] -> out (a's dtype) [N, M/2] holding logical [N, M]. */
+DG_API dg_status dg_transpose_packed_fp4(const dg_tensor *a, dg_tensor *out);
+/* DeepGEMM's calc_diff: 1 - 2*sum(x*y) / sum(x*x + y*y) in double over FLOAT32/BFLOAT16
+ * tensors of equal shape and any strides; 0 when both are all zero (or empty). */
+DG_API dg_status dg_calc_diff(const dg_tensor *x, const dg_tensor *y, double *out);
+
 /* @@SECTION dense-gemm: bf16/fp8/fp8_fp4 GEMMs nt/nn/tn/tt, skip_head_mid (SPEC 3) @@ */
 
 /*
@@ -256,13 +321,367 @@ DG_API dg_status dg_fp8_gemm_tt(const dg_tensor *a, const dg_tensor *sfa, const 
                                 const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c,
                                 const dg_gemm_options *opts);
 
+/*
+ * D = A @ B^T written around per-head gaps (DeepGEMM attention.hpp). head_splits = {left, mid,
+ * right}: B is FLOAT8_E4M3 [heads * (left + right), K] (rows of each head: left, then right),
+ * A FLOAT8_E4M3 [M, K], D [M, heads * (left + mid + right)] BF16/FLOAT32 with unit stride along
+ * N. Head h's left rows go to D columns h*(left+mid+right) + [0, left), its right rows to
+ * h*(left+mid+right) + left + mid + [0, right); the mid columns are left untouched. No C.
+ * Only opts->recipe applies (recipe_a/recipe_b must be unset); gran_k must be 128. N, K > 0.
+ */
+DG_API dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                              const dg_tensor *sfb, const dg_tensor *d,
+                                              const int head_splits[3], const dg_gemm_options *opts);
+
 /* @@SECTION grouped-gemm: m-grouped contiguous/masked, k-grouped (SPEC 4) @@ */
+
+/*
+ * m-grouped contiguous GEMMs (MoE forward): D[r, :] = A[r, :] . B[g(r)]^T, float32 accumulation.
+ *   a  [M, K] K-major (unit stride along K): BFLOAT16, or FLOAT8_E4M3 / packed FP4 with sfa;
+ *   b  [G, N, K] (`_nt`, any strides) or [G, K, N] (`_nn`; sfb then transposed likewise);
+ *   d  [M, N] BFLOAT16 (DeepGEMM) or FLOAT32 (also accepted), unit stride along N.
+ *   grouped_layout INT32, contiguous:
+ *    - index form (default): [M], the group of every row, -1 = padding row (its A row is not
+ *      read and its D row is left untouched);
+ *    - psum form (opts->use_psum_layout): [G] end rows; group g covers rows
+ *      [align(end[g-1], dg_get_mk_alignment_for_contiguous_layout()), end[g]), ends must not
+ *      precede their group's start nor exceed M. With opts->ensure_zero_padding (default 1)
+ *      rows [end[g], align(end[g])) of D are zeroed; rows outside every group and padding are
+ *      left untouched. opts->expected_m_for_psum_layout is a hint, rejected without psum.
+ * FP8/FP4 scales and recipes as the dense fp8_fp4 GEMMs (sfa [M, ...], sfb [G, ...]). G, N and
+ * K must be positive; M may be 0. Invalid layout contents give DG_ERR_VALUE, nothing written.
+ */
+DG_API dg_status dg_m_grouped_bf16_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *b,
+                                                      const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                      const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_bf16_gemm_nn_contiguous(const dg_tensor *a, const dg_tensor *b,
+                                                      const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                      const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_fp4_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                         const dg_tensor *b, const dg_tensor *sfb,
+                                                         const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                         const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_fp4_gemm_nn_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                         const dg_tensor *b, const dg_tensor *sfb,
+                                                         const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                         const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                     const dg_tensor *b, const dg_tensor *sfb,
+                                                     const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                     const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_gemm_nn_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                     const dg_tensor *b, const dg_tensor *sfb,
+                                                     const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                     const dg_gemm_options *opts);
+
+/*
+ * m-grouped masked GEMMs (MoE decoding): a [G, max_m, K] and b [G, N, K], both K-major,
+ * d [G, max_m, N] BFLOAT16 (or FLOAT32); masked_m INT32 [G] contiguous with
+ * 0 <= masked_m[g] <= max_m. Only rows m < masked_m[g] of group g are computed; the rest of D is
+ * neither read nor written. expected_m (> 0) is a scheduling hint. sfa is [G, max_m, ...].
+ */
+DG_API dg_status dg_m_grouped_bf16_gemm_nt_masked(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                                  const dg_tensor *masked_m, int expected_m,
+                                                  const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_fp4_gemm_nt_masked(const dg_tensor *a, const dg_tensor *sfa,
+                                                     const dg_tensor *b, const dg_tensor *sfb,
+                                                     const dg_tensor *d, const dg_tensor *masked_m,
+                                                     int expected_m, const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_gemm_nt_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                                 const dg_tensor *sfb, const dg_tensor *d,
+                                                 const dg_tensor *masked_m, int expected_m,
+                                                 const dg_gemm_options *opts);
+
+/*
+ * k-grouped GEMMs (MoE weight gradients): D[g] = C[g] + A_g^T B_g, d and c FLOAT32 [G, M, N]
+ * contiguous; c may be NULL (D[g] = A_g^T B_g; DeepGEMM always passes one) or the very same
+ * view as d. Empty groups (k = 0) give D[g] = C[g] (0 without C).
+ *   ks[num_ks]: each group's K, a multiple of the K alignment (`_tn`:
+ *     dg_get_mk_alignment_for_contiguous_layout(), which must be a multiple of 32; `_nt`: 128).
+ *   grouped_layout INT32 [G] contiguous: equal to ks; or, with opts->use_psum_layout (`_tn`
+ *     only), each group's end row, group g starting at align(end[g-1], K alignment), ks then
+ *     optional (NULL, 0) and otherwise equal to each group's K aligned up.
+ *   `_tn` (MN-major): a [sum_k, M], b [sum_k, N] contiguous (FLOAT8_E4M3 or BFLOAT16); psum
+ *     rows between groups are never read. FP8 scales per channel along K:
+ *     sfa FLOAT32 [sum_g ceil(k_g / gran_k), M] (any strides), or INT32 packed UE8M0
+ *     [>= sum_g ceil(k_g / (4 gran_k)), M] with each group starting a new packed row; sfb
+ *     likewise with N.
+ *   `_nt` (K-major): a, b contiguous of sum_k*M (sum_k*N) FLOAT8_E4M3 elements holding group
+ *     after group an [M, k_g] (resp. [N, k_g]) row-major block; sfa FLOAT32 [M, sum_k / 128],
+ *     sfb [N, sum_k / 128], any strides.
+ * opts->recipe: (1, 1, gran_k) with gran_k 32 or 128 (`_nt`: 128); default (1, 1, 128).
+ */
+DG_API dg_status dg_k_grouped_fp8_gemm_tn_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                     const dg_tensor *b, const dg_tensor *sfb,
+                                                     const dg_tensor *d, const int *ks, int num_ks,
+                                                     const dg_tensor *grouped_layout, const dg_tensor *c,
+                                                     const dg_gemm_options *opts);
+DG_API dg_status dg_k_grouped_fp8_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                     const dg_tensor *b, const dg_tensor *sfb,
+                                                     const dg_tensor *d, const int *ks, int num_ks,
+                                                     const dg_tensor *grouped_layout, const dg_tensor *c,
+                                                     const dg_gemm_options *opts);
+DG_API dg_status dg_k_grouped_bf16_gemm_tn_contiguous(const dg_tensor *a, const dg_tensor *b,
+                                                      const dg_tensor *d, const int *ks, int num_ks,
+                                                      const dg_tensor *grouped_layout, const dg_tensor *c,
+                                                      const dg_gemm_options *opts);
 
 /* @@SECTION mqa-logits: MQA logits, paged MQA logits, metadata (SPEC 5) @@ */
 
+/*
+ * Lightning-indexer logits (DeepSeek V3.2). For query token i and kv row j:
+ *   logits[i, j] = sum_h relu(q[i, h, :] . kv[j, :]) * weights[i, h]
+ * with q and kv dequantized. FP8: q is E4M3 without scale, kv is E4M3 with one float32
+ * scale per row, applied (as DeepGEMM's kernels do) to the head sum:
+ *   logits[i, j] = kv_sf[j] * sum_h relu(q[i, h, :] . kv_raw[j, :]) * weights[i, h]
+ * (equal to relu(q . (kv * kv_sf)) for the non-negative scales the quantizer makes).
+ * FP4: q and kv are packed E2M1 with one UE8M0 scale per 32 elements of the head dim, packed
+ * four to an int32 (byte g scales elements [32g, 32g + 32)), folded into the dot product.
+ *
+ * dg_fp8_fp4_mqa_logits(q, q_sf, kv, kv_sf, weights, ks, ke, clean_logits, max_seqlen_k, logits)
+ *   q        FP8: FLOAT8_E4M3 [S, H, D], q_sf NULL.  FP4: FP4_E2M1X2 [S, H, D/2] with
+ *            q_sf INT32 [S, H] (D a multiple of 32, at most 128). Contiguous.
+ *   kv, kv_sf  FP8: FLOAT8_E4M3 [SK, D] and FLOAT32 [SK].  FP4: FP4_E2M1X2 [SK, D/2] and
+ *            INT32 [SK] packed UE8M0. Contiguous. (FP8 or FP4 must match q's.)
+ *   weights  FLOAT32 [S, H], or BFLOAT16 when logits are BFLOAT16; unit stride along H.
+ *   ks, ke   INT32 [S] (DeepGEMM's cu_seq_len_k_start/end), 0 <= ks[i] <= ke[i] <= SK.
+ *   clean_logits  DeepGEMM's default is 1: entries outside [ks[i], ke[i]) become -inf; with 0
+ *            they are left unwritten.
+ *   max_seqlen_k  0 (DeepGEMM's default): logits are [S, SK]. > 0: "compressed" logits
+ *            [S, max_seqlen_k], column c holding kv row ks[i] + c; needs ke[i] - ks[i] <=
+ *            max_seqlen_k. (DeepGEMM refuses clean_logits here; the CPU writes -inf to columns
+ *            c >= ke[i] - ks[i].)
+ *   logits   FLOAT32 or BFLOAT16 (DeepGEMM's logits_dtype), unit stride along columns, any
+ *            row stride >= the row length. Query form (data == NULL, dtype set to the wanted
+ *            logits dtype): fills shape and DeepGEMM's padded strides (row stride aligned to
+ *            1024 bytes: align(SK + 256, 1024 / elem) or align(align(max_seqlen_k, 256), ...)).
+ * dg_fp8_mqa_logits is the legacy form: FP8 only, logits FLOAT32 (the query form fills it).
+ * Any H >= 1 and D >= 1 are accepted (DeepGEMM's GPUs take H in {8..64}, D in {32, 64, 128}).
+ */
+DG_API dg_status dg_fp8_mqa_logits(const dg_tensor *q, const dg_tensor *kv, const dg_tensor *kv_sf,
+                                   const dg_tensor *weights, const dg_tensor *cu_seq_len_k_start,
+                                   const dg_tensor *cu_seq_len_k_end, int clean_logits, int max_seqlen_k,
+                                   dg_tensor *logits);
+DG_API dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
+                                       const dg_tensor *kv_sf, const dg_tensor *weights,
+                                       const dg_tensor *cu_seq_len_k_start, const dg_tensor *cu_seq_len_k_end,
+                                       int clean_logits, int max_seqlen_k, dg_tensor *logits);
+
+/*
+ * Paged decoding. A batch of B sequences with next_n query tokens each; query row
+ * r = b * next_n + t. The KV cache is paged in blocks of block_kv tokens:
+ *   kv_cache  UINT8 [num_blocks, block_kv, 1, D + 4] (FP8) or [num_blocks, block_kv, 1, D/2 + 4]
+ *             (FP4); strides[1] = last extent, strides[3] = 1, strides[0] a multiple of 4 and
+ *             >= block_kv * (last extent). Each block starts with block_kv rows of D E4M3 bytes
+ *             (FP4: D/2 packed bytes), followed by block_kv float32 scales (FP4: block_kv int32
+ *             packed UE8M0, one per token): the [block_kv, 1, D + 4] shape is only a view.
+ *   block_table  INT32 [B, max_blocks], unit stride along blocks: logical block k of sequence b
+ *             is cache block block_table[b, k] (entries past a sequence's length are not read).
+ *   context_lens  INT32 [B]: token t of sequence b sees positions p < ctx[b] with
+ *             p <= ctx[b] - next_n + t.  INT32 [B, next_n]: token t sees p < ctx[b, t]; the last
+ *             token's length must be the largest (DeepGEMM schedules by it).
+ *   indices   NULL, or INT32 [B] for variable-length batches (next_n must be 1): each row is one
+ *             query token, and a run of equal indices marks tokens of one sequence, which
+ *             DeepGEMM schedules together; within a run the last token's context must be the
+ *             largest and the block_table rows must agree on the blocks each token reads.
+ *   q         FP8: FLOAT8_E4M3 [B, next_n, H, D], q_sf NULL. FP4: FP4_E2M1X2 [B, next_n, H, D/2]
+ *             and q_sf INT32 [B, next_n, H]. Contiguous.
+ *   weights   FLOAT32 [B * next_n, H] (BFLOAT16 when logits are BFLOAT16), unit stride along H
+ *             (contiguous for FP8).
+ *   schedule_meta  INT32 [dg_get_num_sms() + 1, 2] from dg_get_paged_mqa_logits_metadata; it is
+ *             checked to equal that function's answer for these context_lens, indices and block_kv.
+ *   max_context_len  the logits width; every context length must be <= it.
+ *   clean_logits  DeepGEMM's default is 0 (invisible positions unwritten); 1 writes -inf there.
+ *   logits    FLOAT32 or BFLOAT16 [B * next_n, max_context_len], unit column stride, row stride
+ *             >= max_context_len. Query form: row stride align(align(max_context_len, 256),
+ *             1024 / elem) as DeepGEMM allocates.
+ *   logits[r, p] = sum_h relu(q[b, t, h, :] . kv(b, p)) * weights[r, h] for visible p.
+ *
+ * dg_get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices, schedule_meta):
+ * splits the work into num_sms balanced parts. A request is a sequence (2-D lens: next_n tokens;
+ * 1-D lens: counted as one unit, row coordinate = b; varlen: a run of equal indices); its work is
+ * ceil(ctx_last / split) * tokens with split = align(256, block_kv). schedule_meta INT32
+ * [num_sms + 1, 2]: row i = (first query row of the request where part i starts, kv split index
+ * within it); the last row is (number of rows, 0). Query form supported. block_kv >= 1,
+ * num_sms >= 1.
+ */
+DG_API dg_status dg_get_paged_mqa_logits_metadata(const dg_tensor *context_lens, int block_kv, int num_sms,
+                                                  const dg_tensor *indices, dg_tensor *schedule_meta);
+DG_API dg_status dg_fp8_paged_mqa_logits(const dg_tensor *q, const dg_tensor *kv_cache, const dg_tensor *weights,
+                                         const dg_tensor *context_lens, const dg_tensor *block_table,
+                                         const dg_tensor *schedule_meta, int max_context_len, int clean_logits,
+                                         const dg_tensor *indices, dg_tensor *logits);
+DG_API dg_status dg_fp8_fp4_paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv_cache,
+                                             const dg_tensor *weights, const dg_tensor *context_lens,
+                                             const dg_tensor *block_table, const dg_tensor *schedule_meta,
+                                             int max_context_len, int clean_logits, const dg_tensor *indices,
+                                             dg_tensor *logits);
+
 /* @@SECTION hc-einsum-layout: HC prenorm, einsum, scale-factor layouts (SPEC 6-8) @@ */
 
+/*
+ * Hyper-connection prenorm GEMM (mHC): a BFLOAT16 [M, K] and b FLOAT32 [N, K], both with unit
+ * stride along K; d FLOAT32 with unit stride along N; sqr_sum FLOAT32 contiguous.
+ *   num_splits <= 0 (DeepGEMM's None): d [M, N] = a @ b^T, sqr_sum [M] = sum_k a[m, k]^2.
+ *   num_splits >= 1: d [num_splits, M, N], sqr_sum [num_splits, M]; split s holds the partial
+ *   sums over its K range. K is cut into blocks of 64 (the last one may be short); with
+ *   nb = ceil(K / 64) blocks, split s takes nb / num_splits blocks, one more when
+ *   s < nb % num_splits, in order (DeepGEMM's split). Splits without blocks are zero.
+ * N > 0 and K > 0 are required; M = 0 does nothing. Unlike the GPU, any N and K are accepted.
+ */
+DG_API dg_status dg_tf32_hc_prenorm_gemm(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                         const dg_tensor *sqr_sum, int num_splits);
+
+/*
+ * BF16 einsum; a and b are BFLOAT16 and c (optional) has d's dtype. Supported expressions:
+ *   "bmk,bnk->mn":  a [S, M, K], b [S, N, K], d [M, N] = c + sum_{s,k} a[s,m,k] b[s,n,k].
+ *                   a, b, d contiguous. d FLOAT32: c may be absent, the very same view as d
+ *                   (DeepGEMM's accumulate form) or a contiguous non-overlapping [M, N];
+ *                   d BFLOAT16: c must be absent.
+ *   "bhr,hdr->bhd": a [B, H, R], b [H, D, R], d [B, H, D] BFLOAT16, no c.
+ *   "bhd,hdr->bhr": a [B, H, D], b [H, D, R], d [B, H, R] BFLOAT16, no c.
+ *                   For these two, every tensor needs unit stride in its last dimension; other
+ *                   strides are free (b may be a slice such as fy[:, :, :R]).
+ * Any other expression gives DG_ERR_VALUE. (DeepGEMM's use_cublaslt flag has no CPU meaning.)
+ */
+DG_API dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                           const dg_tensor *c);
+
+/*
+ * FP8 einsum: (a, sfa) and (b, sfb) are FLOAT8_E4M3 with scales (FLOAT32 of any strides, or
+ * INT32 packed UE8M0 where the granularity along MN is 1); d BFLOAT16 or FLOAT32 with unit
+ * stride in its last dimension; c optional, d's dtype, may be the very same view as d.
+ * recipe = (gran_m, gran_n, gran_k), NULL = DeepGEMM's default (1, 128, 128). Each expression is
+ * a batched GEMM D[g] = C[g] + A[g] @ B[g]^T over a permuted view, as DeepGEMM does it:
+ *   "bhr,hdr->bhd": a [B, H, R], sfa [B, H, ceil(R/gk)]; b [H, D, R], sfb [H, ceil(D/gn), ceil(R/gk)];
+ *                   d, c [B, H, D]   (per-token a, per-block b with the default recipe)
+ *   "bhd,hdr->bhr": a [B, H, D], sfa [B, H, ceil(D/gk)]; b [H, D, R], sfb [H, ceil(D/gk), ceil(R/gn)];
+ *                   d, c [B, H, R]
+ *   "bhd,bhr->hdr": a [B, H, D], sfa [ceil(B/gk), H, ceil(D/gm)]; b [B, H, R],
+ *                   sfb [ceil(B/gk), H, ceil(R/gn)]; d, c [H, D, R]   (use recipe (1, 1, 128))
+ * a and b need a unit stride along K or along M/N of the permuted view. Float32 scales are applied
+ * exactly as given (no UE8M0 rounding is required or applied).
+ */
+DG_API dg_status dg_fp8_einsum(const char *expr, const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                               const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c,
+                               const int *recipe);
+
+/*
+ * Scale-factor layouts. All produce the very tensors DeepGEMM produces (values, shapes and
+ * strides, in elements). Each output uses the query form: with out->data == NULL the function
+ * fills out's dtype, ndim, shape and strides and returns; then allocate dg_tensor_nbytes(out)
+ * bytes, set out->data and call again. A given out must have exactly those dtype, shape and
+ * strides, and must not overlap the input. Only elements are written: the padding between
+ * MN-major columns (rows mn .. tma_aligned_mn - 1) is left as it is, as on the GPU.
+ *
+ * "TMA-aligned MN-major" for sf [(G,) MN, SK]: strides ((A * SK,) 1, A) with
+ * A = dg_get_tma_aligned_size(MN, element size), i.e. MN padded to 16 bytes.
+ * "Packed UE8M0": INT32, byte j of element [.., i, q] = the exponent byte (bits 23..30) of
+ * float scale [.., i, 4q + j] (0 beyond SK); the float scales must be powers of two or zero
+ * (sign and mantissa bits zero), otherwise DG_ERR_VALUE.
+ */
+/* *out = align(x, 16 / element_size); element_size must divide 16; x >= 0. */
+DG_API dg_status dg_get_tma_aligned_size(int x, int element_size, int *out);
+/* FLOAT32 sf [(G,) MN, SK] of any strides -> FLOAT32, same shape, TMA-aligned MN-major. */
+DG_API dg_status dg_get_mn_major_tma_aligned_tensor(const dg_tensor *sf, dg_tensor *out);
+/*
+ * FLOAT32 sf [(G,) MN, SK] of any strides -> INT32 [(G,) MN, ceil(SK/4)] packed UE8M0,
+ * TMA-aligned MN-major. psum_layout (optional, INT32 contiguous, non-empty, non-decreasing end
+ * rows of m-grouped contiguous groups; needs a contiguous sf of one batch): rows outside every
+ * [align(end[g-1], dg_get_mk_alignment_for_contiguous_layout()), end[g]) are gap rows; they
+ * become 0 and their values are not checked.
+ */
+DG_API dg_status dg_get_mn_major_tma_aligned_packed_ue8m0_tensor(const dg_tensor *sf, const dg_tensor *psum_layout,
+                                                                 dg_tensor *out);
+/*
+ * K-grouped weight-gradient scales: FLOAT32 sf [SK, MN] contiguous (rows = K blocks of all groups
+ * one after the other, MN % 4 == 0) -> INT32 [PK, MN] contiguous, each group's rows packed by 4
+ * along K separately (a group's last packed row is padded with zero bytes).
+ * grouped_layout: INT32 contiguous [G], G <= 128: the groups' K sizes, or with use_psum_layout
+ * their end offsets (group g spans K [align(end[g-1], k_alignment), end[g])). ks (num_ks entries,
+ * host copy of the K sizes; NULL or num_ks == 0 = not given, then use_psum_layout is required)
+ * sizes the output: PK = sum ceil(ks[g] / (4 gran_k)), or (SK + 3 G) / 4 without ks. Packed rows
+ * past the last group's are 0. gran_k is 32 or 128; k_alignment a multiple of 32.
+ */
+DG_API dg_status dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
+    const dg_tensor *sf, const dg_tensor *grouped_layout, const int *ks, int num_ks, int gran_k,
+    int k_alignment, int use_psum_layout, dg_tensor *out);
+/*
+ * DeepGEMM's scale preparation for its kernels. recipe: recipe_len 3 ((gran_m, gran_n, gran_k),
+ * is_sfa 0 or 1 picks gran_m or gran_n) or 2 ((gran_mn, gran_k), is_sfa must be -1 = None).
+ * num_groups <= 0 = None (sf 2-D), else sf is [num_groups, ., .]. sf must be
+ * [(G,) ceil(mn/gran_mn), ceil(k/gran_k)] FLOAT32 or [(G,) mn, ceil(k/(4 gran_k))] INT32.
+ * The CPU library answers as DeepGEMM does on SM100 GPUs:
+ *   - FLOAT32 with gran_k 32 or 128 -> rows broadcast to mn (row i uses row i / gran_mn), then
+ *     dg_get_mn_major_tma_aligned_packed_ue8m0_tensor (psum_layout passed on);
+ *   - INT32 with gran_mn 1 and gran_k 32 or 128 -> checked to be TMA-aligned MN-major, copied;
+ * except that with disable_ue8m0_cast it answers as on SM90 GPUs:
+ *   - FLOAT32 (1, 128) -> dg_get_mn_major_tma_aligned_tensor;
+ *   - FLOAT32 (128, 128) -> checked to be contiguous or contiguous after swapping its last two
+ *     dimensions, copied (same shape and strides).
+ * Anything else is DG_ERR_VALUE ("unknown SF transformation"). Where DeepGEMM returns sf itself,
+ * out is a copy of sf with sf's shape and strides.
+ */
+DG_API dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64_t mn, int64_t k,
+                                                      const int *recipe, int recipe_len, int num_groups,
+                                                      int is_sfa, int disable_ue8m0_cast,
+                                                      const dg_tensor *psum_layout, dg_tensor *out);
+
 /* @@SECTION mega-moe: fused expert-parallel MoE (SPEC 9) @@ */
+
+/*
+ * Mega MoE references: what DeepGEMM's fp8_fp4_mega_moe / bf16_mega_moe compute, as the literal
+ * unfused chain, for R ranks simulated in one process. DeepGEMM's kernels reach their peers
+ * through a symmetric buffer; a CPU process has none, so every per-rank argument here is an
+ * array of R tensor pointers, entry r belonging to rank r. Rank r owns the E/R experts
+ * [r*E/R, (r+1)*E/R). T_r (tokens) may differ between ranks; H (hidden), I (intermediate),
+ * K (top-k) and E are common. Weights use the layout BEFORE transform_weights_for_mega_moe.
+ * H and I need not be multiples of 32 (DeepGEMM's GPU kernels want multiples of 128): a last
+ * partial 1x32 group has its own scale. FP4 needs H and I even.
+ *
+ *   x[r]             [T_r, H]: FLOAT8_E4M3 with x_sf[r] = per-1x32 UE8M0 scales, INT32 packed
+ *                    [T_r, ceil(H/128)] (DeepGEMM's buffer.x_sf) or FLOAT32 [T_r, ceil(H/32)];
+ *                    BFLOAT16 in the bf16 variant. Any strides.
+ *   topk_idx[r]      [T_r, K] INT64 (DeepGEMM's buffer dtype) or INT32, values in [-1, E);
+ *                    -1 = no expert.
+ *   topk_weights[r]  [T_r, K] FLOAT32.
+ *   l1_weights[r]    [E/R, 2I, H]: rows [0, I) gate, [I, 2I) up. Packed FP4 (DG_FP4_E2M1X2
+ *                    [E/R, 2I, H/2], unit stride along H) with l1_weights_sf[r] = per-1x32 UE8M0
+ *                    scales, INT32 packed [E/R, 2I, ceil(H/128)] of any strides (e.g. DeepGEMM's
+ *                    MN-major TMA-aligned layout) or FLOAT32 [E/R, 2I, ceil(H/32)];
+ *                    BFLOAT16 (any strides) in the bf16 variant.
+ *   l2_weights[r]    [E/R, H, I], likewise (scales per 1x32 along I).
+ *   y[r]             [T_r, H] BFLOAT16, written.
+ *   cumulative_local_expert_recv_stats  NULL (DeepGEMM's None) or R contiguous INT32 [E/R]:
+ *                    entry e is INCREASED by the number of (token, slot) pairs of all ranks routed
+ *                    to local expert e (wrapping modulo 2^32).
+ *   activation_clamp INFINITY (math.h) means none, DeepGEMM's default; otherwise >= 0.
+ *
+ * For every (source rank s, token t, slot j) with e = topk_idx[s][t, j] >= 0, on the rank owning e:
+ *   1. h = x[s][t] . W1[e]^T: exact products summed in double, rounded to float32, then to BF16;
+ *   2. gate = h[:I], up = h[I:]; with c = BF16(activation_clamp), as DeepGEMM's fused kernel:
+ *      gate = min(gate, c), up = min(max(up, -c), c) (skipped when there is no clamp);
+ *   3. a = ((gate / (1 + expf(-gate))) * up) * topk_weights[s][t, j], float32 (exact math, not
+ *      DeepGEMM's fast_math approximations);
+ *   4. FP8: per 32 consecutive values amax = max(max|a|, 1e-4), sf = ceil_to_ue8m0(amax / 448),
+ *      a = e4m3(a * (1 / sf)) * sf (per_token_cast_to_fp8, gran_k 32, UE8M0). BF16: a = bf16(a);
+ *   5. o = a . W2[e]^T as in step 1, BF16;
+ *   6. combine on rank s: y[s][t] = BF16(float32 sum, starting from +0, of o over the slots j
+ *      with topk_idx >= 0 in increasing j). A token without experts gets y = 0.
+ * On error nothing is written.
+ */
+DG_API dg_status dg_fp8_fp4_mega_moe_reference(
+    int num_ranks, int num_experts, const dg_tensor *const *x, const dg_tensor *const *x_sf,
+    const dg_tensor *const *topk_idx, const dg_tensor *const *topk_weights,
+    const dg_tensor *const *l1_weights, const dg_tensor *const *l1_weights_sf,
+    const dg_tensor *const *l2_weights, const dg_tensor *const *l2_weights_sf,
+    const dg_tensor *const *y, const dg_tensor *const *cumulative_local_expert_recv_stats,
+    float activation_clamp);
+DG_API dg_status dg_bf16_mega_moe_reference(
+    int num_ranks, int num_experts, const dg_tensor *const *x, const dg_tensor *const *topk_idx,
+    const dg_tensor *const *topk_weights, const dg_tensor *const *l1_weights,
+    const dg_tensor *const *l2_weights, const dg_tensor *const *y,
+    const dg_tensor *const *cumulative_local_expert_recv_stats, float activation_clamp);
 
 #ifdef __cplusplus
 }

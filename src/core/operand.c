@@ -16,11 +16,15 @@ dg_status dg_operand_init(dg_operand *op, const char *name, const dg_tensor *dat
     op->gran_mn = op->gran_k = 1;
     op->sf_packed = 0;
     if (data->dtype == DG_FP4_E2M1X2) {
-        /* Pairs run along the unit-stride dimension; K-major is preferred when both are. */
-        if (data->strides[nd - 1] == 1 || data->shape[nd - 1] <= 1) {
+        /* Pairs run along the unit-stride dimension. DeepGEMM's get_major_type_ab: K-major
+         * exactly when stride(-1) == 1, else MN-major (stride(-2) == 1). Only when neither
+         * stride is 1 does an extent of 1 decide (its stride is meaningless). */
+        const int64_t *st = data->strides, *sh = data->shape;
+        const bool k_major = st[nd - 1] == 1 || (st[nd - 2] != 1 && sh[nd - 1] <= 1);
+        if (k_major) {
             op->fp4_dim = nd - 1;
             op->k *= 2;
-        } else if (data->strides[nd - 2] == 1 || data->shape[nd - 2] <= 1) {
+        } else if (st[nd - 2] == 1 || sh[nd - 2] <= 1) {
             op->fp4_dim = nd - 2;
             op->mn *= 2;
         } else {

@@ -113,6 +113,8 @@ size_t dg_tensor_nbytes(const dg_tensor *t) {
 int dg_tensor_is_contiguous(const dg_tensor *t) {
     if (!t || t->ndim < 0 || t->ndim > DG_MAX_DIMS)
         return 0;
+    if (dg_tensor_numel(t) == 0) /* PyTorch's rule: an empty tensor is contiguous */
+        return 1;
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; --i) {
         if (t->shape[i] != 1 && t->strides[i] != expect)

@@ -29,36 +29,34 @@ uint16_t dg_float_to_bf16(float x) {
 float dg_bf16_to_float(uint16_t x) { return u2f((uint32_t)x << 16); }
 
 /*
- * float32 -> E4M3 (float8_e4m3fn), as PyTorch casts: round to nearest even; a value whose
- * rounded magnitude would exceed 448 (|x| > 464, infinities) and NaN become NaN (0x7f) with
- * the input's sign. E4M3 has quantum 2^(e-3) for normal exponent e in [-6, 8] and 2^-9 below
- * 2^-6 (subnormals). Scaling by a power of two is exact for every float32, so nearbyintf in
- * the default rounding mode does the rounding.
+ * float32 -> E4M3 (float8_e4m3fn), as PyTorch 2.13 casts (checked against it bit for bit in
+ * tests/python): round to nearest even; finite values beyond the largest finite 448 and
+ * infinities saturate to +-448 (0x7e); NaN becomes 0x7f with the input's sign. E4M3 has
+ * quantum 2^(e-3) for normal exponent e in [-6, 8] and 2^-9 below 2^-6 (subnormals). Scaling
+ * by a power of two is exact for every float32, so nearbyintf in the default rounding mode
+ * does the rounding.
  */
 uint8_t dg_float_to_e4m3(float x) {
     const uint32_t u = f2u(x);
     const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     const uint32_t mag_bits = u & 0x7fffffffu;
-    if (mag_bits >= 0x7f800000u)
+    if (mag_bits > 0x7f800000u)
         return sign | 0x7f;
+    if (mag_bits >= 0x43e00000u) /* >= 448 (and infinity): saturate */
+        return sign | 0x7e;
     const float mag = u2f(mag_bits);
     if (mag < 0x1p-6f) {
         /* Subnormal range: multiples of 2^-9; 8 * 2^-9 is the smallest normal (code 0x08). */
         const float q = nearbyintf(mag * 512.0f);
         return sign | (uint8_t)q;
     }
-    int e = (int)((mag_bits >> 23) & 0xff) - 127; /* >= -6 here; float32 is normal */
-    if (e > 8)
-        return sign | 0x7f;
-    float q = nearbyintf(ldexpf(mag, 3 - e)); /* in [8, 16] */
+    int e = (int)((mag_bits >> 23) & 0xff) - 127; /* in [-6, 8] here */
+    float q = nearbyintf(ldexpf(mag, 3 - e));     /* in [8, 16] */
     if (q >= 16.0f) {
         q = 8.0f;
         ++e;
     }
-    if (e > 8)
-        return sign | 0x7f;
-    const uint8_t code = (uint8_t)(((e + 7) << 3) | ((int)q - 8));
-    return sign | code; /* e == 8, q == 15 gives 0x7f: NaN, as PyTorch */
+    return sign | (uint8_t)(((e + 7) << 3) | ((int)q - 8)); /* below 448: never the NaN code */
 }
 
 float dg_e4m3_to_float(uint8_t x) {

@@ -1,0 +1,223 @@
+/* einsum.c - dg_einsum and dg_fp8_einsum: argument checks, then the references (SPEC 7).
+ *
+ * Every expression except "bmk,bnk->mn" is a batched GEMM D[g] = C[g] + A[g] @ B[g]^T on
+ * permuted views of the arguments, exactly as DeepGEMM rewrites them; the permutations are
+ * tabled below so that shapes, messages and the reference all use the same description.
+ */
+#include "../core/internal.h"
+#include "../core/operand.h"
+#include "../reference/ref_einsum.h"
+
+#include <string.h>
+
+/* One einsum form as a batched GEMM: view dim i of A/B/D is argument dim perm_x[i]
+ * (views are [G, M, K], [G, N, K], [G, M, N]). */
+typedef struct einsum_form {
+    const char *expr;
+    int perm_a[3], perm_b[3], perm_d[3];
+} einsum_form;
+
+static const einsum_form kBf16Forms[] = {
+    {"bmk,bnk->mn", {0, 1, 2}, {0, 1, 2}, {0, 1, 2}}, /* special: sums over the batch */
+    {"bhr,hdr->bhd", {1, 0, 2}, {0, 1, 2}, {1, 0, 2}},
+    {"bhd,hdr->bhr", {1, 0, 2}, {0, 2, 1}, {1, 0, 2}},
+};
+static const char kBf16List[] = "'bmk,bnk->mn', 'bhr,hdr->bhd', 'bhd,hdr->bhr'";
+
+static const einsum_form kFp8Forms[] = {
+    {"bhr,hdr->bhd", {1, 0, 2}, {0, 1, 2}, {1, 0, 2}},
+    {"bhd,hdr->bhr", {1, 0, 2}, {0, 2, 1}, {1, 0, 2}},
+    {"bhd,bhr->hdr", {1, 2, 0}, {1, 2, 0}, {0, 1, 2}},
+};
+static const char kFp8List[] = "'bhr,hdr->bhd', 'bhd,hdr->bhr', 'bhd,bhr->hdr'";
+
+static const einsum_form *find_form(const char *expr, const einsum_form *forms, int count) {
+    for (int i = 0; i < count; ++i)
+        if (strcmp(expr, forms[i].expr) == 0)
+            return &forms[i];
+    return NULL;
+}
+
+static dg_tensor permute3(const dg_tensor *t, const int perm[3]) {
+    dg_tensor v = *t;
+    for (int i = 0; i < 3; ++i) {
+        v.shape[i] = t->shape[perm[i]];
+        v.strides[i] = t->strides[perm[i]];
+    }
+    return v;
+}
+
+/* Argument dimension of a view dimension, for messages. */
+static dg_status check_view_dim(const dg_tensor *t, const char *name, const int perm[3], int view_dim,
+                                int64_t want) {
+    return dg_check_dim(t, name, perm[view_dim], want);
+}
+
+/* ---- dg_einsum --------------------------------------------------------------------------- */
+
+/* Empty tensors have no layout to speak of (PyTorch calls them contiguous whatever the strides). */
+static dg_status check_contiguous_or_empty(const dg_tensor *t, const char *name) {
+    return dg_tensor_numel(t) == 0 ? DG_OK : dg_check_contiguous(t, name);
+}
+
+static dg_status check_bmk_bnk_mn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                  const dg_tensor *c) {
+    DG_TRY(dg_check_tensor(d, "d", 2));
+    DG_TRY(dg_check_dim(b, "b", 0, a->shape[0]));
+    DG_TRY(dg_check_dim(b, "b", 2, a->shape[2]));
+    DG_TRY(dg_check_dim(d, "d", 0, a->shape[1]));
+    DG_TRY(dg_check_dim(d, "d", 1, b->shape[1]));
+    DG_TRY(check_contiguous_or_empty(a, "a"));
+    DG_TRY(check_contiguous_or_empty(b, "b"));
+    DG_TRY(check_contiguous_or_empty(d, "d"));
+    DG_CHECK(d->dtype == DG_FLOAT32 || c == NULL, DG_ERR_VALUE,
+             "argument 'c': a bfloat16 'd' cannot accumulate 'c' (only float32 'd' can)");
+    if (c) {
+        DG_TRY(dg_check_tensor(c, "c", 2));
+        DG_TRY(dg_check_dim(c, "c", 0, d->shape[0]));
+        DG_TRY(dg_check_dim(c, "c", 1, d->shape[1]));
+        if (!dg_tensors_same_view(c, d))
+            DG_TRY(check_contiguous_or_empty(c, "c"));
+        DG_TRY(dg_check_no_overlap(d, "d", c, "c", true));
+    }
+    return DG_OK;
+}
+
+/* "bhr,hdr->bhd" and "bhd,hdr->bhr": BF16 batched GEMMs over heads. */
+static dg_status check_heads_form(const einsum_form *f, const dg_tensor *a, const dg_tensor *b,
+                                  const dg_tensor *d, const dg_tensor *c) {
+    DG_CHECK(c == NULL, DG_ERR_VALUE, "argument 'c' is not supported with '%s'", f->expr);
+    DG_TRY(dg_check_tensor(d, "d", 3));
+    DG_CHECK(d->dtype == DG_BFLOAT16, DG_ERR_DTYPE, "argument 'd' must be bfloat16 for '%s', got %s", f->expr,
+             dg_dtype_name(d->dtype));
+    const dg_tensor va = permute3(a, f->perm_a), vb = permute3(b, f->perm_b);
+    DG_TRY(check_view_dim(b, "b", f->perm_b, 0, va.shape[0]));
+    DG_TRY(check_view_dim(b, "b", f->perm_b, 2, va.shape[2]));
+    DG_TRY(check_view_dim(d, "d", f->perm_d, 0, va.shape[0]));
+    DG_TRY(check_view_dim(d, "d", f->perm_d, 1, va.shape[1]));
+    DG_TRY(check_view_dim(d, "d", f->perm_d, 2, vb.shape[1]));
+    DG_TRY(dg_check_last_dim_contiguous(a, "a"));
+    DG_TRY(dg_check_last_dim_contiguous(b, "b"));
+    DG_TRY(dg_check_last_dim_contiguous(d, "d"));
+    return DG_OK;
+}
+
+dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                    const dg_tensor *c) {
+    dg_api_begin("dg_einsum");
+    DG_CHECK(expr != NULL, DG_ERR_NULL_POINTER, "argument 'expr' is NULL");
+    const einsum_form *f = find_form(expr, kBf16Forms, (int)(sizeof kBf16Forms / sizeof kBf16Forms[0]));
+    DG_CHECK(f != NULL, DG_ERR_VALUE, "unsupported einsum expression '%s' (supported: %s)", expr, kBf16List);
+    DG_TRY(dg_check_tensor_dtype(a, "a", 3, DG_BFLOAT16));
+    DG_TRY(dg_check_tensor_dtype(b, "b", 3, DG_BFLOAT16));
+    DG_TRY(dg_check_tensor(d, "d", -1));
+    const dg_dtype out_types[2] = {DG_BFLOAT16, DG_FLOAT32};
+    DG_TRY(dg_check_dtype_in(d, "d", out_types, 2));
+    if (c) {
+        DG_TRY(dg_check_tensor(c, "c", -1));
+        DG_CHECK(c->dtype == d->dtype, DG_ERR_DTYPE, "argument 'c' must have the dtype of 'd' (%s), got %s",
+                 dg_dtype_name(d->dtype), dg_dtype_name(c->dtype));
+    }
+    const bool sum_batch = f == &kBf16Forms[0];
+    DG_TRY(sum_batch ? check_bmk_bnk_mn(a, b, d, c) : check_heads_form(f, a, b, d, c));
+    DG_TRY(dg_check_output(d, "d"));
+    DG_TRY(dg_check_no_overlap(d, "d", a, "a", false));
+    DG_TRY(dg_check_no_overlap(d, "d", b, "b", false));
+
+    if (sum_batch) {
+        dg_ref_einsum_bmk_bnk_mn(a, b, d, c);
+        return DG_OK;
+    }
+    const dg_tensor va = permute3(a, f->perm_a), vb = permute3(b, f->perm_b), vd = permute3(d, f->perm_d);
+    const dg_dtype bf16 = DG_BFLOAT16;
+    dg_operand oa, ob;
+    DG_TRY(dg_operand_init(&oa, "a", &va, 1, &bf16, 1));
+    DG_TRY(dg_operand_init(&ob, "b", &vb, 1, &bf16, 1));
+    dg_ref_bmm(&oa, &ob, &vd, NULL);
+    return DG_OK;
+}
+
+/* ---- dg_fp8_einsum ----------------------------------------------------------------------- */
+
+/* Checks one scale tensor against its operand view [G, MN, K] with granularity (gmn, gk), in
+ * the argument's own dimensions so that messages name what the caller passed. */
+static dg_status check_einsum_sf(const dg_tensor *sf, const char *name, const int perm[3], const dg_tensor *view,
+                                 int gmn, int gk) {
+    DG_TRY(dg_check_tensor(sf, name, 3));
+    const dg_dtype sf_types[2] = {DG_FLOAT32, DG_INT32};
+    DG_TRY(dg_check_dtype_in(sf, name, sf_types, 2));
+    const bool packed = sf->dtype == DG_INT32;
+    DG_CHECK(!packed || gmn == 1, DG_ERR_VALUE,
+             "argument '%s': packed UE8M0 scales need a granularity of 1 along M/N (recipe gives %d)", name, gmn);
+    DG_TRY(check_view_dim(sf, name, perm, 0, view->shape[0]));
+    DG_TRY(check_view_dim(sf, name, perm, 1, dg_ceil_div(view->shape[1], gmn)));
+    DG_TRY(check_view_dim(sf, name, perm, 2, dg_ceil_div(view->shape[2], (int64_t)gk * (packed ? 4 : 1))));
+    return DG_OK;
+}
+
+static dg_status check_fp8_operand(const dg_tensor *t, const char *name, const dg_tensor *view) {
+    DG_TRY(dg_check_tensor_dtype(t, name, 3, DG_FLOAT8_E4M3));
+    /* DeepGEMM: the permuted operand is K-major or MN-major. */
+    DG_CHECK(view->strides[2] == 1 || view->strides[1] == 1 || view->shape[2] <= 1 || view->shape[1] <= 1,
+             DG_ERR_LAYOUT, "argument '%s' needs a unit stride along K or along M/N of the GEMM", name);
+    return DG_OK;
+}
+
+static dg_status check_fp8_output(const einsum_form *f, const dg_tensor *d, const dg_tensor *c,
+                                  const dg_tensor *va, const dg_tensor *vb) {
+    DG_TRY(dg_check_tensor(d, "d", 3));
+    const dg_dtype out_types[2] = {DG_BFLOAT16, DG_FLOAT32};
+    DG_TRY(dg_check_dtype_in(d, "d", out_types, 2));
+    DG_TRY(check_view_dim(d, "d", f->perm_d, 0, va->shape[0]));
+    DG_TRY(check_view_dim(d, "d", f->perm_d, 1, va->shape[1]));
+    DG_TRY(check_view_dim(d, "d", f->perm_d, 2, vb->shape[1]));
+    DG_TRY(dg_check_last_dim_contiguous(d, "d"));
+    DG_TRY(dg_check_output(d, "d"));
+    if (!c)
+        return DG_OK;
+    DG_TRY(dg_check_tensor(c, "c", 3));
+    DG_CHECK(c->dtype == d->dtype, DG_ERR_DTYPE, "argument 'c' must have the dtype of 'd' (%s), got %s",
+             dg_dtype_name(d->dtype), dg_dtype_name(c->dtype));
+    for (int i = 0; i < 3; ++i)
+        DG_TRY(dg_check_dim(c, "c", i, d->shape[i]));
+    DG_TRY(dg_check_last_dim_contiguous(c, "c"));
+    return dg_check_no_overlap(d, "d", c, "c", true);
+}
+
+dg_status dg_fp8_einsum(const char *expr, const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                        const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c, const int *recipe) {
+    dg_api_begin("dg_fp8_einsum");
+    DG_CHECK(expr != NULL, DG_ERR_NULL_POINTER, "argument 'expr' is NULL");
+    const einsum_form *f = find_form(expr, kFp8Forms, (int)(sizeof kFp8Forms / sizeof kFp8Forms[0]));
+    DG_CHECK(f != NULL, DG_ERR_VALUE, "unsupported fp8 einsum expression '%s' (supported: %s)", expr, kFp8List);
+    static const int kDefaultRecipe[3] = {1, 128, 128};
+    const int *r = recipe ? recipe : kDefaultRecipe;
+    DG_CHECK(r[0] > 0 && r[1] > 0 && r[2] > 0, DG_ERR_VALUE, "argument 'recipe' (%d, %d, %d) must be positive",
+             r[0], r[1], r[2]);
+    DG_TRY(dg_check_tensor(a, "a", 3));
+    DG_TRY(dg_check_tensor(b, "b", 3));
+    const dg_tensor va = permute3(a, f->perm_a), vb = permute3(b, f->perm_b);
+    DG_TRY(check_fp8_operand(a, "a", &va));
+    DG_TRY(check_fp8_operand(b, "b", &vb));
+    DG_TRY(check_view_dim(b, "b", f->perm_b, 0, va.shape[0]));
+    DG_TRY(check_view_dim(b, "b", f->perm_b, 2, va.shape[2]));
+    DG_TRY(check_einsum_sf(sfa, "sfa", f->perm_a, &va, r[0], r[2]));
+    DG_TRY(check_einsum_sf(sfb, "sfb", f->perm_b, &vb, r[1], r[2]));
+    DG_TRY(check_fp8_output(f, d, c, &va, &vb));
+    const dg_tensor *inputs[4] = {a, sfa, b, sfb};
+    const char *names[4] = {"a", "sfa", "b", "sfb"};
+    for (int i = 0; i < 4; ++i)
+        DG_TRY(dg_check_no_overlap(d, "d", inputs[i], names[i], false));
+
+    const dg_tensor vsfa = permute3(sfa, f->perm_a), vsfb = permute3(sfb, f->perm_b);
+    const dg_tensor vd = permute3(d, f->perm_d);
+    const dg_tensor vc = c ? permute3(c, f->perm_d) : vd;
+    const dg_dtype e4m3 = DG_FLOAT8_E4M3;
+    dg_operand oa, ob;
+    DG_TRY(dg_operand_init(&oa, "a", &va, 1, &e4m3, 1));
+    DG_TRY(dg_operand_init(&ob, "b", &vb, 1, &e4m3, 1));
+    DG_TRY(dg_operand_set_scales(&oa, "sfa", &vsfa, r[0], r[2]));
+    DG_TRY(dg_operand_set_scales(&ob, "sfb", &vsfb, r[1], r[2]));
+    dg_ref_bmm(&oa, &ob, &vd, c ? &vc : NULL);
+    return DG_OK;
+}

@@ -1,0 +1,252 @@
+/*
+ * gemm_m_grouped.c - m-grouped GEMMs for mixture-of-experts (SPEC 4): contiguous (index or psum
+ * grouped_layout) and masked forms, BF16 and FP8/FP4. Argument checks follow DeepGEMM's
+ * csrc/apis/gemm.hpp; every check, including the contents of grouped_layout and masked_m, runs
+ * before anything is written. The reference in src/reference/ref_grouped.c does the math.
+ */
+#include "core/internal.h"
+#include "core/operand.h"
+#include "reference/ref_grouped.h"
+
+static const dg_dtype kBf16Types[1] = {DG_BFLOAT16};
+static const dg_dtype kFp8Fp4Types[2] = {DG_FLOAT8_E4M3, DG_FP4_E2M1X2};
+static const dg_dtype kOutTypes[2] = {DG_BFLOAT16, DG_FLOAT32};
+
+static bool any_nonzero(const int *v, int n) {
+    for (int i = 0; i < n; ++i)
+        if (v[i])
+            return true;
+    return false;
+}
+
+/* Granularities for FP8/FP4 (DeepGEMM's recipe rules), or a check that BF16 calls got none. */
+static dg_status resolve_granularity(const dg_gemm_options *o, bool quantized, const dg_tensor *sfa,
+                                     const dg_tensor *sfb, int ga[2], int gb[2]) {
+    if (quantized)
+        return dg_resolve_recipe(o, sfa, sfb, ga, gb);
+    DG_CHECK(!any_nonzero(o->recipe, 3) && !any_nonzero(o->recipe_a, 2) && !any_nonzero(o->recipe_b, 2),
+             DG_ERR_VALUE, "opts: BF16 GEMMs take no recipe, recipe_a or recipe_b");
+    ga[0] = ga[1] = gb[0] = gb[1] = 1;
+    return DG_OK;
+}
+
+/* DeepGEMM requires K-major operands here: unit stride along K (packed FP4: pairs along K). */
+static dg_status check_k_major(const dg_operand *op, const char *name) {
+    const dg_tensor *t = op->data;
+    const int kd = t->ndim - 1;
+    const bool ok = op->fp4_dim >= 0 ? op->fp4_dim == kd : (t->strides[kd] == 1 || t->shape[kd] <= 1);
+    DG_CHECK(ok, DG_ERR_LAYOUT, "argument '%s' must be K-major (unit stride along K), strides are (%lld, %lld)",
+             name, (long long)t->strides[kd - 1], (long long)t->strides[kd]);
+    return DG_OK;
+}
+
+/* The N-major output D of `ndim` dimensions, BF16 or FLOAT32. */
+static dg_status check_d(const dg_tensor *d, int ndim) {
+    DG_TRY(dg_check_tensor(d, "d", ndim));
+    DG_TRY(dg_check_dtype_in(d, "d", kOutTypes, 2));
+    DG_TRY(dg_check_last_dim_contiguous(d, "d"));
+    return dg_check_output(d, "d");
+}
+
+/* A 1-D contiguous INT32 index tensor of `len` entries. */
+static dg_status check_index_tensor(const dg_tensor *t, const char *name, int64_t len) {
+    DG_TRY(dg_check_tensor_dtype(t, name, 1, DG_INT32));
+    DG_TRY(dg_check_contiguous(t, name));
+    return dg_check_dim(t, name, 0, len);
+}
+
+static dg_status check_d_disjoint(const dg_tensor *d, const dg_tensor *a, const dg_tensor *sfa,
+                                  const dg_tensor *b, const dg_tensor *sfb, const dg_tensor *idx,
+                                  const char *idx_name) {
+    DG_TRY(dg_check_no_overlap(d, "d", a, "a", false));
+    DG_TRY(dg_check_no_overlap(d, "d", sfa, "sfa", false));
+    DG_TRY(dg_check_no_overlap(d, "d", b, "b", false));
+    DG_TRY(dg_check_no_overlap(d, "d", sfb, "sfb", false));
+    return dg_check_no_overlap(d, "d", idx, idx_name, false);
+}
+
+/* Index form: every entry is a group id or -1. */
+static dg_status check_index_layout(const int32_t *gl, int64_t m, int64_t groups) {
+    for (int64_t r = 0; r < m; ++r)
+        DG_CHECK(gl[r] >= -1 && gl[r] < groups, DG_ERR_VALUE,
+                 "grouped_layout[%lld] = %d is neither a group index in [0, %lld) nor -1 (padding)",
+                 (long long)r, (int)gl[r], (long long)groups);
+    return DG_OK;
+}
+
+/* Psum form: group g covers [align(end[g-1], alignment), end[g]) and must fit in M rows. */
+static dg_status check_psum_layout(const int32_t *gl, int64_t m, int64_t groups, int64_t alignment) {
+    int64_t start = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t end = gl[g];
+        DG_CHECK(end >= start, DG_ERR_VALUE,
+                 "grouped_layout[%lld] = %lld (psum end row) is before the group's start row %lld "
+                 "(the previous end aligned to %lld)",
+                 (long long)g, (long long)end, (long long)start, (long long)alignment);
+        DG_CHECK(end <= m, DG_ERR_VALUE, "grouped_layout[%lld] = %lld (psum end row) exceeds M = %lld",
+                 (long long)g, (long long)end, (long long)m);
+        start = dg_align(end, alignment);
+    }
+    return DG_OK;
+}
+
+/*
+ * Shared body of the contiguous forms. `b`/`sfb` arrive in the `_nt` orientation ([G, N, K]);
+ * `_nn` callers pass transposed views. Names in messages are DeepGEMM's argument names.
+ */
+static dg_status m_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                              const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *gl,
+                              const dg_gemm_options *opts, bool quantized) {
+    const dg_gemm_options def = dg_gemm_options_default();
+    const dg_gemm_options *o = opts ? opts : &def;
+    int ga[2], gb[2];
+    DG_TRY(resolve_granularity(o, quantized, sfa, sfb, ga, gb));
+    const dg_dtype *types = quantized ? kFp8Fp4Types : kBf16Types;
+    const int ntypes = quantized ? 2 : 1;
+    dg_operand A, B;
+    DG_TRY(dg_operand_init(&A, "a", a, 0, types, ntypes));
+    DG_TRY(dg_operand_init(&B, "b", b, 1, types, ntypes));
+    DG_TRY(check_k_major(&A, "a"));
+    DG_CHECK(A.k == B.k, DG_ERR_SHAPE, "K of 'a' (%lld) and 'b' (%lld) differ", (long long)A.k, (long long)B.k);
+    DG_CHECK(B.mn > 0 && B.k > 0 && B.groups > 0, DG_ERR_SHAPE,
+             "argument 'b': N, K and the number of groups must be positive (got G=%lld, N=%lld, K=%lld)",
+             (long long)B.groups, (long long)B.mn, (long long)B.k);
+    DG_TRY(dg_operand_set_scales(&A, "sfa", sfa, ga[0], ga[1]));
+    DG_TRY(dg_operand_set_scales(&B, "sfb", sfb, gb[0], gb[1]));
+    DG_TRY(check_d(d, 2));
+    DG_TRY(dg_check_dim(d, "d", 0, A.mn));
+    DG_TRY(dg_check_dim(d, "d", 1, B.mn));
+    const bool psum = o->use_psum_layout != 0;
+    DG_TRY(check_index_tensor(gl, "grouped_layout", psum ? B.groups : A.mn));
+    DG_CHECK(psum || o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
+             "opts->expected_m_for_psum_layout is only meaningful with use_psum_layout");
+    DG_TRY(check_d_disjoint(d, a, sfa, b, sfb, gl, "grouped_layout"));
+    const int64_t alignment = dg_get_mk_alignment_for_contiguous_layout();
+    const int32_t *layout = (const int32_t *)gl->data;
+    if (psum)
+        DG_TRY(check_psum_layout(layout, A.mn, B.groups, alignment));
+    else
+        DG_TRY(check_index_layout(layout, A.mn, B.groups));
+    if (A.mn == 0)
+        return DG_OK;
+    dg_ref_m_grouped_contiguous(&A, &B, d, layout, psum, alignment, o->ensure_zero_padding != 0);
+    return DG_OK;
+}
+
+/* `_nn`: b is [G, K, N]; DeepGEMM transposes b and sfb to the `_nt` orientation. */
+static dg_status m_contiguous_nn(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                 const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *gl,
+                                 const dg_gemm_options *opts, bool quantized) {
+    DG_TRY(dg_check_tensor(b, "b", 3));
+    const dg_tensor bt = dg_tensor_transpose(*b, 1, 2);
+    dg_tensor sfbt;
+    if (sfb) {
+        DG_TRY(dg_check_tensor(sfb, "sfb", 3));
+        sfbt = dg_tensor_transpose(*sfb, 1, 2);
+    }
+    return m_contiguous(a, sfa, &bt, sfb ? &sfbt : NULL, d, gl, opts, quantized);
+}
+
+static dg_status m_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                          const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *masked_m,
+                          int expected_m, const dg_gemm_options *opts, bool quantized) {
+    const dg_gemm_options def = dg_gemm_options_default();
+    const dg_gemm_options *o = opts ? opts : &def;
+    DG_CHECK(!o->use_psum_layout && o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
+             "opts: masked GEMMs take no psum layout (use the contiguous form with use_psum_layout)");
+    int ga[2], gb[2];
+    DG_TRY(resolve_granularity(o, quantized, sfa, sfb, ga, gb));
+    const dg_dtype *types = quantized ? kFp8Fp4Types : kBf16Types;
+    const int ntypes = quantized ? 2 : 1;
+    dg_operand A, B;
+    DG_TRY(dg_operand_init(&A, "a", a, 1, types, ntypes));
+    DG_TRY(dg_operand_init(&B, "b", b, 1, types, ntypes));
+    DG_TRY(check_k_major(&A, "a"));
+    DG_TRY(check_k_major(&B, "b"));
+    DG_CHECK(A.groups == B.groups, DG_ERR_SHAPE, "'a' has %lld groups but 'b' has %lld",
+             (long long)A.groups, (long long)B.groups);
+    DG_CHECK(A.k == B.k, DG_ERR_SHAPE, "K of 'a' (%lld) and 'b' (%lld) differ", (long long)A.k, (long long)B.k);
+    DG_CHECK(A.groups > 0 && A.mn > 0 && B.mn > 0 && A.k > 0, DG_ERR_SHAPE,
+             "groups, max_m, N and K must be positive (got G=%lld, max_m=%lld, N=%lld, K=%lld)",
+             (long long)A.groups, (long long)A.mn, (long long)B.mn, (long long)A.k);
+    DG_CHECK(expected_m > 0, DG_ERR_VALUE, "expected_m must be positive, got %d", expected_m);
+    DG_TRY(dg_operand_set_scales(&A, "sfa", sfa, ga[0], ga[1]));
+    DG_TRY(dg_operand_set_scales(&B, "sfb", sfb, gb[0], gb[1]));
+    DG_TRY(check_d(d, 3));
+    DG_TRY(dg_check_dim(d, "d", 0, A.groups));
+    DG_TRY(dg_check_dim(d, "d", 1, A.mn));
+    DG_TRY(dg_check_dim(d, "d", 2, B.mn));
+    DG_TRY(check_index_tensor(masked_m, "masked_m", A.groups));
+    DG_TRY(check_d_disjoint(d, a, sfa, b, sfb, masked_m, "masked_m"));
+    const int32_t *mm = (const int32_t *)masked_m->data;
+    for (int64_t g = 0; g < A.groups; ++g)
+        DG_CHECK(mm[g] >= 0 && mm[g] <= A.mn, DG_ERR_VALUE, "masked_m[%lld] = %d is outside [0, max_m = %lld]",
+                 (long long)g, (int)mm[g], (long long)A.mn);
+    dg_ref_m_grouped_masked(&A, &B, d, mm);
+    return DG_OK;
+}
+
+/* ---- public entry points -------------------------------------------------------------------- */
+
+dg_status dg_m_grouped_bf16_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                               const dg_tensor *grouped_layout, const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_bf16_gemm_nt_contiguous");
+    return m_contiguous(a, NULL, b, NULL, d, grouped_layout, opts, false);
+}
+
+dg_status dg_m_grouped_bf16_gemm_nn_contiguous(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                               const dg_tensor *grouped_layout, const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_bf16_gemm_nn_contiguous");
+    return m_contiguous_nn(a, NULL, b, NULL, d, grouped_layout, opts, false);
+}
+
+dg_status dg_m_grouped_fp8_fp4_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                                  const dg_tensor *sfb, const dg_tensor *d,
+                                                  const dg_tensor *grouped_layout, const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_fp8_fp4_gemm_nt_contiguous");
+    return m_contiguous(a, sfa, b, sfb, d, grouped_layout, opts, true);
+}
+
+dg_status dg_m_grouped_fp8_fp4_gemm_nn_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                                  const dg_tensor *sfb, const dg_tensor *d,
+                                                  const dg_tensor *grouped_layout, const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_fp8_fp4_gemm_nn_contiguous");
+    return m_contiguous_nn(a, sfa, b, sfb, d, grouped_layout, opts, true);
+}
+
+dg_status dg_m_grouped_fp8_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                              const dg_tensor *sfb, const dg_tensor *d,
+                                              const dg_tensor *grouped_layout, const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_fp8_gemm_nt_contiguous");
+    return m_contiguous(a, sfa, b, sfb, d, grouped_layout, opts, true);
+}
+
+dg_status dg_m_grouped_fp8_gemm_nn_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                              const dg_tensor *sfb, const dg_tensor *d,
+                                              const dg_tensor *grouped_layout, const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_fp8_gemm_nn_contiguous");
+    return m_contiguous_nn(a, sfa, b, sfb, d, grouped_layout, opts, true);
+}
+
+dg_status dg_m_grouped_bf16_gemm_nt_masked(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                           const dg_tensor *masked_m, int expected_m,
+                                           const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_bf16_gemm_nt_masked");
+    return m_masked(a, NULL, b, NULL, d, masked_m, expected_m, opts, false);
+}
+
+dg_status dg_m_grouped_fp8_fp4_gemm_nt_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                              const dg_tensor *sfb, const dg_tensor *d,
+                                              const dg_tensor *masked_m, int expected_m,
+                                              const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_fp8_fp4_gemm_nt_masked");
+    return m_masked(a, sfa, b, sfb, d, masked_m, expected_m, opts, true);
+}
+
+dg_status dg_m_grouped_fp8_gemm_nt_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                          const dg_tensor *sfb, const dg_tensor *d,
+                                          const dg_tensor *masked_m, int expected_m,
+                                          const dg_gemm_options *opts) {
+    dg_api_begin("dg_m_grouped_fp8_gemm_nt_masked");
+    return m_masked(a, sfa, b, sfb, d, masked_m, expected_m, opts, true);
+}

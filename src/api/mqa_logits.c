@@ -1,0 +1,154 @@
+/*
+ * mqa_logits.c - dg_fp8_mqa_logits and dg_fp8_fp4_mqa_logits (SPEC 5): argument checks,
+ * the query form, then the reference kernel. Shapes and layouts follow DeepGEMM's
+ * csrc/apis/attention.hpp; see deepgemm.h for the contract.
+ */
+#include "core/internal.h"
+#include "reference/ref_mqa.h"
+
+/* DeepGEMM allocates logits rows padded to 1024 bytes, with at least 256 (its BLOCK_KV)
+ * columns of slack past SK in the uncompressed case. */
+enum { MQA_BLOCK_KV = 256, MQA_ROW_ALIGN_BYTES = 1024 };
+
+/* An INT32 vector [n], contiguous (DeepGEMM: cu_seq_len_k_start/end). */
+static dg_status check_i32_vector(const dg_tensor *t, const char *name, int64_t n) {
+    DG_TRY(dg_check_tensor_dtype(t, name, 1, DG_INT32));
+    DG_TRY(dg_check_dim(t, name, 0, n));
+    return dg_check_contiguous(t, name);
+}
+
+/* q, q_sf, kv, kv_sf: dtypes, shapes, contiguity; fills the problem's extents. */
+static dg_status check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
+                            const dg_tensor *kv_sf) {
+    const int fp4 = q_sf != NULL;
+    const dg_dtype data_dt = fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3;
+    DG_TRY(dg_check_tensor_dtype(q, "q", 3, data_dt));
+    DG_TRY(dg_check_contiguous(q, "q"));
+    p->fp4 = fp4;
+    p->s = q->shape[0];
+    p->h = q->shape[1];
+    p->d = fp4 ? 2 * q->shape[2] : q->shape[2];
+    DG_CHECK(p->h >= 1, DG_ERR_SHAPE, "argument 'q' must have at least one head");
+    DG_CHECK(p->d >= 1, DG_ERR_SHAPE, "argument 'q' must have a non-empty head dimension");
+    if (fp4) {
+        DG_CHECK(p->d % 32 == 0 && p->d <= 128, DG_ERR_SHAPE,
+                 "argument 'q': the FP4 head dim must be a multiple of 32 and at most 128 (one packed "
+                 "int32 of per-32 scales), got %lld", (long long)p->d);
+        DG_TRY(dg_check_tensor_dtype(q_sf, "q_sf", 2, DG_INT32));
+        DG_TRY(dg_check_dim(q_sf, "q_sf", 0, p->s));
+        DG_TRY(dg_check_dim(q_sf, "q_sf", 1, p->h));
+        DG_TRY(dg_check_contiguous(q_sf, "q_sf"));
+    }
+    DG_TRY(dg_check_tensor_dtype(kv, "kv", 2, data_dt));
+    DG_TRY(dg_check_dim(kv, "kv", 1, fp4 ? p->d / 2 : p->d));
+    DG_TRY(dg_check_contiguous(kv, "kv"));
+    p->sk = kv->shape[0];
+    DG_TRY(dg_check_tensor_dtype(kv_sf, "kv_sf", 1, fp4 ? DG_INT32 : DG_FLOAT32));
+    DG_TRY(dg_check_dim(kv_sf, "kv_sf", 0, p->sk));
+    DG_TRY(dg_check_contiguous(kv_sf, "kv_sf"));
+    p->q = q;
+    p->q_sf = q_sf;
+    p->kv = kv;
+    p->kv_sf = kv_sf;
+    return DG_OK;
+}
+
+/* Every row's range lies in [0, SK] and fits the compressed width. */
+static dg_status check_ranges(const dg_mqa_problem *p) {
+    for (int64_t i = 0; i < p->s; ++i) {
+        const int64_t ks = p->ks[i], ke = p->ke[i];
+        DG_CHECK(ks >= 0 && ks <= p->sk, DG_ERR_VALUE,
+                 "argument 'cu_seq_len_k_start': entry %lld is %lld, outside [0, %lld]", (long long)i,
+                 (long long)ks, (long long)p->sk);
+        DG_CHECK(ke >= ks && ke <= p->sk, DG_ERR_VALUE,
+                 "argument 'cu_seq_len_k_end': entry %lld is %lld, outside [cu_seq_len_k_start = %lld, %lld]",
+                 (long long)i, (long long)ke, (long long)ks, (long long)p->sk);
+        DG_CHECK(p->max_seqlen_k == 0 || ke - ks <= p->max_seqlen_k, DG_ERR_VALUE,
+                 "argument 'max_seqlen_k' (%lld) is smaller than row %lld's range length %lld",
+                 (long long)p->max_seqlen_k, (long long)i, (long long)(ke - ks));
+    }
+    return DG_OK;
+}
+
+/* The logits descriptor: query form, or a caller-allocated view to check. */
+static dg_status check_logits(dg_mqa_problem *p, dg_tensor *logits, const dg_tensor *ks, const dg_tensor *ke,
+                              int legacy, int *is_query) {
+    DG_CHECK(logits != NULL, DG_ERR_NULL_POINTER, "argument 'logits' is NULL");
+    *is_query = logits->data == NULL;
+    /* The legacy query form always answers FLOAT32; otherwise the caller's dtype is the ask. */
+    dg_tensor want = *logits;
+    if (*is_query && legacy)
+        want.dtype = DG_FLOAT32;
+    const dg_dtype allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
+    DG_TRY(dg_check_dtype_in(&want, "logits", allowed, legacy ? 1 : 2));
+    DG_CHECK(p->weights->dtype == DG_FLOAT32 || want.dtype == DG_BFLOAT16, DG_ERR_DTYPE,
+             "argument 'weights' may be bfloat16 only with bfloat16 logits");
+    const int64_t width = p->max_seqlen_k > 0 ? p->max_seqlen_k : p->sk;
+    if (*is_query) {
+        const int64_t elems = MQA_ROW_ALIGN_BYTES / (int64_t)dg_dtype_size(want.dtype);
+        const int64_t stride = p->max_seqlen_k > 0 ? dg_align(dg_align(width, MQA_BLOCK_KV), elems)
+                                                   : dg_align(width + MQA_BLOCK_KV, elems);
+        const int64_t shape[2] = {p->s, width};
+        *logits = dg_tensor_make(NULL, want.dtype, 2, shape);
+        logits->strides[0] = stride;
+        return DG_OK;
+    }
+    DG_TRY(dg_check_tensor(logits, "logits", 2));
+    DG_TRY(dg_check_dim(logits, "logits", 0, p->s));
+    DG_TRY(dg_check_dim(logits, "logits", 1, width));
+    DG_TRY(dg_check_last_dim_contiguous(logits, "logits"));
+    DG_TRY(dg_check_output(logits, "logits"));
+    const struct { const dg_tensor *t; const char *name; } ins[] = {
+        {p->q, "q"}, {p->q_sf, "q_sf"}, {p->kv, "kv"}, {p->kv_sf, "kv_sf"}, {p->weights, "weights"},
+        {ks, "cu_seq_len_k_start"}, {ke, "cu_seq_len_k_end"},
+    };
+    for (size_t k = 0; k < sizeof ins / sizeof ins[0]; ++k)
+        DG_TRY(dg_check_no_overlap(logits, "logits", ins[k].t, ins[k].name, false));
+    p->logits = logits;
+    return DG_OK;
+}
+
+static dg_status mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv, const dg_tensor *kv_sf,
+                            const dg_tensor *weights, const dg_tensor *ks, const dg_tensor *ke, int clean_logits,
+                            int max_seqlen_k, dg_tensor *logits, int legacy) {
+    dg_mqa_problem p = {0};
+    DG_TRY(check_q_kv(&p, q, q_sf, kv, kv_sf));
+    const dg_dtype w_allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
+    DG_TRY(dg_check_tensor(weights, "weights", 2));
+    DG_TRY(dg_check_dtype_in(weights, "weights", w_allowed, 2));
+    DG_TRY(dg_check_dim(weights, "weights", 0, p.s));
+    DG_TRY(dg_check_dim(weights, "weights", 1, p.h));
+    DG_TRY(dg_check_last_dim_contiguous(weights, "weights"));
+    p.weights = weights;
+    DG_TRY(check_i32_vector(ks, "cu_seq_len_k_start", p.s));
+    DG_TRY(check_i32_vector(ke, "cu_seq_len_k_end", p.s));
+    DG_CHECK(max_seqlen_k >= 0, DG_ERR_VALUE, "argument 'max_seqlen_k' must be >= 0, got %d", max_seqlen_k);
+    p.ks = ks->data;
+    p.ke = ke->data;
+    p.max_seqlen_k = max_seqlen_k;
+    p.clean_logits = clean_logits != 0;
+    DG_TRY(check_ranges(&p));
+    int is_query = 0;
+    DG_TRY(check_logits(&p, logits, ks, ke, legacy, &is_query));
+    if (is_query)
+        return DG_OK;
+    return dg_ref_mqa_logits(&p);
+}
+
+dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
+                                const dg_tensor *kv_sf, const dg_tensor *weights,
+                                const dg_tensor *cu_seq_len_k_start, const dg_tensor *cu_seq_len_k_end,
+                                int clean_logits, int max_seqlen_k, dg_tensor *logits) {
+    dg_api_begin("dg_fp8_fp4_mqa_logits");
+    return mqa_logits(q, q_sf, kv, kv_sf, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits,
+                      max_seqlen_k, logits, 0);
+}
+
+dg_status dg_fp8_mqa_logits(const dg_tensor *q, const dg_tensor *kv, const dg_tensor *kv_sf,
+                            const dg_tensor *weights, const dg_tensor *cu_seq_len_k_start,
+                            const dg_tensor *cu_seq_len_k_end, int clean_logits, int max_seqlen_k,
+                            dg_tensor *logits) {
+    dg_api_begin("dg_fp8_mqa_logits");
+    return mqa_logits(q, NULL, kv, kv_sf, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits,
+                      max_seqlen_k, logits, 1);
+}

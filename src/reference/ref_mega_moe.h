@@ -1,0 +1,78 @@
+/*
+ * ref_mega_moe.h - the mega MoE reference as separate steps (dispatch, L1 GEMM, SwiGLU,
+ * activation quantization, L2 GEMM, combine), so that later fused kernels can be checked
+ * against each step and share the one combine order. The numerics are stated in
+ * include/deepgemm.h (section mega-moe); the entry points in src/api/mega_moe.c validate every
+ * argument and fill a dg_mega_moe_problem.
+ */
+#ifndef DG_REFERENCE_REF_MEGA_MOE_H
+#define DG_REFERENCE_REF_MEGA_MOE_H
+
+#include "core/operand.h"
+
+/* Values per activation scale in step 4 (DeepGEMM's recipe (1, 1, 32)). */
+#define DG_MEGA_MOE_ACT_GRAN 32
+
+typedef struct dg_mega_moe_problem {
+    int num_ranks;
+    int64_t num_experts, experts_per_rank;
+    int64_t hidden, inter, topk;          /* H, I, K */
+    int fp8;                              /* 1: FP8 x, FP4 weights, FP8 activations; 0: BF16 */
+    float clamp;                          /* already BF16-rounded; INFINITY: no clamp */
+    const int64_t *num_tokens;            /* [R] */
+    const dg_operand *x;                  /* [R], logical [T_r, H] (with scales when fp8) */
+    const dg_operand *l1, *l2;            /* [R], grouped [E/R, 2I, H] and [E/R, H, I] */
+    const dg_tensor *const *topk_idx;     /* [R], INT32 or INT64 [T_r, K] */
+    const dg_tensor *const *topk_weights; /* [R], FLOAT32 [T_r, K] */
+    const dg_tensor *const *y;            /* [R], BF16 [T_r, H] */
+    const dg_tensor *const *stats;        /* NULL, or [R] INT32 [E/R] contiguous */
+} dg_mega_moe_problem;
+
+/* One dispatched (source rank, token, slot). */
+typedef struct dg_mega_moe_pair {
+    int32_t rank;
+    int64_t token, slot;
+} dg_mega_moe_pair;
+
+/* topk_idx[rank][t, j] as an integer (INT32 or INT64). */
+int64_t dg_ref_mega_moe_expert(const dg_mega_moe_problem *p, int rank, int64_t t, int64_t j);
+
+/* Total (token, slot) pairs over all ranks, counting -1 slots too: the capacity dispatch needs. */
+int64_t dg_ref_mega_moe_num_slots(const dg_mega_moe_problem *p);
+
+/*
+ * Step 1 (dispatch): the pairs routed to each global expert e are pairs[offsets[e] ..
+ * offsets[e + 1]), ordered by (source rank, token, slot). offsets has E + 1 entries.
+ */
+void dg_ref_mega_moe_dispatch(const dg_mega_moe_problem *p, int64_t *offsets, dg_mega_moe_pair *pairs);
+
+/* Step 2 (L1 GEMM): h[0, 2I) = BF16(float(x[src] . W1[expert]^T)), BF16 values held as float. */
+void dg_ref_mega_moe_l1(const dg_mega_moe_problem *p, const dg_mega_moe_pair *src, int64_t expert,
+                        float *h);
+
+/* Step 3 (SwiGLU): clamp (unless clamp is INFINITY), silu(gate) * up * weight, float32. a[0, I). */
+void dg_ref_mega_moe_swiglu(const float *h, int64_t inter, float clamp, float weight, float *a);
+
+/*
+ * Step 4 (FP8 variant): per DG_MEGA_MOE_ACT_GRAN values, codes = E4M3(a * (1 / sf)) with
+ * sf = ceil_to_ue8m0(max(amax, 1e-4) / 448); sf has ceil(n / 32) entries. a_q (NULL, or a
+ * itself for in place) receives the dequantized values codes * sf, exact in float32.
+ */
+void dg_ref_mega_moe_quantize_fp8(const float *a, int64_t n, uint8_t *codes, float *sf, float *a_q);
+/* Step 4 (BF16 variant): a rounded to BF16 in place. */
+void dg_ref_mega_moe_round_bf16(float *a, int64_t n);
+
+/* Step 5 (L2 GEMM): o[0, H) = BF16(float(a . W2[expert]^T)), a holding the I step-4 values. */
+void dg_ref_mega_moe_l2(const dg_mega_moe_problem *p, int64_t expert, const float *a, uint16_t *o);
+
+/*
+ * Step 6 (combine), THE summation order shared by every implementation: for each column c,
+ * acc = +0.0f; for j = 0 .. topk-1 with o_slots[j] != NULL: acc += float(o_slots[j][c]) in
+ * float32; y[c] = BF16(acc). o_slots[j] is the BF16 row of slot j, NULL when the slot is -1.
+ */
+void dg_mega_moe_combine_row(const uint16_t *const *o_slots, int64_t topk, int64_t hidden, uint16_t *y);
+
+/* The whole chain; allocates its buffers first and writes y/stats only at the end. */
+dg_status dg_ref_mega_moe(const dg_mega_moe_problem *p);
+
+#endif /* DG_REFERENCE_REF_MEGA_MOE_H */

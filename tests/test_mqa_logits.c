@@ -1,0 +1,417 @@
+/*
+ * test_mqa_logits.c - dg_fp8_mqa_logits / dg_fp8_fp4_mqa_logits against a naive formula
+ * written here (SPEC 5: relu(q . (kv * kv_sf)) summed over heads with weights), DeepGEMM's
+ * calc_diff thresholds against unquantized math, masks, compressed output, query form,
+ * determinism and bad arguments.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One problem: original floats, quantized tensors, and the dequantized copies. */
+typedef struct mqa_case {
+    int64_t s, sk, h, d;
+    int fp4, bf16_weights;
+    float *q, *kv, *w;      /* unquantized [S*H*D], [SK*D], [S*H] (w already rounded if BF16) */
+    float *qd, *kvd;        /* dequantized, kv including its scale */
+    dg_tensor tq, tqsf, tkv, tkvsf, tw, tks, tke;
+} mqa_case;
+
+/* Per-row FP8 cast as DeepGEMM's per_custom_dims_cast_to_fp8(kv, (0,)): sf = amax / 448. */
+static void quant_fp8_rows(const float *x, int64_t rows, int64_t d, uint8_t *out, float *sf, float *deq) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float amax = 1e-4f;
+        for (int64_t k = 0; k < d; ++k)
+            amax = fmaxf(amax, fabsf(x[r * d + k]));
+        sf[r] = amax / 448.0f;
+        const float inv = 1.0f / sf[r];
+        for (int64_t k = 0; k < d; ++k) {
+            out[r * d + k] = dg_float_to_e4m3(x[r * d + k] * inv);
+            deq[r * d + k] = dg_e4m3_to_float(out[r * d + k]) * sf[r];
+        }
+    }
+}
+
+/* Per-32 FP4 cast with UE8M0 scales packed into one int32 per row (padding bytes = 2^0). */
+static void quant_fp4_rows(const float *x, int64_t rows, int64_t d, uint8_t *out, int32_t *sf, float *deq) {
+    for (int64_t r = 0; r < rows; ++r) {
+        uint32_t word = 0x7f7f7f7fu;
+        for (int64_t g = 0; g < d / 32; ++g) {
+            float amax = 1e-4f;
+            for (int64_t k = g * 32; k < g * 32 + 32; ++k)
+                amax = fmaxf(amax, fabsf(x[r * d + k]));
+            const float scale = dg_ceil_to_ue8m0(amax / 6.0f);
+            word = (word & ~(0xffu << (8 * g))) | ((uint32_t)dg_float_to_ue8m0(amax / 6.0f) << (8 * g));
+            for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
+                const uint8_t code = dg_float_to_e2m1(x[r * d + k] * (1.0f / scale));
+                uint8_t *byte = &out[(r * d + k) / 2];
+                *byte = (k & 1) ? (uint8_t)((*byte & 15) | (code << 4)) : (uint8_t)((*byte & 0xf0) | code);
+                deq[r * d + k] = dg_e2m1_to_float(code) * scale;
+            }
+        }
+        sf[r] = (int32_t)word;
+    }
+}
+
+static void make_case(mqa_case *c, tu_rng *rng, int64_t s, int64_t sk, int64_t h, int64_t d, int fp4,
+                      int bf16_weights) {
+    memset(c, 0, sizeof *c);
+    c->s = s, c->sk = sk, c->h = h, c->d = d, c->fp4 = fp4, c->bf16_weights = bf16_weights;
+    c->q = malloc(sizeof(float) * (size_t)(s * h * d + 1));
+    c->kv = malloc(sizeof(float) * (size_t)(sk * d + 1));
+    c->w = malloc(sizeof(float) * (size_t)(s * h + 1));
+    c->qd = malloc(sizeof(float) * (size_t)(s * h * d + 1));
+    c->kvd = malloc(sizeof(float) * (size_t)(sk * d + 1));
+    tu_fill_normal(rng, c->q, (size_t)(s * h * d), 1.0f);
+    tu_fill_normal(rng, c->kv, (size_t)(sk * d), 1.0f);
+    tu_fill_normal(rng, c->w, (size_t)(s * h), 1.0f);
+    const int64_t db = fp4 ? d / 2 : d;
+    c->tq = tu_alloc3(fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, s, h, db);
+    c->tkv = tu_alloc2(fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, sk, db);
+    const int64_t sk1[1] = {sk}, s1[1] = {s};
+    c->tkvsf = tu_alloc(fp4 ? DG_INT32 : DG_FLOAT32, 1, sk1);
+    if (fp4) {
+        c->tqsf = tu_alloc2(DG_INT32, s, h);
+        quant_fp4_rows(c->q, s * h, d, c->tq.data, c->tqsf.data, c->qd);
+        quant_fp4_rows(c->kv, sk, d, c->tkv.data, c->tkvsf.data, c->kvd);
+    } else {
+        for (int64_t i = 0; i < s * h * d; ++i) {
+            ((uint8_t *)c->tq.data)[i] = dg_float_to_e4m3(c->q[i]);
+            c->qd[i] = dg_e4m3_to_float(((uint8_t *)c->tq.data)[i]);
+        }
+        quant_fp8_rows(c->kv, sk, d, c->tkv.data, c->tkvsf.data, c->kvd);
+    }
+    c->tw = tu_alloc2(bf16_weights ? DG_BFLOAT16 : DG_FLOAT32, s, h);
+    for (int64_t i = 0; i < s * h; ++i) {
+        if (bf16_weights) {
+            ((uint16_t *)c->tw.data)[i] = dg_float_to_bf16(c->w[i]);
+            c->w[i] = dg_bf16_to_float(((uint16_t *)c->tw.data)[i]);
+        } else {
+            ((float *)c->tw.data)[i] = c->w[i];
+        }
+    }
+    c->tks = tu_alloc(DG_INT32, 1, s1);
+    c->tke = tu_alloc(DG_INT32, 1, s1);
+}
+
+/* Random ranges: some empty, some touching 0 or SK, some full. */
+static void random_ranges(mqa_case *c, tu_rng *rng) {
+    int32_t *ks = c->tks.data, *ke = c->tke.data;
+    for (int64_t i = 0; i < c->s; ++i) {
+        const int kind = (int)(i % 5);
+        int64_t a = tu_randint(rng, 0, c->sk), b = tu_randint(rng, 0, c->sk);
+        if (a > b) { const int64_t t = a; a = b; b = t; }
+        if (kind == 1) b = a;           /* empty */
+        if (kind == 2) a = 0;           /* touches the start */
+        if (kind == 3) b = c->sk;       /* touches the end */
+        if (kind == 4 && i % 10 == 4) a = 0, b = c->sk;
+        ks[i] = (int32_t)a, ke[i] = (int32_t)b;
+    }
+}
+
+static void free_case(mqa_case *c) {
+    free(c->q), free(c->kv), free(c->w), free(c->qd), free(c->kvd);
+    tu_free(&c->tq), tu_free(&c->tqsf), tu_free(&c->tkv), tu_free(&c->tkvsf), tu_free(&c->tw);
+    tu_free(&c->tks), tu_free(&c->tke);
+}
+
+/* The SPEC's formula on given float arrays; also returns sum |terms| for a tolerance. */
+static double naive(const mqa_case *c, const float *q, const float *kv, int64_t i, int64_t j, double *absum) {
+    double sum = 0, mag = 0;
+    for (int64_t h = 0; h < c->h; ++h) {
+        double dot = 0, adot = 0;
+        for (int64_t k = 0; k < c->d; ++k) {
+            dot += (double)q[(i * c->h + h) * c->d + k] * kv[j * c->d + k];
+            adot += fabs((double)q[(i * c->h + h) * c->d + k] * kv[j * c->d + k]);
+        }
+        sum += (dot > 0 ? dot : 0) * c->w[i * c->h + h];
+        mag += adot * fabs(c->w[i * c->h + h]);
+    }
+    if (absum)
+        *absum = mag;
+    return sum;
+}
+
+static dg_status run(const mqa_case *c, int clean, int max_k, dg_tensor *out) {
+    return dg_fp8_fp4_mqa_logits(&c->tq, c->fp4 ? &c->tqsf : NULL, &c->tkv, &c->tkvsf, &c->tw, &c->tks, &c->tke,
+                                 clean, max_k, out);
+}
+
+static float get(const dg_tensor *t, int64_t i, int64_t j) {
+    const int64_t off = i * t->strides[0] + j;
+    return t->dtype == DG_FLOAT32 ? ((float *)t->data)[off] : dg_bf16_to_float(((uint16_t *)t->data)[off]);
+}
+
+/* Full logits with the query form's padded strides; checks values, masks, determinism and
+ * the compressed form against it. */
+static void check_case(mqa_case *c, dg_dtype logits_dt, const char *tag) {
+    const int32_t *ks = c->tks.data, *ke = c->tke.data;
+    dg_tensor out = {0};
+    out.dtype = logits_dt;
+    TU_CHECK_OK(run(c, 1, 0, &out));
+    TU_CHECK(out.shape[0] == c->s && out.shape[1] == c->sk && out.strides[1] == 1, "%s: query shape", tag);
+    out.data = calloc(dg_tensor_nbytes(&out) + 1, 1);
+    TU_CHECK_OK(run(c, 1, 0, &out));
+    const double rel = logits_dt == DG_BFLOAT16 ? 1.0 / 128 : 3e-7;
+    int bad = 0, mask_bad = 0;
+    for (int64_t i = 0; i < c->s; ++i)
+        for (int64_t j = 0; j < c->sk; ++j) {
+            const float got = get(&out, i, j);
+            if (j < ks[i] || j >= ke[i]) {
+                mask_bad += !(isinf(got) && got < 0);
+                continue;
+            }
+            double mag;
+            const double want = naive(c, c->qd, c->kvd, i, j, &mag);
+            bad += !(fabs(got - want) <= rel * fabs(want) + 2e-7 * mag); /* + float dequant error */
+        }
+    TU_CHECK(bad == 0, "%s: %d entries differ from the naive formula", tag, bad);
+    TU_CHECK(mask_bad == 0, "%s: %d out-of-range entries are not -inf", tag, mask_bad);
+
+    /* Bitwise identical on repeat. */
+    dg_tensor again = out;
+    again.data = calloc(dg_tensor_nbytes(&out) + 1, 1);
+    TU_CHECK_OK(run(c, 1, 0, &again));
+    TU_CHECK(memcmp(again.data, out.data, dg_tensor_nbytes(&out)) == 0, "%s: repeat is bitwise equal", tag);
+
+    /* clean_logits = 0: out-of-range entries keep the sentinel, in-range ones are the same bits. */
+    memset(again.data, 0x5a, dg_tensor_nbytes(&again));
+    TU_CHECK_OK(run(c, 0, 0, &again));
+    const size_t es = dg_dtype_size(logits_dt);
+    int untouched_bad = 0, same_bad = 0;
+    for (int64_t i = 0; i < c->s; ++i)
+        for (int64_t j = 0; j < c->sk; ++j) {
+            const char *a = (char *)again.data + (i * again.strides[0] + j) * (int64_t)es;
+            const char *b = (char *)out.data + (i * out.strides[0] + j) * (int64_t)es;
+            if (j < ks[i] || j >= ke[i])
+                untouched_bad += a[0] != 0x5a || a[es - 1] != 0x5a;
+            else
+                same_bad += memcmp(a, b, es) != 0;
+        }
+    TU_CHECK(untouched_bad == 0 && same_bad == 0, "%s: no-clean run (%d untouched, %d differ)", tag, untouched_bad,
+             same_bad);
+
+    /* Compressed: column c is kv row ks + c. */
+    int max_len = 0;
+    for (int64_t i = 0; i < c->s; ++i)
+        max_len = ke[i] - ks[i] > max_len ? ke[i] - ks[i] : max_len;
+    if (max_len > 0) {
+        for (int clean = 0; clean <= 1; ++clean) {
+            dg_tensor cmp = {0};
+            cmp.dtype = logits_dt;
+            TU_CHECK_OK(run(c, clean, max_len, &cmp));
+            TU_CHECK(cmp.shape[1] == max_len, "%s: compressed query width", tag);
+            cmp.data = malloc(dg_tensor_nbytes(&cmp) + 1);
+            memset(cmp.data, 0x5a, dg_tensor_nbytes(&cmp));
+            TU_CHECK_OK(run(c, clean, max_len, &cmp));
+            int cbad = 0;
+            for (int64_t i = 0; i < c->s; ++i)
+                for (int64_t col = 0; col < max_len; ++col) {
+                    const char *a = (char *)cmp.data + (i * cmp.strides[0] + col) * (int64_t)es;
+                    if (col < ke[i] - ks[i])
+                        cbad += memcmp(a, (char *)out.data + (i * out.strides[0] + ks[i] + col) * (int64_t)es, es) != 0;
+                    else if (clean)
+                        cbad += !(isinf(get(&cmp, i, col)) && get(&cmp, i, col) < 0);
+                    else
+                        cbad += a[0] != 0x5a;
+                }
+            TU_CHECK(cbad == 0, "%s: compressed clean=%d has %d bad entries", tag, clean, cbad);
+            free(cmp.data);
+        }
+    }
+    free(again.data);
+    free(out.data);
+}
+
+/* DeepGEMM's accuracy check on one case: calc_diff against unquantized math (masked to 0). */
+static void check_accuracy(int fp4, int bf16) {
+    tu_rng rng = {fp4 * 7 + bf16 + 100};
+    mqa_case c;
+    make_case(&c, &rng, 32, 128, 8, fp4 ? 128 : 64, fp4, bf16);
+    random_ranges(&c, &rng);
+    dg_tensor out = dg_tensor_2d(calloc((size_t)(c.s * c.sk), 4), bf16 ? DG_BFLOAT16 : DG_FLOAT32, c.s, c.sk);
+    TU_CHECK_OK(run(&c, 1, 0, &out));
+    float *got = calloc((size_t)(c.s * c.sk), sizeof(float));
+    float *ref = calloc((size_t)(c.s * c.sk), sizeof(float));
+    float *sim = calloc((size_t)(c.s * c.sk), sizeof(float));
+    for (int64_t i = 0; i < c.s; ++i)
+        for (int64_t j = ((int32_t *)c.tks.data)[i]; j < ((int32_t *)c.tke.data)[i]; ++j) {
+            got[i * c.sk + j] = get(&out, i, j);
+            ref[i * c.sk + j] = (float)naive(&c, c.q, c.kv, i, j, NULL);
+            sim[i * c.sk + j] = (float)naive(&c, c.qd, c.kvd, i, j, NULL);
+        }
+    const double diff = tu_calc_diff(got, ref, (size_t)(c.s * c.sk));
+    const double sdiff = tu_calc_diff(got, sim, (size_t)(c.s * c.sk));
+    TU_CHECK(diff < (fp4 ? 0.02 : 1e-3), "fp4=%d bf16=%d: calc_diff vs unquantized %g", fp4, bf16, diff);
+    TU_CHECK(sdiff < (bf16 ? 3e-5 : 5e-6), "fp4=%d bf16=%d: calc_diff vs dequantized %g", fp4, bf16, sdiff);
+    TU_CHECK(diff > 0, "the quantized result is not the unquantized one (the check can fail)");
+    free(got), free(ref), free(sim), free(out.data);
+    free_case(&c);
+}
+
+static void test_query_strides(void) {
+    tu_rng rng = {1};
+    mqa_case c;
+    make_case(&c, &rng, 5, 100, 2, 32, 0, 0);
+    random_ranges(&c, &rng);
+    dg_tensor out = {0};
+    out.dtype = DG_FLOAT32;
+    TU_CHECK_OK(run(&c, 1, 0, &out));
+    TU_CHECK(out.ndim == 2 && out.shape[0] == 5 && out.shape[1] == 100 && out.strides[0] == 512,
+             "fp32 stride align(100 + 256, 256) = %lld", (long long)out.strides[0]);
+    memset(&out, 0, sizeof out);
+    out.dtype = DG_BFLOAT16;
+    TU_CHECK_OK(run(&c, 0, 100, &out));
+    TU_CHECK(out.shape[1] == 100 && out.strides[0] == 512 && out.dtype == DG_BFLOAT16, "bf16 compressed stride");
+    memset(&out, 0, sizeof out);
+    out.dtype = DG_BFLOAT16;
+    TU_CHECK_OK(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out));
+    TU_CHECK(out.dtype == DG_FLOAT32 && out.strides[0] == 512, "legacy query answers float32");
+    /* The legacy entry computes the same bits as the FP8 path of the general one. */
+    dg_tensor a = dg_tensor_2d(calloc(500, 4), DG_FLOAT32, 5, 100), b = a;
+    b.data = calloc(500, 4);
+    TU_CHECK_OK(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &a));
+    TU_CHECK_OK(run(&c, 1, 0, &b));
+    TU_CHECK(memcmp(a.data, b.data, 2000) == 0, "legacy == general");
+    free(a.data), free(b.data);
+    free_case(&c);
+}
+
+/* A bad call returns `want`, names `arg` in the message and leaves the output untouched. */
+#define EXPECT_BAD(call, want, arg)                                                                  \
+    do {                                                                                             \
+        memset(out.data, 0x33, bytes);                                                               \
+        TU_CHECK_STATUS(call, want);                                                                 \
+        TU_CHECK(strstr(dg_last_error(), arg) != NULL, "message names %s: %s", arg, dg_last_error()); \
+        TU_CHECK(tu_unchanged(&out, snap), "output untouched after a bad %s", arg);                   \
+    } while (0)
+
+static void test_bad_inputs(void) {
+    tu_rng rng = {2};
+    mqa_case c, f;
+    make_case(&c, &rng, 6, 40, 2, 32, 0, 0);
+    make_case(&f, &rng, 6, 40, 2, 64, 1, 0);
+    random_ranges(&c, &rng);
+    random_ranges(&f, &rng);
+    dg_tensor out = tu_alloc2(DG_FLOAT32, 6, 40);
+    const size_t bytes = dg_tensor_nbytes(&out);
+    memset(out.data, 0x33, bytes);
+    void *snap = tu_snapshot(&out);
+    int32_t *ks = c.tks.data, *ke = c.tke.data;
+    const int32_t ks0 = ks[2], ke0 = ke[2];
+
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(NULL, NULL, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out),
+               DG_ERR_NULL_POINTER, "'q'");
+    dg_tensor t = c.tq;
+    t.dtype = DG_BFLOAT16;
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&t, NULL, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_DTYPE, "'q'");
+    t = dg_tensor_transpose(c.tq, 0, 1);
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&t, NULL, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_LAYOUT, "'q'");
+    t = c.tkv;
+    t.shape[1] = 16;
+    EXPECT_BAD(run(&(mqa_case){.tq = c.tq, .tkv = t, .tkvsf = c.tkvsf, .tw = c.tw, .tks = c.tks, .tke = c.tke}, 1, 0, &out),
+               DG_ERR_SHAPE, "'kv'");
+    t = c.tkvsf;
+    t.dtype = DG_INT32;
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &t, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_DTYPE, "'kv_sf'");
+    t = c.tkvsf;
+    t.shape[0] = 39;
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &t, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_SHAPE, "'kv_sf'");
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &f.tkv, &f.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_DTYPE, "'kv'");
+    t = c.tw;
+    t.shape[1] = 3;
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &t, &c.tks, &c.tke, 1, 0, &out), DG_ERR_SHAPE, "'weights'");
+    dg_tensor wb = tu_alloc2(DG_BFLOAT16, 6, 2);
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &wb, &c.tks, &c.tke, 1, 0, &out), DG_ERR_DTYPE, "'weights'");
+    t = c.tks;
+    t.dtype = DG_INT64;
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &t, &c.tke, 1, 0, &out), DG_ERR_DTYPE,
+               "'cu_seq_len_k_start'");
+    t = c.tke;
+    t.shape[0] = 5;
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &t, 1, 0, &out), DG_ERR_SHAPE,
+               "'cu_seq_len_k_end'");
+    ks[2] = 10, ke[2] = 9; /* ke < ks */
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_VALUE,
+               "'cu_seq_len_k_end'");
+    ks[2] = 10, ke[2] = 41; /* past SK */
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_VALUE,
+               "'cu_seq_len_k_end'");
+    ks[2] = -1, ke[2] = 3;
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_VALUE,
+               "'cu_seq_len_k_start'");
+    ks[2] = 0, ke[2] = 40;
+    dg_tensor small = tu_alloc2(DG_FLOAT32, 6, 39);
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 0, 39, &small), DG_ERR_VALUE,
+               "'max_seqlen_k'");
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 0, -1, &out), DG_ERR_VALUE,
+               "'max_seqlen_k'");
+    ks[2] = ks0, ke[2] = ke0;
+    /* Output problems. */
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, NULL), DG_ERR_NULL_POINTER,
+               "'logits'");
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &small), DG_ERR_SHAPE,
+               "'logits'");
+    t = out;
+    t.dtype = DG_INT32;
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&c.tq, NULL, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &t), DG_ERR_DTYPE,
+               "'logits'");
+    t = dg_tensor_2d(out.data, DG_BFLOAT16, 6, 40);
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &t), DG_ERR_DTYPE, "'logits'");
+    t = dg_tensor_transpose(dg_tensor_2d(out.data, DG_FLOAT32, 40, 6), 0, 1);
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &t), DG_ERR_LAYOUT, "'logits'");
+    t = out;
+    t.strides[0] = 20; /* rows overlap */
+    EXPECT_BAD(dg_fp8_mqa_logits(&c.tq, &c.tkv, &c.tkvsf, &c.tw, &c.tks, &c.tke, 1, 0, &t), DG_ERR_LAYOUT, "'logits'");
+    dg_tensor kvf = dg_tensor_1d(out.data, DG_FLOAT32, 40); /* kv_sf aliases the output */
+    memcpy(out.data, c.tkvsf.data, 160);
+    void *snap2 = tu_snapshot(&out);
+    TU_CHECK_STATUS(dg_fp8_mqa_logits(&c.tq, &c.tkv, &kvf, &c.tw, &c.tks, &c.tke, 1, 0, &out), DG_ERR_LAYOUT);
+    TU_CHECK(strstr(dg_last_error(), "'kv_sf'") && tu_unchanged(&out, snap2), "aliasing: %s", dg_last_error());
+    free(snap2);
+    /* FP4 problems. */
+    EXPECT_BAD(dg_fp8_mqa_logits(&f.tq, &f.tkv, &f.tkvsf, &f.tw, &f.tks, &f.tke, 1, 0, &out), DG_ERR_DTYPE, "'q'");
+    t = f.tqsf;
+    t.shape[1] = 1;
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&f.tq, &t, &f.tkv, &f.tkvsf, &f.tw, &f.tks, &f.tke, 1, 0, &out), DG_ERR_SHAPE,
+               "'q_sf'");
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&f.tq, &f.tqsf, &f.tkv, &c.tkvsf, &f.tw, &f.tks, &f.tke, 1, 0, &out),
+               DG_ERR_DTYPE, "'kv_sf'");
+    t = dg_tensor_3d(f.tq.data, DG_FP4_E2M1X2, 6, 2, 24); /* D = 48 */
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&t, &f.tqsf, &f.tkv, &f.tkvsf, &f.tw, &f.tks, &f.tke, 1, 0, &out), DG_ERR_SHAPE,
+               "'q'");
+    TU_CHECK_OK(dg_fp8_fp4_mqa_logits(&f.tq, &f.tqsf, &f.tkv, &f.tkvsf, &f.tw, &f.tks, &f.tke, 1, 0, &out));
+    free(snap);
+    tu_free(&out), tu_free(&small), tu_free(&wb);
+    free_case(&c), free_case(&f);
+}
+
+int main(void) {
+    static const struct { int64_t s, sk, h, d; int fp4, bf16; dg_dtype out; } cases[] = {
+        {24, 100, 4, 32, 0, 0, DG_FLOAT32},  {17, 130, 8, 64, 0, 0, DG_FLOAT32},
+        {9, 70, 2, 128, 0, 0, DG_FLOAT32},   {12, 64, 4, 64, 0, 1, DG_BFLOAT16},
+        {10, 50, 3, 32, 0, 0, DG_BFLOAT16},  {11, 90, 4, 64, 1, 0, DG_FLOAT32},
+        {8, 77, 2, 128, 1, 1, DG_BFLOAT16},  {1, 1, 1, 32, 0, 0, DG_FLOAT32},
+        {6, 33, 2, 32, 1, 0, DG_FLOAT32},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        tu_rng rng = {k + 11};
+        mqa_case c;
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fp4, cases[k].bf16);
+        random_ranges(&c, &rng);
+        char tag[96];
+        snprintf(tag, sizeof tag, "S=%lld SK=%lld H=%lld D=%lld fp4=%d bf16w=%d out=%s", (long long)c.s,
+                 (long long)c.sk, (long long)c.h, (long long)c.d, c.fp4, c.bf16_weights, dg_dtype_name(cases[k].out));
+        check_case(&c, cases[k].out, tag);
+        free_case(&c);
+    }
+    check_accuracy(0, 0);
+    check_accuracy(0, 1);
+    check_accuracy(1, 0);
+    check_accuracy(1, 1);
+    test_query_strides();
+    test_bad_inputs();
+    return tu_finish();
+}

@@ -1,0 +1,369 @@
+/*
+ * dgbench - deepgemm-cpu's benchmark. Measures this machine's limits (BF16 / FP32 / INT8
+ * compute, DRAM read bandwidth) on all kernel threads, then times each kernel case and
+ * prints, in one table: best time, GFLOPS, GB/s, the share of the case's limit reached, and
+ * calc_diff of the default backend's output against the reference backend's output.
+ *
+ *   dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [FILTER...]
+ *   dgbench --list | --info | --help
+ *
+ * A case runs when its name contains any FILTER (all cases when none is given).
+ * Uses only the public header. Exit status: 0, 1 when a case failed, 2 on bad usage or when
+ * no case matches.
+ */
+#include "dgbench.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every kernel family's cases; a new family adds its dgbench_<family>.c and one line here. */
+static const bench_family *const g_families[] = {
+    &bench_family_quant,   &bench_family_gemm,     &bench_family_grouped,
+    &bench_family_mqa,     &bench_family_hc_einsum, &bench_family_mega_moe,
+};
+enum { NUM_FAMILIES = sizeof g_families / sizeof g_families[0] };
+
+/* A repetition stops being repeated once the timed runs of a case exceed this (seconds). */
+#define BENCH_TIME_BUDGET 1.0
+
+typedef struct options {
+    int quick, list, info, no_peaks, reps;
+    const char *json;
+    char **filters;
+    int nfilters;
+} options;
+
+typedef struct result {
+    const bench_case *c;
+    bench_work w;
+    int ok;
+    char error[160];
+    double seconds;  /* best of the timed runs */
+    double diff;     /* calc_diff(default backend, reference backend); < 0: not computed */
+    const char *limit_name;
+    double limit_pct; /* < 0: no limit known */
+} result;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [FILTER...]\n"
+            "       dgbench --list | --info | --help\n"
+            "  --quick      small shapes and short limit measurements\n"
+            "  --json FILE  also write the results as JSON to FILE\n"
+            "  --reps N     timed repetitions per case after one warm-up (default 3)\n"
+            "  --no-peaks   skip measuring the machine's limits\n"
+            "  --list       print the case names and exit\n"
+            "  --info       print what the library sees on this CPU and exit\n"
+            "  FILTER       run only cases whose name contains FILTER\n"
+            "Environment: DG_NUM_THREADS, DG_BACKEND, DG_ISA (see README.md).\n");
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    o->reps = 3;
+    o->filters = calloc((size_t)argc, sizeof *o->filters);
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--quick"))
+            o->quick = 1;
+        else if (!strcmp(a, "--list"))
+            o->list = 1;
+        else if (!strcmp(a, "--info"))
+            o->info = 1;
+        else if (!strcmp(a, "--no-peaks"))
+            o->no_peaks = 1;
+        else if (!strcmp(a, "--json") && i + 1 < argc)
+            o->json = argv[++i];
+        else if (!strcmp(a, "--reps") && i + 1 < argc && (o->reps = atoi(argv[++i])) > 0)
+            continue;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (a[0] == '-') {
+            fprintf(stderr, "dgbench: bad option '%s'\n", a);
+            usage(stderr);
+            return -1;
+        } else
+            o->filters[o->nfilters++] = argv[i];
+    }
+    return 0;
+}
+
+static int selected(const options *o, const char *name) {
+    if (o->nfilters == 0)
+        return 1;
+    for (int i = 0; i < o->nfilters; ++i)
+        if (strstr(name, o->filters[i]))
+            return 1;
+    return 0;
+}
+
+static void print_info(void) {
+    dg_cpu_info ci;
+    if (dg_get_cpu_info(&ci) != DG_OK) {
+        printf("cpu: %s\n", dg_last_error());
+        return;
+    }
+    printf("deepgemm-cpu %s | %s (%s), %d logical cores\n", dg_version_string(), ci.brand,
+           ci.vendor, ci.logical_cores);
+    printf("isa %s (best %s) | threads %d | backend %s\n", dg_isa_name(dg_get_isa()),
+           dg_isa_name(ci.best_isa), dg_get_num_sms(),
+           dg_get_backend() == DG_BACKEND_REFERENCE ? "reference" : "auto");
+    printf("features: avx2=%d fma=%d avx512f=%d avx512bw=%d avx512vl=%d avx512_bf16=%d "
+           "avx512_vnni=%d amx_bf16=%d\n",
+           ci.avx2, ci.fma, ci.avx512f, ci.avx512bw, ci.avx512vl, ci.avx512_bf16, ci.avx512_vnni,
+           ci.amx_bf16);
+}
+
+static void print_peaks(const bench_peaks *p) {
+    printf("\nmachine limits (%d threads)\n", p->threads);
+    if (p->bf16_gflops > 0)
+        printf("  bf16  %10.1f GFLOPS   VDPBF16PS zmm\n", p->bf16_gflops);
+    else
+        printf("  bf16         n/a          (no AVX512_BF16)\n");
+    if (p->fp32_gflops > 0)
+        printf("  fp32  %10.1f GFLOPS   FMA %s\n", p->fp32_gflops, p->fp32_isa);
+    else
+        printf("  fp32         n/a          (no AVX2/FMA)\n");
+    if (p->int8_gops > 0)
+        printf("  int8  %10.1f GOPS     VPDPBUSD zmm\n", p->int8_gops);
+    else
+        printf("  int8         n/a          (no AVX512_VNNI)\n");
+    if (p->dram_gbps > 0)
+        printf("  dram  %10.1f GB/s     read, %zu MiB buffer\n", p->dram_gbps,
+               p->dram_buffer_bytes >> 20);
+    else
+        printf("  dram         n/a\n");
+}
+
+/* The compute limit for a case: the fastest measured instruction that can do its arithmetic.
+ * BF16 products are exact in FP32, so FP32 FMA counts for BF16 too (on some CPUs it is the
+ * faster of the two); INT8 falls back to FP32 when VNNI is absent. */
+static double compute_peak(const bench_peaks *p, bench_limit l, const char **name) {
+    *name = NULL;
+    double best = 0;
+    if (l == BENCH_LIMIT_BF16 && p->bf16_gflops > best)
+        *name = "bf16", best = p->bf16_gflops;
+    if (l == BENCH_LIMIT_INT8 && p->int8_gops > best)
+        *name = "int8", best = p->int8_gops;
+    if (l != BENCH_LIMIT_DRAM && (best == 0 || (l == BENCH_LIMIT_BF16 || l == BENCH_LIMIT_FP32)) &&
+        p->fp32_gflops > best)
+        *name = "fp32", best = p->fp32_gflops;
+    return best;
+}
+
+/* Roofline share: the larger lower bound on time (compute or DRAM) over the measured time. */
+static void rate_against_limits(result *r, const bench_peaks *p) {
+    const char *cname;
+    const double cpeak = compute_peak(p, r->c->limit, &cname);
+    const double t_compute = cpeak > 0 ? r->w.flops / (cpeak * 1e9) : 0;
+    const double t_memory = p->dram_gbps > 0 ? r->w.bytes / (p->dram_gbps * 1e9) : 0;
+    r->limit_name = t_compute >= t_memory ? cname : "dram";
+    const double bound = t_compute > t_memory ? t_compute : t_memory;
+    r->limit_pct = bound > 0 && r->seconds > 0 ? 100.0 * bound / r->seconds : -1;
+}
+
+static int fail(result *r, const char *what) {
+    snprintf(r->error, sizeof r->error, "%s: %s", what, dg_last_error());
+    return -1;
+}
+
+/* Warm-up (its output is the default backend's), timed repetitions, then one reference run. */
+static int run_case(result *r, const options *o) {
+    const bench_case *c = r->c;
+    if (c->setup(c, o->quick, &r->w) != 0) {
+        snprintf(r->error, sizeof r->error, "setup failed (out of memory?)");
+        return -1;
+    }
+    const size_t n = (size_t)dg_tensor_numel(&r->w.out);
+    float *got = bench_alloc(n * sizeof(float)), *want = bench_alloc(n * sizeof(float));
+    int rc = -1;
+    if (!got || !want) {
+        snprintf(r->error, sizeof r->error, "out of memory");
+        goto done;
+    }
+    if (c->run(r->w.state) != DG_OK) {
+        fail(r, "run");
+        goto done;
+    }
+    bench_read_float(&r->w.out, got);
+    r->seconds = 1e30;
+    double spent = 0;
+    for (int rep = 0; rep < o->reps && (rep == 0 || spent < BENCH_TIME_BUDGET); ++rep) {
+        const double t0 = bench_now();
+        if (c->run(r->w.state) != DG_OK) {
+            fail(r, "run");
+            goto done;
+        }
+        const double t = bench_now() - t0;
+        spent += t;
+        if (t < r->seconds)
+            r->seconds = t;
+    }
+    r->diff = -1; /* stays -1 (printed "-") when the default backend is the reference */
+    const dg_backend backend = dg_get_backend();
+    if (backend != DG_BACKEND_REFERENCE) {
+        dg_set_backend(DG_BACKEND_REFERENCE);
+        const dg_status s = c->run(r->w.state);
+        dg_set_backend(backend);
+        if (s != DG_OK) {
+            fail(r, "reference run");
+            goto done;
+        }
+        bench_read_float(&r->w.out, want);
+        r->diff = bench_calc_diff(got, want, n);
+    }
+    r->ok = 1;
+    rc = 0;
+done:
+    bench_free(got);
+    bench_free(want);
+    c->free(r->w.state);
+    return rc;
+}
+
+static void print_row_header(void) {
+    printf("\n%-38s %-26s %10s %9s %8s %5s %6s %9s\n", "case", "shape", "time(ms)", "GFLOPS",
+           "GB/s", "limit", "%lim", "diff");
+}
+
+static void print_row(const result *r) {
+    if (!r->ok) {
+        printf("%-38s %-26s  FAILED: %s\n", r->c->name, r->w.shape, r->error);
+        return;
+    }
+    char pct[16] = "-";
+    if (r->limit_pct >= 0)
+        snprintf(pct, sizeof pct, "%.1f", r->limit_pct);
+    char gflops[16] = "-", diff[16] = "-";
+    if (r->diff >= 0)
+        snprintf(diff, sizeof diff, "%.2e", r->diff);
+    if (r->w.flops > 0)
+        snprintf(gflops, sizeof gflops, "%.2f", 1e-9 * r->w.flops / r->seconds);
+    printf("%-38s %-26s %10.2f %9s %8.2f %5s %6s %9s\n", r->c->name, r->w.shape,
+           1e3 * r->seconds, gflops, 1e-9 * r->w.bytes / r->seconds,
+           r->limit_name ? r->limit_name : "-", pct, diff);
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; ++s) {
+        if (*s == '"' || *s == '\\')
+            fputc('\\', f);
+        if ((unsigned char)*s >= 0x20)
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static int write_json(const char *path, const bench_peaks *p, const result *rs, int n, int quick) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    dg_cpu_info ci;
+    memset(&ci, 0, sizeof ci);
+    dg_get_cpu_info(&ci);
+    fprintf(f, "{\n  \"version\": \"%s\",\n  \"cpu\": ", dg_version_string());
+    json_string(f, ci.brand);
+    fprintf(f, ",\n  \"isa\": \"%s\",\n  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"quick\": %s,\n",
+            dg_isa_name(dg_get_isa()), dg_get_num_sms(),
+            dg_get_backend() == DG_BACKEND_REFERENCE ? "reference" : "auto", quick ? "true" : "false");
+    fprintf(f, "  \"limits\": {\"bf16_gflops\": %.3f, \"fp32_gflops\": %.3f, \"int8_gops\": %.3f, "
+               "\"dram_gbps\": %.3f},\n  \"cases\": [",
+            p->bf16_gflops, p->fp32_gflops, p->int8_gops, p->dram_gbps);
+    for (int i = 0; i < n; ++i) {
+        const result *r = &rs[i];
+        fprintf(f, "%s\n    {\"name\": ", i ? "," : "");
+        json_string(f, r->c->name);
+        fprintf(f, ", \"shape\": ");
+        json_string(f, r->w.shape);
+        fprintf(f, ", \"ok\": %s", r->ok ? "true" : "false");
+        if (!r->ok) {
+            fprintf(f, ", \"error\": ");
+            json_string(f, r->error);
+        } else {
+            fprintf(f, ", \"seconds\": %.6e, \"flops\": %.6e, \"bytes\": %.6e, \"gflops\": %.3f, "
+                       "\"gbps\": %.3f, \"limit\": ",
+                    r->seconds, r->w.flops, r->w.bytes, 1e-9 * r->w.flops / r->seconds,
+                    1e-9 * r->w.bytes / r->seconds);
+            json_string(f, r->limit_name ? r->limit_name : "");
+            if (r->limit_pct >= 0)
+                fprintf(f, ", \"limit_pct\": %.3f", r->limit_pct);
+            else
+                fprintf(f, ", \"limit_pct\": null");
+            fprintf(f, ", \"calc_diff\": ");
+            if (r->diff >= 0)
+                fprintf(f, "%.6e", r->diff);
+            else
+                fprintf(f, "null");
+        }
+        fputc('}', f);
+    }
+    fprintf(f, "\n  ]\n}\n");
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    if (parse_args(argc, argv, &o) != 0)
+        return 2;
+    if (o.info) {
+        print_info();
+        return 0;
+    }
+    int total = 0;
+    for (int f = 0; f < NUM_FAMILIES; ++f)
+        total += g_families[f]->count;
+    if (o.list) {
+        for (int f = 0; f < NUM_FAMILIES; ++f)
+            for (int i = 0; i < g_families[f]->count; ++i)
+                if (selected(&o, g_families[f]->cases[i].name))
+                    printf("%s\n", g_families[f]->cases[i].name);
+        return 0;
+    }
+    int matches = 0;
+    for (int f = 0; f < NUM_FAMILIES; ++f)
+        for (int i = 0; i < g_families[f]->count; ++i)
+            matches += selected(&o, g_families[f]->cases[i].name);
+    if (matches == 0) {
+        fprintf(stderr, "dgbench: no case matches the filter (see --list)\n");
+        return 2;
+    }
+    print_info();
+    bench_peaks peaks;
+    memset(&peaks, 0, sizeof peaks);
+    if (!o.no_peaks) {
+        bench_measure_peaks(&peaks, dg_get_num_sms(), o.quick);
+        print_peaks(&peaks);
+    }
+    result *rs = calloc((size_t)total + 1, sizeof *rs);
+    int n = 0, failed = 0;
+    print_row_header();
+    for (int f = 0; f < NUM_FAMILIES; ++f)
+        for (int i = 0; i < g_families[f]->count; ++i) {
+            const bench_case *c = &g_families[f]->cases[i];
+            if (!selected(&o, c->name))
+                continue;
+            result *r = &rs[n++];
+            r->c = c;
+            r->diff = -1;
+            if (run_case(r, &o) != 0)
+                ++failed;
+            else
+                rate_against_limits(r, &peaks);
+            print_row(r);
+            fflush(stdout);
+        }
+    printf("\n%d case(s), %d failed. time: best of the timed runs; %%lim: share of the larger of "
+           "the compute and DRAM lower bounds; diff: calc_diff vs the reference backend "
+           "(- when it is the default).\n",
+           n, failed);
+    if (o.json && write_json(o.json, &peaks, rs, n, o.quick) != 0) {
+        fprintf(stderr, "dgbench: cannot write %s\n", o.json);
+        failed++;
+    }
+    free(rs);
+    free(o.filters);
+    return failed ? 1 : 0;
+}

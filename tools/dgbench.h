@@ -1,0 +1,130 @@
+/*
+ * dgbench.h - shared definitions of the benchmark's parts. dgbench uses only the public
+ * header; everything here is the tool's own.
+ *
+ * Parts: dgbench.c (driver: options, timing, table, JSON), dgbench_peak.c (this machine's
+ * limits), dgbench_util.c (buffers, random data, the tool's own quantizers, calc_diff) and
+ * one dgbench_<family>.c per kernel family holding that family's cases.
+ */
+#ifndef DGBENCH_H
+#define DGBENCH_H
+
+#include <deepgemm.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- machine limits (dgbench_peak.c); 0 means "not measured / not available" ---- */
+
+typedef struct bench_peaks {
+    double bf16_gflops; /* VDPBF16PS, all threads */
+    double fp32_gflops; /* FMA (AVX-512 or AVX2), all threads */
+    double int8_gops;   /* VPDPBUSD, all threads */
+    double dram_gbps;   /* streaming read over a buffer much larger than the last-level cache */
+    const char *fp32_isa; /* "avx512", "avx2" or NULL */
+    size_t dram_buffer_bytes;
+    int threads;
+} bench_peaks;
+
+/* Measures every limit this CPU has on `threads` threads; takes a few seconds. */
+void bench_measure_peaks(bench_peaks *p, int threads, int quick);
+
+/* Which compute limit a case is measured against; memory traffic is always compared with
+ * dram_gbps as well and the larger of the two lower bounds on time is the case's limit. */
+typedef enum bench_limit {
+    BENCH_LIMIT_BF16 = 0, /* BF16 dot products (FP8/FP4 are expected to be widened to BF16) */
+    BENCH_LIMIT_FP32 = 1,
+    BENCH_LIMIT_INT8 = 2,
+    BENCH_LIMIT_DRAM = 3  /* memory-bound: no compute limit */
+} bench_limit;
+
+/* ---- cases ---- */
+
+/* What setup() produces: the work of one run and the output compared between backends. */
+typedef struct bench_work {
+    void *state;     /* the case's own buffers, passed to run() and free() */
+    double flops;    /* floating-point (or integer) operations of one run; 2 per multiply-add */
+    double bytes;    /* bytes one run must at least read and write */
+    dg_tensor out;   /* FLOAT32, BFLOAT16 or FLOAT8_E4M3 output written by run() */
+    char shape[64];  /* e.g. "m=64 n=2112 k=7168" */
+} bench_work;
+
+typedef struct bench_case {
+    const char *name;   /* "<family>/<kernel>/<shape>", unique; the filter matches substrings */
+    bench_limit limit;
+    const void *params; /* the case's own parameters (shape), read by setup() */
+    /* Allocates and fills inputs; `quick` asks for a small shape. Returns 0 on success. */
+    int (*setup)(const struct bench_case *c, int quick, bench_work *w);
+    dg_status (*run)(void *state);
+    void (*free)(void *state);
+} bench_case;
+
+/* One kernel family's cases (defined in its dgbench_<family>.c). */
+typedef struct bench_family {
+    const char *name;
+    const bench_case *cases;
+    int count;
+} bench_family;
+
+extern const bench_family bench_family_gemm;
+extern const bench_family bench_family_grouped;
+extern const bench_family bench_family_mqa;
+extern const bench_family bench_family_hc_einsum;
+extern const bench_family bench_family_mega_moe;
+extern const bench_family bench_family_quant;
+
+/* ---- helpers (dgbench_util.c) ---- */
+
+/* Zeroed memory aligned to 64 bytes; NULL on failure. Free with bench_free. */
+void *bench_alloc(size_t bytes);
+void *bench_alloc_uninit(size_t bytes); /* the same without zeroing (pages stay untouched) */
+void bench_free(void *p);
+double bench_now(void); /* seconds, monotonic */
+
+/* Deterministic normal(0, 1) * scale values. */
+void bench_fill_normal(float *x, size_t n, uint64_t seed, float scale);
+/* Contiguous tensors over new memory (data NULL when allocation fails). */
+dg_tensor bench_tensor2(dg_dtype dtype, int64_t d0, int64_t d1);
+void bench_tensor_free(dg_tensor *t);
+/* float -> BF16 for a whole array. */
+void bench_to_bf16(const float *x, uint16_t *y, size_t n);
+/*
+ * The tool's own quantizers (DeepGEMM's recipes, SPEC 2), on row-major float [rows, cols]:
+ *   bench_cast_fp8_rows:  E4M3 [rows, cols], one float32 scale per row per gran_k columns
+ *                         -> sf [rows, ceil(cols/gran_k)]
+ *   bench_cast_fp8_block: E4M3 [rows, cols], one scale per gran x gran block
+ *                         -> sf [ceil(rows/gran), ceil(cols/gran)]
+ *   bench_cast_fp4_rows:  packed E2M1 [rows, cols/2], one scale per row per gran_k columns
+ * `ue8m0` rounds every scale up to a power of two.
+ */
+void bench_cast_fp8_rows(const float *x, int64_t rows, int64_t cols, int gran_k, int ue8m0,
+                         uint8_t *q, float *sf);
+void bench_cast_fp8_block(const float *x, int64_t rows, int64_t cols, int gran, int ue8m0,
+                          uint8_t *q, float *sf);
+void bench_cast_fp4_rows(const float *x, int64_t rows, int64_t cols, int gran_k, int ue8m0,
+                         uint8_t *q, float *sf);
+/*
+ * A case's tensors, freed together. Put a bench_pool first in a case's state struct and use
+ * bench_pool_state_free as the case's free(). bench_pool_new returns a zeroed contiguous
+ * tensor owned by the pool; when allocation fails it sets pool->failed (check once at the end).
+ */
+#define BENCH_POOL_MAX 24
+typedef struct bench_pool {
+    dg_tensor t[BENCH_POOL_MAX];
+    int n, failed;
+} bench_pool;
+dg_tensor *bench_pool_new(bench_pool *p, dg_dtype dtype, int ndim, const int64_t *shape);
+void bench_pool_state_free(void *state);
+/* Fills a contiguous FLOAT32 / BFLOAT16 / FLOAT8_E4M3 tensor with normal(0, 1) * scale values
+ * (rounded to the dtype), or FP4_E2M1X2 with random codes. */
+void bench_fill(dg_tensor *t, uint64_t seed, float scale);
+/* Fills a contiguous FLOAT32 tensor with uniform values in [lo, hi). */
+void bench_fill_uniform(dg_tensor *t, uint64_t seed, float lo, float hi);
+
+/* Reads a FLOAT32, BFLOAT16 or FLOAT8_E4M3 tensor (any strides) into float, row-major order. */
+int bench_read_float(const dg_tensor *t, float *out);
+int bench_can_read_float(dg_dtype dtype);
+/* DeepGEMM's calc_diff: 1 - 2*sum(x*y) / sum(x*x + y*y), in double; 0 when both are zero. */
+double bench_calc_diff(const float *x, const float *y, size_t n);
+
+#endif

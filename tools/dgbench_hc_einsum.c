@@ -1,0 +1,112 @@
+/*
+ * dgbench_hc_einsum.c - hyper-connection prenorm and einsum cases (SPEC 6-7):
+ *
+ *   hc/tf32_prenorm        a BF16 [M, K], b FLOAT32 [N, K] with DeepSeek's N = 24, K = 7168;
+ *                          d = a @ b^T and the row sums of squares (no splits)
+ *   einsum/bmk_bnk_mn      a [S, M, K], b [S, N, K] BF16 -> d [M, N] FLOAT32
+ *   einsum/fp8_bhr_hdr_bhd a E4M3 [B, H, R] per-token scales, b E4M3 [H, D, R] per-block
+ *                          scales -> d [B, H, D] BF16 (default recipe (1, 128, 128))
+ *
+ * The compared output is d. FLOPs count 2 per multiply-add of the product only.
+ */
+#include "dgbench.h"
+
+#include <stdio.h>
+
+typedef enum hc_kind { HC_PRENORM, EINSUM_BMK, EINSUM_FP8_BHR } hc_kind;
+
+typedef struct hc_params {
+    hc_kind kind;
+    int64_t d0, d1, d2, d3; /* prenorm: M, N, K; bmk: S, M, N, K; fp8: B, H, R, D */
+} hc_params;
+
+typedef struct hc_state {
+    bench_pool pool; /* first: freed by bench_pool_state_free */
+    const hc_params *p;
+    dg_tensor *a, *sfa, *b, *sfb, *d, *s;
+} hc_state;
+
+static double nb(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
+
+static int hc_setup(const bench_case *c, int quick, bench_work *w) {
+    const hc_params *p = c->params;
+    hc_state *st = bench_alloc(sizeof *st);
+    if (!st)
+        return -1;
+    st->p = p;
+    bench_pool *pool = &st->pool;
+    const int64_t q = quick ? 4 : 1;
+    double flops = 0;
+    if (p->kind == HC_PRENORM) {
+        const int64_t m = p->d0 / q, n = p->d1, k = p->d2;
+        st->a = bench_pool_new(pool, DG_BFLOAT16, 2, (int64_t[]){m, k});
+        st->b = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){n, k});
+        st->d = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){m, n});
+        st->s = bench_pool_new(pool, DG_FLOAT32, 1, (int64_t[]){m});
+        flops = 2.0 * (double)m * (double)n * (double)k;
+        snprintf(w->shape, sizeof w->shape, "m=%lld n=%lld k=%lld", (long long)m, (long long)n,
+                 (long long)k);
+    } else if (p->kind == EINSUM_BMK) {
+        const int64_t s = p->d0, m = p->d1 / q, n = p->d2, k = p->d3;
+        st->a = bench_pool_new(pool, DG_BFLOAT16, 3, (int64_t[]){s, m, k});
+        st->b = bench_pool_new(pool, DG_BFLOAT16, 3, (int64_t[]){s, n, k});
+        st->d = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){m, n});
+        flops = 2.0 * (double)s * (double)m * (double)n * (double)k;
+        snprintf(w->shape, sizeof w->shape, "s=%lld m=%lld n=%lld k=%lld", (long long)s,
+                 (long long)m, (long long)n, (long long)k);
+    } else {
+        const int64_t bt = p->d0 / q, h = p->d1, r = p->d2, dd = p->d3;
+        st->a = bench_pool_new(pool, DG_FLOAT8_E4M3, 3, (int64_t[]){bt, h, r});
+        st->sfa = bench_pool_new(pool, DG_FLOAT32, 3, (int64_t[]){bt, h, (r + 127) / 128});
+        st->b = bench_pool_new(pool, DG_FLOAT8_E4M3, 3, (int64_t[]){h, dd, r});
+        st->sfb = bench_pool_new(pool, DG_FLOAT32, 3, (int64_t[]){h, (dd + 127) / 128, (r + 127) / 128});
+        st->d = bench_pool_new(pool, DG_BFLOAT16, 3, (int64_t[]){bt, h, dd});
+        flops = 2.0 * (double)bt * (double)h * (double)dd * (double)r;
+        snprintf(w->shape, sizeof w->shape, "b=%lld h=%lld r=%lld d=%lld", (long long)bt,
+                 (long long)h, (long long)r, (long long)dd);
+    }
+    if (pool->failed) {
+        bench_pool_state_free(st);
+        return -1;
+    }
+    bench_fill(st->a, 51, 1.0f);
+    bench_fill(st->b, 52, p->kind == HC_PRENORM ? 0.01f : 1.0f);
+    if (st->sfa) {
+        bench_fill_uniform(st->sfa, 53, 0.5f, 2.0f);
+        bench_fill_uniform(st->sfb, 54, 0.5f, 2.0f);
+    }
+    w->state = st;
+    w->out = *st->d;
+    w->flops = flops;
+    w->bytes = nb(st->a) + nb(st->sfa) + nb(st->b) + nb(st->sfb) + nb(st->d) + nb(st->s);
+    return 0;
+}
+
+static dg_status hc_run(void *s) {
+    hc_state *st = s;
+    switch (st->p->kind) {
+    case HC_PRENORM:
+        return dg_tf32_hc_prenorm_gemm(st->a, st->b, st->d, st->s, 0);
+    case EINSUM_BMK:
+        return dg_einsum("bmk,bnk->mn", st->a, st->b, st->d, NULL);
+    case EINSUM_FP8_BHR:
+        return dg_fp8_einsum("bhr,hdr->bhd", st->a, st->sfa, st->b, st->sfb, st->d, NULL, NULL);
+    }
+    return DG_ERR_INTERNAL;
+}
+
+static const hc_params P[] = {
+    {HC_PRENORM, 512, 24, 7168, 0},
+    {EINSUM_BMK, 4, 64, 256, 1024},
+    {EINSUM_FP8_BHR, 16, 16, 512, 512},
+};
+
+#define CASE(name, i, lim) {name, lim, &P[i], hc_setup, hc_run, bench_pool_state_free}
+static const bench_case CASES[] = {
+    CASE("hc/tf32_prenorm/n24_k7168", 0, BENCH_LIMIT_FP32),
+    CASE("einsum/bmk_bnk_mn/s4_n256_k1024", 1, BENCH_LIMIT_BF16),
+    CASE("einsum/fp8_bhr_hdr_bhd/h16_r512_d512", 2, BENCH_LIMIT_BF16),
+};
+#undef CASE
+
+const bench_family bench_family_hc_einsum = {"hc_einsum", CASES, sizeof CASES / sizeof CASES[0]};

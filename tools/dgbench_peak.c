@@ -1,0 +1,297 @@
+/*
+ * dgbench_peak.c - this machine's limits, measured in the same run as the kernels, on all
+ * kernel threads at once (pthreads):
+ *   BF16   VDPBF16PS on zmm registers: 16 lanes x 2 products x 2 = 64 flops per instruction
+ *   FP32   FMA on zmm (32 flops) or ymm (16 flops) registers, whichever the CPU has
+ *   INT8   VPDPBUSD on zmm registers: 64 products x 2 = 128 ops per instruction
+ *   DRAM   a streaming read over a buffer several times the last-level cache
+ * The compute loops keep 12 independent accumulators in registers, enough to cover the
+ * latency x throughput of these instructions on current x86 cores, and touch no memory.
+ * Each accumulator starts from a different value: identical ones would let the compiler
+ * merge them into a single dependency chain (GCC does).
+ * Each function carries its own target attribute and runs only when the CPU reports the
+ * feature, so the tool itself runs on any x86-64.
+ */
+#include "dgbench.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define BENCH_X86 1
+#include <immintrin.h>
+#else
+#define BENCH_X86 0
+#endif
+
+/* ---- running one function on all threads ---- */
+
+typedef struct par_job {
+    void (*fn)(int tid, int nthreads, void *arg);
+    void *arg;
+    int tid, nthreads;
+    pthread_barrier_t *start;
+} par_job;
+
+static void *par_main(void *p) {
+    par_job *j = p;
+    pthread_barrier_wait(j->start);
+    j->fn(j->tid, j->nthreads, j->arg);
+    return NULL;
+}
+
+/* Wall seconds from the moment all threads are ready until the last one finishes. */
+static double run_parallel(int nthreads, void (*fn)(int, int, void *), void *arg) {
+    pthread_t th[nthreads];
+    par_job jobs[nthreads];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nthreads + 1);
+    int started = 0;
+    for (int t = 0; t < nthreads; ++t) {
+        jobs[t] = (par_job){fn, arg, t, nthreads, &start};
+        if (pthread_create(&th[t], NULL, par_main, &jobs[t]) != 0)
+            break;
+        ++started;
+    }
+    if (started < nthreads) { /* cannot happen in practice; run the rest on this thread */
+        for (int t = started; t < nthreads; ++t)
+            fn(t, nthreads, arg);
+        nthreads = started;
+    }
+    pthread_barrier_wait(&start);
+    const double t0 = bench_now();
+    for (int t = 0; t < started; ++t)
+        pthread_join(th[t], NULL);
+    const double t1 = bench_now();
+    pthread_barrier_destroy(&start);
+    return t1 - t0;
+}
+
+/* ---- register-resident compute loops ---- */
+
+typedef struct loop_arg {
+    double (*loop)(long iters); /* returns a value depending on every result, so nothing is dead */
+    long iters;
+    volatile double sink;
+} loop_arg;
+
+static void loop_thread(int tid, int nthreads, void *p) {
+    loop_arg *a = p;
+    const double v = a->loop(a->iters);
+    if (v == 12345.678) /* keeps the result alive without a shared write in the hot path */
+        a->sink = v;
+}
+
+#if BENCH_X86
+#define ACC12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+__attribute__((target("avx512f,avx512bf16"))) static double loop_bf16(long iters) {
+    /* Small values so the sums stay finite and normal for any iteration count we use. */
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+#define DECL(i) __m512 acc##i = _mm512_set1_ps((float)i);
+#define STEP(i) acc##i = _mm512_dpbf16_ps(acc##i, a, b);
+#define SUM(i) s = _mm512_add_ps(s, acc##i);
+    ACC12(DECL)
+    for (long it = 0; it < iters; ++it) {
+        ACC12(STEP)
+    }
+    __m512 s = _mm512_setzero_ps();
+    ACC12(SUM)
+    return _mm512_reduce_add_ps(s);
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx512f"))) static double loop_fp32_avx512(long iters) {
+    /* acc = acc * m + c converges to c / (1 - m): no overflow, no subnormals. */
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-3f);
+#define DECL(i) __m512 acc##i = _mm512_set1_ps((float)i);
+#define STEP(i) acc##i = _mm512_fmadd_ps(acc##i, m, c);
+#define SUM(i) s = _mm512_add_ps(s, acc##i);
+    ACC12(DECL)
+    for (long it = 0; it < iters; ++it) {
+        ACC12(STEP)
+    }
+    __m512 s = _mm512_setzero_ps();
+    ACC12(SUM)
+    return _mm512_reduce_add_ps(s);
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx2,fma"))) static double loop_fp32_avx2(long iters) {
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-3f);
+#define DECL(i) __m256 acc##i = _mm256_set1_ps((float)i);
+#define STEP(i) acc##i = _mm256_fmadd_ps(acc##i, m, c);
+#define SUM(i) s = _mm256_add_ps(s, acc##i);
+    ACC12(DECL)
+    for (long it = 0; it < iters; ++it) {
+        ACC12(STEP)
+    }
+    __m256 s = _mm256_setzero_ps();
+    ACC12(SUM)
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return (double)out[0] + out[7];
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx512f,avx512vnni"))) static double loop_int8(long iters) {
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+#define DECL(i) __m512i acc##i = _mm512_set1_epi32(i);
+#define STEP(i) acc##i = _mm512_dpbusd_epi32(acc##i, a, b);
+#define SUM(i) s = _mm512_add_epi32(s, acc##i);
+    ACC12(DECL)
+    for (long it = 0; it < iters; ++it) {
+        ACC12(STEP)
+    }
+    __m512i s = _mm512_setzero_si512();
+    ACC12(SUM)
+    return (double)_mm512_reduce_add_epi32(s);
+#undef DECL
+#undef STEP
+#undef SUM
+}
+#endif /* BENCH_X86 */
+
+/* Operations per second of `loop` on all threads; `ops_per_iter` counts one loop trip.
+ * The iteration count is calibrated on one thread to run about `seconds`; best of 3. */
+static double measure_loop(double (*loop)(long), double ops_per_iter, int threads, double seconds) {
+    loop_arg a = {.loop = loop, .iters = 1 << 16};
+    double t;
+    for (;;) {
+        t = run_parallel(1, loop_thread, &a);
+        if (t > 0.02 || a.iters > (1L << 40))
+            break;
+        a.iters *= 4;
+    }
+    a.iters = (long)((double)a.iters * seconds / t) + 1;
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+        t = run_parallel(threads, loop_thread, &a);
+        const double rate = ops_per_iter * (double)a.iters * threads / t;
+        if (rate > best)
+            best = rate;
+    }
+    return best;
+}
+
+/* ---- DRAM read bandwidth ---- */
+
+typedef struct stream_arg {
+    uint64_t *buf;
+    size_t words;
+    volatile uint64_t sink;
+} stream_arg;
+
+static void slice(size_t words, int tid, int nthreads, size_t *lo, size_t *hi) {
+    *lo = words / (size_t)nthreads * (size_t)tid;
+    *hi = tid == nthreads - 1 ? words : words / (size_t)nthreads * (size_t)(tid + 1);
+}
+
+/* First touch from the thread that will read the slice (keeps pages on its NUMA node). */
+static void stream_init(int tid, int nthreads, void *p) {
+    stream_arg *a = p;
+    size_t lo, hi;
+    slice(a->words, tid, nthreads, &lo, &hi);
+    for (size_t i = lo; i < hi; ++i)
+        a->buf[i] = i;
+}
+
+static void stream_read(int tid, int nthreads, void *p) {
+    stream_arg *a = p;
+    size_t lo, hi;
+    slice(a->words, tid, nthreads, &lo, &hi);
+    /* Four independent sums so the loop is bound by loads, not by an add chain. */
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+        s0 += a->buf[i];
+        s1 += a->buf[i + 1];
+        s2 += a->buf[i + 2];
+        s3 += a->buf[i + 3];
+    }
+    for (; i < hi; ++i)
+        s0 += a->buf[i];
+    if (s0 + s1 + s2 + s3 == 42) /* practically never; keeps the sums alive */
+        a->sink = s0;
+}
+
+/* max(1 GiB, 4 x last-level cache), at most 4 GiB and a quarter of physical memory. */
+static size_t dram_buffer_size(void) {
+    size_t llc = 0;
+    for (int idx = 0; idx < 8; ++idx) {
+        char path[96];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        unsigned long v = 0;
+        char unit = 0;
+        if (fscanf(f, "%lu%c", &v, &unit) >= 1) {
+            const size_t bytes = v * (unit == 'K' ? 1024ul : unit == 'M' ? 1024ul * 1024 : 1ul);
+            if (bytes > llc)
+                llc = bytes;
+        }
+        fclose(f);
+    }
+    size_t want = (size_t)1 << 30;
+    if (4 * llc > want)
+        want = 4 * llc;
+    if (want > ((size_t)4 << 30))
+        want = (size_t)4 << 30;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && want > (size_t)pages * (size_t)page / 4)
+        want = (size_t)pages * (size_t)page / 4;
+    return want & ~(size_t)63;
+}
+
+static double measure_dram(int threads, int passes, size_t *bytes_out) {
+    stream_arg a = {0};
+    size_t bytes = dram_buffer_size();
+    while (bytes >= ((size_t)64 << 20) && !(a.buf = bench_alloc_uninit(bytes)))
+        bytes /= 2;
+    *bytes_out = a.buf ? bytes : 0;
+    if (!a.buf)
+        return 0;
+    a.words = bytes / sizeof(uint64_t);
+    run_parallel(threads, stream_init, &a);
+    double best = 0;
+    for (int p = 0; p < passes; ++p) {
+        const double t = run_parallel(threads, stream_read, &a);
+        if ((double)bytes / t > best)
+            best = (double)bytes / t;
+    }
+    bench_free(a.buf);
+    return best;
+}
+
+void bench_measure_peaks(bench_peaks *p, int threads, int quick) {
+    memset(p, 0, sizeof *p);
+    p->threads = threads;
+    const double secs = quick ? 0.05 : 0.25;
+#if BENCH_X86
+    dg_cpu_info ci;
+    if (dg_get_cpu_info(&ci) == DG_OK) {
+        if (ci.avx512f && ci.avx512_bf16)
+            p->bf16_gflops = 1e-9 * measure_loop(loop_bf16, 12 * 64.0, threads, secs);
+        if (ci.avx512f) {
+            p->fp32_gflops = 1e-9 * measure_loop(loop_fp32_avx512, 12 * 32.0, threads, secs);
+            p->fp32_isa = "avx512";
+        } else if (ci.avx2 && ci.fma) {
+            p->fp32_gflops = 1e-9 * measure_loop(loop_fp32_avx2, 12 * 16.0, threads, secs);
+            p->fp32_isa = "avx2";
+        }
+        if (ci.avx512f && ci.avx512_vnni)
+            p->int8_gops = 1e-9 * measure_loop(loop_int8, 12 * 128.0, threads, secs);
+    }
+#endif
+    p->dram_gbps = 1e-9 * measure_dram(threads, quick ? 2 : 4, &p->dram_buffer_bytes);
+}
