@@ -528,6 +528,8 @@ DG_API dg_status dg_fp8_fp4_paged_mqa_logits(const dg_tensor *q, const dg_tensor
  *   nb = ceil(K / 64) blocks, split s takes nb / num_splits blocks, one more when
  *   s < nb % num_splits, in order (DeepGEMM's split). Splits without blocks are zero.
  * N > 0 and K > 0 are required; M = 0 does nothing. Unlike the GPU, any N and K are accepted.
+ * Float32 FMAs, no TF32 rounding (calc_diff against float64 far below DeepGEMM's 1e-8); the same
+ * bits for any thread count. The reference backend rounds exact (double) sums once.
  */
 DG_API dg_status dg_tf32_hc_prenorm_gemm(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
                                          const dg_tensor *sqr_sum, int num_splits);

@@ -225,7 +225,11 @@ static void test_skip_head_mid(void) {
 }
 
 int main(void) {
+    /* skip_head_mid is checked bit-exactly against double accumulation: the reference backend;
+     * test_engine_gemm.c checks the engine's skip_head_mid with tolerances. */
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
     test_skip_head_mid();
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_AUTO));
     test_accuracy();
     return tu_finish();
 }

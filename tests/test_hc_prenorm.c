@@ -1,4 +1,8 @@
-/* test_hc_prenorm.c - dg_tf32_hc_prenorm_gemm (SPEC 6) against naive double math. */
+/*
+ * test_hc_prenorm.c - dg_tf32_hc_prenorm_gemm (SPEC 6): the reference backend against naive
+ * double math (bitwise: it rounds exact double sums once), argument checking on both backends.
+ * The fast kernels are tested against the reference in test_hc_prenorm_fast.c.
+ */
 #include "test_util.h"
 
 #include <stdlib.h>
@@ -252,6 +256,9 @@ static void test_bad_inputs(void) {
 
 int main(void) {
     tu_rng rng = {2024};
+    /* Argument checks come before the backend is chosen: the same answers on both. */
+    test_bad_inputs();
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
     test_split_rule_by_hand();
     /* DeepGEMM's N = 24 and M = 13 / 137 with smaller K (K tails included), odd N, M = 1. */
     const hc_case cases[] = {
@@ -262,5 +269,8 @@ int main(void) {
         run_case(&rng, cases[i], (int)(i % 3), (int)(i % 2) * 5);
     test_splits_add_up(&rng);
     test_bad_inputs();
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_AUTO));
+    test_split_rule_by_hand(); /* small integers: exact on the fast path too */
+    test_splits_add_up(&rng);
     return tu_finish();
 }

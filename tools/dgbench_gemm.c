@@ -1,15 +1,22 @@
 /*
  * dgbench_gemm.c - dense GEMM cases (SPEC 3): D = A @ B^T on DeepSeek's (N, K) shapes.
  *
- *   bf16_nt      A, B BF16; D BF16                           limit: BF16 dot products
- *   fp8_nt_1d2d  A E4M3 with 1x128 scales, B E4M3 with 128x128 scales (float32); D BF16
- *   fp8_fp4_nt   A E4M3 with 1x128 scales, B packed FP4 with 1x32 UE8M0-valued float32
- *                scales (DeepGEMM's FP8 x FP4 quant config (128, 32)); D BF16
+ *   bf16_<layout>  A, B BF16 (nt, and nn/tn/tt as DeepGEMM's transposed views); D BF16
+ *   fp8_nt_1d2d    A E4M3 with 1x128 float32 scales, B E4M3 with 128x128 float32 scales; D BF16
+ *   fp8_nt_ue8m0   A, B E4M3 with 1x128 scales packed as UE8M0 (int32); D BF16
+ *   fp8_fp4_nt     A E4M3 with 1x128 scales, B packed FP4 with 1x32 UE8M0-valued float32
+ *                  scales (DeepGEMM's FP8 x FP4 quant config (128, 32)); D BF16
  *
- * M is small while the only backend is the scalar reference, so that the whole default run
- * takes about a minute on 2 cores; raise `m` when fast kernels land. --quick uses m_quick and
- * N, K divided by 4 (rounded up to 128).
- * Timing includes everything the public call does (argument checks, any packing).
+ * Large M (4096) is compute-bound: its limit is the BF16 dot-product peak (or FP32 FMA where
+ * that is faster; see compute_peak in dgbench.c). Small M (1, 16, 64: decoding) is bound by
+ * reading B; those cases rotate through enough copies of B (> 2x the last-level cache) that
+ * every run reads its weights from DRAM, as decoding does.
+ *
+ * diff: the reference backend is ~0.2 GFLOPS, so it computes only a sample of rows (the first
+ * and last two) through the public API on row-sliced views; `out` holds just those rows (the
+ * engine's run copies them out of D, a negligible part of the timed work).
+ * --quick uses m_quick and N, K divided by 4 (rounded up to 128).
+ * Timing includes everything the public call does (argument checks, packing).
  * Bytes counted: A, B and their scales read once, D written once.
  */
 #include "dgbench.h"
@@ -17,16 +24,23 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef enum gemm_kind { GEMM_BF16, GEMM_FP8_1D2D, GEMM_FP8_FP4 } gemm_kind;
+typedef enum gemm_kind { GEMM_BF16, GEMM_FP8_1D2D, GEMM_FP8_UE8M0, GEMM_FP8_FP4 } gemm_kind;
+enum { LAYOUT_NT, LAYOUT_NN, LAYOUT_TN, LAYOUT_TT };
+#define SAMPLE_MAX 4
+#define B_COPIES_MAX 8
 
 typedef struct gemm_params {
     gemm_kind kind;
+    int layout;
     int64_t m, n, k, m_quick;
 } gemm_params;
 
 typedef struct gemm_state {
     const gemm_params *p;
-    dg_tensor a, sfa, b, sfb, d;
+    int64_t m, n, k;
+    dg_tensor a, sfa, b[B_COPIES_MAX], sfb, d, sample;
+    int nb, next_b, nsample;
+    int64_t rows[SAMPLE_MAX];
     dg_gemm_options opts;
 } gemm_state;
 
@@ -36,9 +50,11 @@ static void gemm_free(void *s) {
         return;
     bench_tensor_free(&st->a);
     bench_tensor_free(&st->sfa);
-    bench_tensor_free(&st->b);
+    for (int i = 0; i < st->nb; ++i)
+        bench_tensor_free(&st->b[i]);
     bench_tensor_free(&st->sfb);
     bench_tensor_free(&st->d);
+    bench_tensor_free(&st->sample);
     bench_free(st);
 }
 
@@ -49,9 +65,25 @@ static int64_t quarter(int64_t x) {
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Quantizes x [rows, cols] into t / sf as the case's recipe says. */
-static int quantize(const float *x, int64_t rows, int64_t cols, gemm_kind kind, int is_b,
-                    dg_tensor *t, dg_tensor *sf) {
+/* Packs float32 powers of two [rows, s] into UE8M0 int32 [rows, ceil(s / 4)] (bytes little-endian). */
+static dg_tensor pack_ue8m0(const float *sf, int64_t rows, int64_t s) {
+    dg_tensor t = bench_tensor2(DG_INT32, rows, cdiv(s, 4));
+    if (!t.data)
+        return t;
+    uint32_t *w = t.data;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t q = 0; q < cdiv(s, 4); ++q) {
+            uint32_t word = 0;
+            for (int j = 0; j < 4 && 4 * q + j < s; ++j)
+                word |= (uint32_t)dg_float_to_ue8m0(sf[i * s + 4 * q + j]) << (8 * j);
+            w[i * cdiv(s, 4) + q] = word;
+        }
+    return t;
+}
+
+/* Quantizes x [rows, cols] into t / sf as the case's recipe says (always [rows, cols] order). */
+static int quantize(const float *x, int64_t rows, int64_t cols, gemm_kind kind, int is_b, dg_tensor *t,
+                    dg_tensor *sf) {
     if (kind == GEMM_BF16) {
         *t = bench_tensor2(DG_BFLOAT16, rows, cols);
         if (t->data)
@@ -67,92 +99,187 @@ static int quantize(const float *x, int64_t rows, int64_t cols, gemm_kind kind, 
         return 0;
     }
     *t = bench_tensor2(DG_FLOAT8_E4M3, rows, cols);
-    if (is_b) { /* FP8 weights: 128 x 128 blocks */
+    if (is_b && kind == GEMM_FP8_1D2D) { /* FP8 weights: 128 x 128 blocks */
         *sf = bench_tensor2(DG_FLOAT32, cdiv(rows, 128), cdiv(cols, 128));
         if (!t->data || !sf->data)
             return -1;
         bench_cast_fp8_block(x, rows, cols, 128, 0, t->data, sf->data);
-    } else { /* activations: 1 x 128 per token */
-        *sf = bench_tensor2(DG_FLOAT32, rows, cdiv(cols, 128));
-        if (!t->data || !sf->data)
-            return -1;
-        bench_cast_fp8_rows(x, rows, cols, 128, kind == GEMM_FP8_FP4, t->data, sf->data);
+        return 0;
     }
+    /* 1 x 128 per row; UE8M0 cases (and FP8 x FP4 activations) round scales to powers of two */
+    const int ue8m0 = kind == GEMM_FP8_UE8M0 || kind == GEMM_FP8_FP4;
+    dg_tensor f = bench_tensor2(DG_FLOAT32, rows, cdiv(cols, 128));
+    if (!t->data || !f.data) {
+        bench_tensor_free(&f);
+        return -1;
+    }
+    bench_cast_fp8_rows(x, rows, cols, 128, ue8m0, t->data, f.data);
+    if (kind != GEMM_FP8_UE8M0) {
+        *sf = f;
+        return 0;
+    }
+    *sf = pack_ue8m0(f.data, rows, cdiv(cols, 128));
+    bench_tensor_free(&f);
+    return sf->data ? 0 : -1;
+}
+
+/* Enough copies of B that rotating through them overflows a 32 MiB-class last-level cache
+ * twice over (small M only; large M reads B many times per run anyway). */
+static int b_copies(int64_t m, double b_bytes) {
+    if (m > 64)
+        return 1;
+    int nb = (int)(96.0 * 1024 * 1024 / b_bytes) + 1;
+    return nb < 2 ? 2 : nb > B_COPIES_MAX ? B_COPIES_MAX : nb;
+}
+
+/* BF16 [r, c] -> a new contiguous [c, r] copy (the MN-major storage of nn/tn/tt operands). */
+static int transpose_copy(dg_tensor *t) {
+    dg_tensor u = bench_tensor2(DG_BFLOAT16, t->shape[1], t->shape[0]);
+    if (!u.data)
+        return -1;
+    const uint16_t *src = t->data;
+    uint16_t *dst = u.data;
+    for (int64_t i = 0; i < t->shape[0]; ++i)
+        for (int64_t j = 0; j < t->shape[1]; ++j)
+            dst[j * t->shape[0] + i] = src[i * t->shape[1] + j];
+    bench_tensor_free(t);
+    *t = u;
     return 0;
+}
+
+static const int kTransA[4] = {0, 0, 1, 1}, kTransB[4] = {0, 1, 1, 0};
+
+static int gemm_alloc_io(gemm_state *st, const gemm_params *p, float *x) {
+    const int64_t m = st->m, n = st->n, k = st->k;
+    bench_fill_normal(x, (size_t)(m * k), 1, 1.0f);
+    if (quantize(x, m, k, p->kind, 0, &st->a, &st->sfa) != 0)
+        return -1;
+    bench_fill_normal(x, (size_t)(n * k), 2, 1.0f);
+    if (quantize(x, n, k, p->kind, 1, &st->b[0], &st->sfb) != 0)
+        return -1;
+    if (kTransA[p->layout] && transpose_copy(&st->a) != 0)
+        return -1;
+    if (kTransB[p->layout] && transpose_copy(&st->b[0]) != 0)
+        return -1;
+    st->nb = b_copies(p->m, (double)dg_tensor_nbytes(&st->b[0]));
+    for (int i = 1; i < st->nb; ++i) { /* identical copies: every run computes the same D */
+        st->b[i] = bench_tensor2(st->b[0].dtype, st->b[0].shape[0], st->b[0].shape[1]);
+        if (!st->b[i].data)
+            return -1;
+        memcpy(st->b[i].data, st->b[0].data, (size_t)dg_tensor_nbytes(&st->b[0]));
+    }
+    st->d = bench_tensor2(DG_BFLOAT16, m, n);
+    st->nsample = m < SAMPLE_MAX ? (int)m : SAMPLE_MAX;
+    for (int i = 0; i < st->nsample; ++i)
+        st->rows[i] = i < st->nsample / 2 ? i : m - st->nsample + i;
+    st->sample = bench_tensor2(DG_BFLOAT16, st->nsample, n);
+    return st->d.data && st->sample.data ? 0 : -1;
 }
 
 static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
     const gemm_params *p = c->params;
-    const int64_t m = quick ? p->m_quick : p->m, n = quick ? quarter(p->n) : p->n,
-                  k = quick ? quarter(p->k) : p->k;
     gemm_state *st = bench_alloc(sizeof *st);
-    float *x = bench_alloc_uninit((size_t)((m > n ? m : n) * k) * sizeof(float));
-    int rc = -1;
-    if (!st || !x)
-        goto out;
+    if (!st)
+        return -1;
     st->p = p;
+    st->m = quick ? p->m_quick : p->m, st->n = quick ? quarter(p->n) : p->n, st->k = quick ? quarter(p->k) : p->k;
     st->opts = dg_gemm_options_default();
     if (p->kind == GEMM_FP8_FP4) {
         st->opts.recipe_a[0] = 1, st->opts.recipe_a[1] = 128;
         st->opts.recipe_b[0] = 1, st->opts.recipe_b[1] = 32;
     }
-    bench_fill_normal(x, (size_t)(m * k), 1, 1.0f);
-    if (quantize(x, m, k, p->kind, 0, &st->a, &st->sfa) != 0)
-        goto out;
-    bench_fill_normal(x, (size_t)(n * k), 2, 1.0f);
-    if (quantize(x, n, k, p->kind, 1, &st->b, &st->sfb) != 0)
-        goto out;
-    st->d = bench_tensor2(DG_BFLOAT16, m, n);
-    if (!st->d.data)
-        goto out;
-    w->state = st;
-    w->out = st->d;
-    w->flops = 2.0 * (double)m * (double)n * (double)k;
-    w->bytes = (double)(dg_tensor_nbytes(&st->a) + dg_tensor_nbytes(&st->b) +
-                        dg_tensor_nbytes(&st->sfa) + dg_tensor_nbytes(&st->sfb) +
-                        dg_tensor_nbytes(&st->d));
-    snprintf(w->shape, sizeof w->shape, "m=%lld n=%lld k=%lld", (long long)m, (long long)n,
-             (long long)k);
-    rc = 0;
-out:
+    float *x = bench_alloc_uninit((size_t)((st->m > st->n ? st->m : st->n) * st->k) * sizeof(float));
+    const int rc = x ? gemm_alloc_io(st, p, x) : -1;
     bench_free(x);
-    if (rc != 0)
+    if (rc != 0) {
         gemm_free(st);
-    return rc;
+        return -1;
+    }
+    w->state = st;
+    w->out = st->sample;
+    w->flops = 2.0 * (double)st->m * (double)st->n * (double)st->k;
+    w->bytes = (double)(dg_tensor_nbytes(&st->a) + dg_tensor_nbytes(&st->b[0]) + dg_tensor_nbytes(&st->sfa) +
+                        dg_tensor_nbytes(&st->sfb) + dg_tensor_nbytes(&st->d));
+    snprintf(w->shape, sizeof w->shape, "m=%lld n=%lld k=%lld", (long long)st->m, (long long)st->n,
+             (long long)st->k);
+    return 0;
 }
 
-static dg_status gemm_run(void *s) {
-    gemm_state *st = s;
+/* The layout's entry point on the stored operands (A [K, M] for tn/tt, B [K, N] for nn/tn). */
+static dg_status call(const gemm_state *st, const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                      const dg_tensor *d) {
     switch (st->p->kind) {
     case GEMM_BF16:
-        return dg_bf16_gemm_nt(&st->a, &st->b, &st->d, NULL);
+        switch (st->p->layout) {
+        case LAYOUT_NN: return dg_bf16_gemm_nn(a, b, d, NULL);
+        case LAYOUT_TN: return dg_bf16_gemm_tn(a, b, d, NULL);
+        case LAYOUT_TT: return dg_bf16_gemm_tt(a, b, d, NULL);
+        default: return dg_bf16_gemm_nt(a, b, d, NULL);
+        }
     case GEMM_FP8_1D2D:
-        return dg_fp8_gemm_nt(&st->a, &st->sfa, &st->b, &st->sfb, &st->d, NULL, &st->opts);
+    case GEMM_FP8_UE8M0:
+        return dg_fp8_gemm_nt(a, sfa, b, &st->sfb, d, NULL, &st->opts);
     case GEMM_FP8_FP4:
-        return dg_fp8_fp4_gemm_nt(&st->a, &st->sfa, &st->b, &st->sfb, &st->d, NULL, &st->opts);
+        return dg_fp8_fp4_gemm_nt(a, sfa, b, &st->sfb, d, NULL, &st->opts);
     }
     return DG_ERR_INTERNAL;
 }
 
-/* DeepSeek's (N, K) shapes from DeepGEMM's tests (SPEC 3); m sized for ~0.5 s per run with
- * the scalar reference on 2 cores (M = 1 is DeepGEMM's decoding shape). */
-#define SHAPE(kind, m, n, k) {kind, m, n, k, m < 4 ? m : 4}
+static dg_status gemm_run(void *s) {
+    gemm_state *st = s;
+    const dg_tensor *b = &st->b[st->next_b];
+    st->next_b = (st->next_b + 1) % st->nb;
+    const int64_t es = 2; /* D is BF16 */
+    if (dg_get_backend() == DG_BACKEND_REFERENCE) { /* sample rows only (see top) */
+        for (int i = 0; i < st->nsample; ++i) {
+            const int64_t r = st->rows[i];
+            dg_tensor a = st->a, sfa = st->sfa, d = st->sample;
+            const int ad = kTransA[st->p->layout]; /* the dimension of A indexing M */
+            a.data = (char *)a.data + r * a.strides[ad] * (int64_t)dg_dtype_size(a.dtype);
+            a.shape[ad] = 1;
+            if (sfa.data) {
+                sfa.data = (char *)sfa.data + r * sfa.strides[0] * 4;
+                sfa.shape[0] = 1;
+            }
+            d.data = (char *)d.data + i * d.strides[0] * es;
+            d.shape[0] = 1;
+            const dg_status stt = call(st, &a, &sfa, b, &d);
+            if (stt != DG_OK)
+                return stt;
+        }
+        return DG_OK;
+    }
+    const dg_status stt = call(st, &st->a, &st->sfa, b, &st->d);
+    for (int i = 0; i < st->nsample && stt == DG_OK; ++i)
+        memcpy((char *)st->sample.data + i * st->sample.strides[0] * es,
+               (char *)st->d.data + st->rows[i] * st->d.strides[0] * es, (size_t)(st->n * es));
+    return stt;
+}
+
+/* DeepSeek's (N, K) shapes from DeepGEMM's tests (SPEC 3). */
+#define SHAPE(kind, layout, m, n, k) {kind, layout, m, n, k, m < 64 ? m : 64}
 static const gemm_params P[] = {
-    SHAPE(GEMM_BF16, 4, 2112, 7168),     SHAPE(GEMM_BF16, 2, 24576, 1536),
-    SHAPE(GEMM_BF16, 4, 7168, 2048),     SHAPE(GEMM_FP8_1D2D, 4, 2112, 7168),
-    SHAPE(GEMM_FP8_1D2D, 1, 24576, 1536), SHAPE(GEMM_FP8_1D2D, 4, 7168, 2048),
-    SHAPE(GEMM_FP8_FP4, 4, 2112, 7168),  SHAPE(GEMM_FP8_FP4, 1, 24576, 1536),
-    SHAPE(GEMM_FP8_FP4, 4, 7168, 2048),
+    SHAPE(GEMM_BF16, LAYOUT_NT, 4096, 2112, 7168),     SHAPE(GEMM_BF16, LAYOUT_NT, 4096, 24576, 1536),
+    SHAPE(GEMM_BF16, LAYOUT_NT, 4096, 7168, 2048),     SHAPE(GEMM_BF16, LAYOUT_NN, 4096, 2112, 7168),
+    SHAPE(GEMM_BF16, LAYOUT_TN, 4096, 2112, 7168),     SHAPE(GEMM_BF16, LAYOUT_TT, 4096, 2112, 7168),
+    SHAPE(GEMM_BF16, LAYOUT_NT, 1, 2112, 7168),        SHAPE(GEMM_BF16, LAYOUT_NT, 16, 2112, 7168),
+    SHAPE(GEMM_BF16, LAYOUT_NT, 64, 2112, 7168),       SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 4096, 2112, 7168),
+    SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 4096, 7168, 2048), SHAPE(GEMM_FP8_UE8M0, LAYOUT_NT, 4096, 2112, 7168),
+    SHAPE(GEMM_FP8_FP4, LAYOUT_NT, 4096, 2112, 7168),  SHAPE(GEMM_FP8_FP4, LAYOUT_NT, 1, 7168, 2048),
+    SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 16, 2112, 7168),
 };
 #undef SHAPE
 
 #define CASE(name, i) {name, BENCH_LIMIT_BF16, &P[i], gemm_setup, gemm_run, gemm_free}
 static const bench_case CASES[] = {
-    CASE("gemm/bf16_nt/n2112_k7168", 0),      CASE("gemm/bf16_nt/n24576_k1536", 1),
-    CASE("gemm/bf16_nt/n7168_k2048", 2),      CASE("gemm/fp8_nt_1d2d/n2112_k7168", 3),
-    CASE("gemm/fp8_nt_1d2d/n24576_k1536", 4), CASE("gemm/fp8_nt_1d2d/n7168_k2048", 5),
-    CASE("gemm/fp8_fp4_nt/n2112_k7168", 6),   CASE("gemm/fp8_fp4_nt/n24576_k1536", 7),
-    CASE("gemm/fp8_fp4_nt/n7168_k2048", 8),
+    CASE("gemm/bf16_nt/n2112_k7168", 0),        CASE("gemm/bf16_nt/n24576_k1536", 1),
+    CASE("gemm/bf16_nt/n7168_k2048", 2),        CASE("gemm/bf16_nn/n2112_k7168", 3),
+    CASE("gemm/bf16_tn/n2112_k7168", 4),        CASE("gemm/bf16_tt/n2112_k7168", 5),
+    CASE("gemm/bf16_nt/m1_n2112_k7168", 6),     CASE("gemm/bf16_nt/m16_n2112_k7168", 7),
+    CASE("gemm/bf16_nt/m64_n2112_k7168", 8),    CASE("gemm/fp8_nt_1d2d/n2112_k7168", 9),
+    CASE("gemm/fp8_nt_1d2d/n7168_k2048", 10),   CASE("gemm/fp8_nt_ue8m0/n2112_k7168", 11),
+    CASE("gemm/fp8_fp4_nt/n2112_k7168", 12),    CASE("gemm/fp8_fp4_nt/m1_n7168_k2048", 13),
+    CASE("gemm/fp8_nt_1d2d/m16_n2112_k7168", 14),
 };
 #undef CASE
 

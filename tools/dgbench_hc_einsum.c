@@ -1,8 +1,12 @@
 /*
  * dgbench_hc_einsum.c - hyper-connection prenorm and einsum cases (SPEC 6-7):
  *
- *   hc/tf32_prenorm        a BF16 [M, K], b FLOAT32 [N, K] with DeepSeek's N = 24, K = 7168;
- *                          d = a @ b^T and the row sums of squares (no splits)
+ *   hc/tf32_prenorm        a BF16 [M, K], b FLOAT32 [N, K] with DeepSeek's N = 24 and the
+ *                          shapes of SPEC 6 (M in {13, 4096}, K in {7168, 28672}), without
+ *                          splits and with 16: d = a @ b^T and the row sums of squares.
+ *                          The reference is too slow for M = 4096, so the diff column compares
+ *                          a sample of at most 64 evenly spaced rows (the reference run gets
+ *                          views of just those rows of a and d).
  *   einsum/bmk_bnk_mn      a [S, M, K], b [S, N, K] BF16 -> d [M, N] FLOAT32
  *   einsum/fp8_bhr_hdr_bhd a E4M3 [B, H, R] per-token scales, b E4M3 [H, D, R] per-block
  *                          scales -> d [B, H, D] BF16 (default recipe (1, 128, 128))
@@ -17,13 +21,14 @@ typedef enum hc_kind { HC_PRENORM, EINSUM_BMK, EINSUM_FP8_BHR } hc_kind;
 
 typedef struct hc_params {
     hc_kind kind;
-    int64_t d0, d1, d2, d3; /* prenorm: M, N, K; bmk: S, M, N, K; fp8: B, H, R, D */
+    int64_t d0, d1, d2, d3; /* prenorm: M, N, K, splits; bmk: S, M, N, K; fp8: B, H, R, D */
 } hc_params;
 
 typedef struct hc_state {
     bench_pool pool; /* first: freed by bench_pool_state_free */
     const hc_params *p;
     dg_tensor *a, *sfa, *b, *sfb, *d, *s;
+    dg_tensor a_smp, d_smp, *s_smp; /* prenorm: the sampled rows the reference computes */
 } hc_state;
 
 static double nb(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
@@ -38,14 +43,30 @@ static int hc_setup(const bench_case *c, int quick, bench_work *w) {
     const int64_t q = quick ? 4 : 1;
     double flops = 0;
     if (p->kind == HC_PRENORM) {
-        const int64_t m = p->d0 / q, n = p->d1, k = p->d2;
+        const int64_t m = p->d0 / q > 0 ? p->d0 / q : 1, n = p->d1, k = p->d2, sp = p->d3;
         st->a = bench_pool_new(pool, DG_BFLOAT16, 2, (int64_t[]){m, k});
         st->b = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){n, k});
-        st->d = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){m, n});
-        st->s = bench_pool_new(pool, DG_FLOAT32, 1, (int64_t[]){m});
+        if (sp > 0) {
+            st->d = bench_pool_new(pool, DG_FLOAT32, 3, (int64_t[]){sp, m, n});
+            st->s = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){sp, m});
+        } else {
+            st->d = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){m, n});
+            st->s = bench_pool_new(pool, DG_FLOAT32, 1, (int64_t[]){m});
+        }
+        const int64_t step = m > 64 ? m / 64 : 1, rows = (m + step - 1) / step;
+        st->s_smp = sp > 0 ? bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){sp, rows})
+                           : bench_pool_new(pool, DG_FLOAT32, 1, (int64_t[]){rows});
+        if (!pool->failed) {
+            st->a_smp = *st->a;
+            st->a_smp.shape[0] = rows;
+            st->a_smp.strides[0] *= step;
+            st->d_smp = *st->d;
+            st->d_smp.shape[st->d->ndim - 2] = rows;
+            st->d_smp.strides[st->d->ndim - 2] *= step;
+        }
         flops = 2.0 * (double)m * (double)n * (double)k;
-        snprintf(w->shape, sizeof w->shape, "m=%lld n=%lld k=%lld", (long long)m, (long long)n,
-                 (long long)k);
+        snprintf(w->shape, sizeof w->shape, "m=%lld n=%lld k=%lld splits=%lld", (long long)m,
+                 (long long)n, (long long)k, (long long)sp);
     } else if (p->kind == EINSUM_BMK) {
         const int64_t s = p->d0, m = p->d1 / q, n = p->d2, k = p->d3;
         st->a = bench_pool_new(pool, DG_BFLOAT16, 3, (int64_t[]){s, m, k});
@@ -76,7 +97,7 @@ static int hc_setup(const bench_case *c, int quick, bench_work *w) {
         bench_fill_uniform(st->sfb, 54, 0.5f, 2.0f);
     }
     w->state = st;
-    w->out = *st->d;
+    w->out = p->kind == HC_PRENORM ? st->d_smp : *st->d;
     w->flops = flops;
     w->bytes = nb(st->a) + nb(st->sfa) + nb(st->b) + nb(st->sfb) + nb(st->d) + nb(st->s);
     return 0;
@@ -86,7 +107,9 @@ static dg_status hc_run(void *s) {
     hc_state *st = s;
     switch (st->p->kind) {
     case HC_PRENORM:
-        return dg_tf32_hc_prenorm_gemm(st->a, st->b, st->d, st->s, 0);
+        if (dg_get_backend() == DG_BACKEND_REFERENCE) /* the sampled rows only */
+            return dg_tf32_hc_prenorm_gemm(&st->a_smp, st->b, &st->d_smp, st->s_smp, (int)st->p->d3);
+        return dg_tf32_hc_prenorm_gemm(st->a, st->b, st->d, st->s, (int)st->p->d3);
     case EINSUM_BMK:
         return dg_einsum("bmk,bnk->mn", st->a, st->b, st->d, NULL);
     case EINSUM_FP8_BHR:
@@ -96,16 +119,26 @@ static dg_status hc_run(void *s) {
 }
 
 static const hc_params P[] = {
-    {HC_PRENORM, 512, 24, 7168, 0},
     {EINSUM_BMK, 4, 64, 256, 1024},
     {EINSUM_FP8_BHR, 16, 16, 512, 512},
+    {HC_PRENORM, 13, 24, 7168, 0},    {HC_PRENORM, 13, 24, 7168, 16},
+    {HC_PRENORM, 13, 24, 28672, 0},   {HC_PRENORM, 13, 24, 28672, 16},
+    {HC_PRENORM, 4096, 24, 7168, 0},  {HC_PRENORM, 4096, 24, 7168, 16},
+    {HC_PRENORM, 4096, 24, 28672, 0}, {HC_PRENORM, 4096, 24, 28672, 16},
 };
 
 #define CASE(name, i, lim) {name, lim, &P[i], hc_setup, hc_run, bench_pool_state_free}
 static const bench_case CASES[] = {
-    CASE("hc/tf32_prenorm/n24_k7168", 0, BENCH_LIMIT_FP32),
-    CASE("einsum/bmk_bnk_mn/s4_n256_k1024", 1, BENCH_LIMIT_BF16),
-    CASE("einsum/fp8_bhr_hdr_bhd/h16_r512_d512", 2, BENCH_LIMIT_BF16),
+    CASE("hc/tf32_prenorm/m13_k7168", 2, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m13_k7168_split16", 3, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m13_k28672", 4, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m13_k28672_split16", 5, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k7168", 6, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k7168_split16", 7, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k28672", 8, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k28672_split16", 9, BENCH_LIMIT_FP32),
+    CASE("einsum/bmk_bnk_mn/s4_n256_k1024", 0, BENCH_LIMIT_BF16),
+    CASE("einsum/fp8_bhr_hdr_bhd/h16_r512_d512", 1, BENCH_LIMIT_BF16),
 };
 #undef CASE
 

@@ -4,10 +4,11 @@
  * As DeepGEMM (csrc/apis/gemm.hpp): `_nt` is the one core; `_nn`, `_tn`, `_tt` pass transposed
  * views of the operand (and of its scale tensor) and share its checks. The core accepts A and
  * B with any non-negative strides (K-major, MN-major or padded); D and C must have unit stride
- * along N. Every argument is validated before anything is written; then the reference runs
- * (the only backend so far).
+ * along N. Every argument is validated before anything is written; then the engine
+ * (src/engine/) runs, or the reference when dg_use_reference() or the engine declines.
  */
 #include "../core/operand.h"
+#include "../engine/engine.h"
 #include "../reference/ref_gemm.h"
 
 /* ---- shared checks ---------------------------------------------------------------------- */
@@ -63,6 +64,17 @@ static const dg_tensor *transposed(const dg_tensor *t, dg_tensor *store) {
     return store;
 }
 
+/* The engine unless the reference is forced or the engine declines this operand pair. */
+static dg_status run_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c) {
+    if (!dg_use_reference()) {
+        const dg_status st = dg_engine_gemm(a, b, d, c);
+        if (st != DG_ERR_UNSUPPORTED)
+            return st;
+    }
+    dg_ref_gemm(a, 0, 0, a->mn, b, 0, 0, b->mn, d, c);
+    return DG_OK;
+}
+
 /* ---- BF16 ------------------------------------------------------------------------------- */
 
 static dg_status bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
@@ -75,8 +87,7 @@ static dg_status bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_t
     DG_TRY(check_inputs_apart(d, &oa, &ob));
     if (oa.mn == 0 || ob.mn == 0)
         return DG_OK;
-    dg_ref_gemm(&oa, 0, 0, oa.mn, &ob, 0, 0, ob.mn, d, c);
-    return DG_OK;
+    return run_gemm(&oa, &ob, d, c);
 }
 
 dg_status dg_bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
@@ -127,8 +138,7 @@ static dg_status fp8_fp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const
     DG_TRY(check_inputs_apart(d, &oa, &ob));
     if (oa.mn == 0 || ob.mn == 0)
         return DG_OK;
-    dg_ref_gemm(&oa, 0, 0, oa.mn, &ob, 0, 0, ob.mn, d, c);
-    return DG_OK;
+    return run_gemm(&oa, &ob, d, c);
 }
 
 /* The four layouts: `t` operands (and their scales) arrive transposed and are turned back. */
@@ -227,6 +237,30 @@ static dg_status check_head_splits(const int *hs, int64_t n, int64_t *d_cols) {
     return DG_OK;
 }
 
+/* The engine computes all of A @ B^T into a float32 buffer, whose columns then go to their
+ * places in D (rounded once, to D's dtype): the same values as computing each head directly. */
+static dg_status skip_head_mid_engine(const dg_operand *a, const dg_operand *b, const dg_tensor *d, int64_t left,
+                                      int64_t mid, int64_t right) {
+    int64_t elems;
+    DG_CHECK(dg_mul_ok(a->mn, b->mn, &elems) && elems <= INT64_MAX / 4, DG_ERR_OVERFLOW,
+             "the product [%lld, %lld] is too large", (long long)a->mn, (long long)b->mn);
+    float *buf = dg_malloc((size_t)elems * sizeof(float));
+    DG_CHECK(buf != NULL, DG_ERR_ALLOC, "out of memory for a [%lld, %lld] float32 buffer", (long long)a->mn,
+             (long long)b->mn);
+    const dg_tensor full = dg_tensor_2d(buf, DG_FLOAT32, a->mn, b->mn);
+    const dg_status st = dg_engine_gemm(a, b, &full, NULL);
+    if (st == DG_OK) {
+        const int64_t lr = left + right, w = left + mid + right;
+        for (int64_t i = 0; i < a->mn; ++i)
+            for (int64_t col = 0; col < b->mn; ++col) {
+                const int64_t h = col / lr, j = col % lr, dcol = h * w + (j < left ? j : j + mid);
+                dg_store_float(d, dg_ptr2(d, i, dcol), buf[i * b->mn + col]);
+            }
+    }
+    dg_free(buf);
+    return st;
+}
+
 dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
                                        const dg_tensor *sfb, const dg_tensor *d, const int head_splits[3],
                                        const dg_gemm_options *opts) {
@@ -252,6 +286,11 @@ dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tensor *sfa,
 
     const int64_t left = head_splits[0], mid = head_splits[1], right = head_splits[2];
     const int64_t heads = ob.mn / (left + right);
+    if (!dg_use_reference()) {
+        const dg_status st = skip_head_mid_engine(&oa, &ob, d, left, mid, right);
+        if (st != DG_ERR_UNSUPPORTED)
+            return st;
+    }
     for (int64_t h = 0; h < heads; ++h) {
         const int64_t n0 = h * (left + right), col0 = h * (left + mid + right);
         const dg_tensor dl = dg_ref_view2d(d, -1, 0, oa.mn, col0, left);

@@ -1,5 +1,7 @@
-/* hc_prenorm.c - dg_tf32_hc_prenorm_gemm: argument checks, then the reference (SPEC 6). */
+/* hc_prenorm.c - dg_tf32_hc_prenorm_gemm: argument checks, then the fast kernels
+ * (kernels/hc_prenorm.c) or, when dg_use_reference(), the reference (SPEC 6). */
 #include "../core/internal.h"
+#include "../kernels/hc_prenorm_kernels.h"
 #include "../reference/ref_hc.h"
 
 /* A view of `t` with a leading dimension of extent 1 (unsplit outputs as one split). */
@@ -57,11 +59,12 @@ dg_status dg_tf32_hc_prenorm_gemm(const dg_tensor *a, const dg_tensor *b, const 
     DG_TRY(check_outputs(a, b, d, sqr_sum, num_splits));
     if (a->shape[0] == 0)
         return DG_OK;
-    if (num_splits > 0) {
-        dg_ref_hc_prenorm(a, b, d, sqr_sum, num_splits);
-    } else {
-        const dg_tensor d3 = add_leading_dim(d), s2 = add_leading_dim(sqr_sum);
-        dg_ref_hc_prenorm(a, b, &d3, &s2, 1);
-    }
+    /* Both backends take [S, M, N] / [S, M] outputs; an unsplit call is one split. */
+    const dg_tensor d3 = num_splits > 0 ? *d : add_leading_dim(d);
+    const dg_tensor s2 = num_splits > 0 ? *sqr_sum : add_leading_dim(sqr_sum);
+    const int splits = num_splits > 0 ? num_splits : 1;
+    if (!dg_use_reference())
+        return dg_hc_prenorm_fast(a, b, &d3, &s2, splits);
+    dg_ref_hc_prenorm(a, b, &d3, &s2, splits);
     return DG_OK;
 }

@@ -1,0 +1,159 @@
+/*
+ * bind_attn.c - MQA logits (DeepSeek V3.2's lightning indexer): fp8_fp4_mqa_logits,
+ * fp8_mqa_logits, get_paged_mqa_logits_metadata, fp8_fp4_paged_mqa_logits, fp8_paged_mqa_logits.
+ * As in DeepGEMM these return new tensors: the library's query form gives the shape and
+ * DeepGEMM's padded strides, deep_gemm_cpu._alloc allocates (torch or NumPy, like q), and the
+ * second call fills it.
+ */
+#include "dgpy.h"
+
+static PyObject *mqa_logits(PyObject *args, PyObject *kw, const char *fn, int legacy) {
+    static char *kw_new[] = {"q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end", "clean_logits",
+                             "max_seqlen_k", "logits_dtype", NULL};
+    PyObject *q, *kv, *w, *ks, *ke, *dtype_obj = NULL;
+    int clean = 1, max_seqlen_k = 0;
+    char fmt[64];
+    snprintf(fmt, sizeof fmt, "OOOOO|pi%s:%s", legacy ? "" : "O", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_new, &q, &kv, &w, &ks, &ke, &clean, &max_seqlen_k,
+                                     &dtype_obj))
+        return NULL;
+    dgp_tensor tq, tqs = {0}, tkv, tkvs, tw, tks, tke;
+    dg_tensor logits = {0};
+    logits.dtype = DG_FLOAT32;
+    int rc = legacy ? dgp_tensor_from(q, fn, "q", 0, &tq) : dgp_pair_from(q, fn, "q", 1, &tq, &tqs);
+    if (rc || dgp_pair_from(kv, fn, "kv", 0, &tkv, &tkvs) || dgp_tensor_from(w, fn, "weights", 0, &tw) ||
+        dgp_tensor_from(ks, fn, "cu_seq_len_k_start", 0, &tks) ||
+        dgp_tensor_from(ke, fn, "cu_seq_len_k_end", 0, &tke) ||
+        (dtype_obj && dgp_dtype_from(dtype_obj, fn, "logits_dtype", &logits.dtype)))
+        return NULL;
+    dg_status st = legacy ? dg_fp8_mqa_logits(&tq.t, &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t, clean, max_seqlen_k,
+                                              &logits)
+                          : dg_fp8_fp4_mqa_logits(&tq.t, dgp_ptr(&tqs), &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t,
+                                                  clean, max_seqlen_k, &logits);
+    if (st != DG_OK)
+        return dgp_raise(st);
+    /* Allocate like q's data tensor (torch or NumPy). */
+    PyObject *like = legacy ? (Py_INCREF(q), q) : PySequence_GetItem(q, 0);
+    PyObject *out = like ? dgp_alloc(like, &logits) : NULL;
+    Py_XDECREF(like);
+    if (!out)
+        return NULL;
+    if (legacy)
+        DGP_NOGIL(st, dg_fp8_mqa_logits(&tq.t, &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t, clean, max_seqlen_k, &logits));
+    else
+        DGP_NOGIL(st, dg_fp8_fp4_mqa_logits(&tq.t, dgp_ptr(&tqs), &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t, clean,
+                                            max_seqlen_k, &logits));
+    if (st != DG_OK) {
+        Py_DECREF(out);
+        return dgp_raise(st);
+    }
+    return out;
+}
+
+static PyObject *py_fp8_fp4_mqa_logits(PyObject *s, PyObject *args, PyObject *kw) {
+    return mqa_logits(args, kw, "fp8_fp4_mqa_logits", 0);
+}
+static PyObject *py_fp8_mqa_logits(PyObject *s, PyObject *args, PyObject *kw) {
+    return mqa_logits(args, kw, "fp8_mqa_logits", 1);
+}
+
+static PyObject *py_get_paged_mqa_logits_metadata(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "get_paged_mqa_logits_metadata";
+    static char *kwl[] = {"context_lens", "block_kv", "num_sms", "indices", NULL};
+    PyObject *lens, *indices = Py_None;
+    int block_kv, num_sms;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|O:get_paged_mqa_logits_metadata", kwl, &lens, &block_kv,
+                                     &num_sms, &indices))
+        return NULL;
+    dgp_tensor tl, ti;
+    if (dgp_tensor_from(lens, fn, "context_lens", 0, &tl) ||
+        dgp_tensor_from(indices, fn, "indices", DGP_OPTIONAL, &ti))
+        return NULL;
+    dg_tensor meta = {0};
+    dg_status st = dg_get_paged_mqa_logits_metadata(&tl.t, block_kv, num_sms, dgp_ptr(&ti), &meta);
+    if (st != DG_OK)
+        return dgp_raise(st);
+    PyObject *out = dgp_alloc(lens, &meta);
+    if (!out)
+        return NULL;
+    DGP_NOGIL(st, dg_get_paged_mqa_logits_metadata(&tl.t, block_kv, num_sms, dgp_ptr(&ti), &meta));
+    if (st != DG_OK) {
+        Py_DECREF(out);
+        return dgp_raise(st);
+    }
+    return out;
+}
+
+static PyObject *paged_logits(PyObject *args, PyObject *kw, const char *fn, int legacy) {
+    static char *kw_new[] = {"q", "kv_cache", "weights", "context_lens", "block_table", "schedule_meta",
+                             "max_context_len", "clean_logits", "logits_dtype", "indices", NULL};
+    static char *kw_old[] = {"q", "kv_cache", "weights", "context_lens", "block_table", "schedule_meta",
+                             "max_context_len", "clean_logits", "indices", NULL};
+    PyObject *q, *kv, *w, *lens, *table, *meta, *dtype_obj = NULL, *indices = Py_None;
+    int max_len, clean = 0, ok;
+    char fmt[64];
+    if (legacy) {
+        snprintf(fmt, sizeof fmt, "OOOOOOi|pO:%s", fn);
+        ok = PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_old, &q, &kv, &w, &lens, &table, &meta, &max_len, &clean,
+                                         &indices);
+    } else {
+        snprintf(fmt, sizeof fmt, "OOOOOOi|pOO:%s", fn);
+        ok = PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_new, &q, &kv, &w, &lens, &table, &meta, &max_len, &clean,
+                                         &dtype_obj, &indices);
+    }
+    if (!ok)
+        return NULL;
+    dgp_tensor tq, tqs = {0}, tkv, tw, tl, tt, tm, ti;
+    dg_tensor logits = {0};
+    logits.dtype = DG_FLOAT32;
+    int rc = legacy ? dgp_tensor_from(q, fn, "q", 0, &tq) : dgp_pair_from(q, fn, "q", 1, &tq, &tqs);
+    if (rc || dgp_tensor_from(kv, fn, "kv_cache", 0, &tkv) || dgp_tensor_from(w, fn, "weights", 0, &tw) ||
+        dgp_tensor_from(lens, fn, "context_lens", 0, &tl) || dgp_tensor_from(table, fn, "block_table", 0, &tt) ||
+        dgp_tensor_from(meta, fn, "schedule_meta", 0, &tm) ||
+        dgp_tensor_from(indices, fn, "indices", DGP_OPTIONAL, &ti) ||
+        (dtype_obj && dgp_dtype_from(dtype_obj, fn, "logits_dtype", &logits.dtype)))
+        return NULL;
+#define PAGED_CALL                                                                                          \
+    (legacy ? dg_fp8_paged_mqa_logits(&tq.t, &tkv.t, &tw.t, &tl.t, &tt.t, &tm.t, max_len, clean, dgp_ptr(&ti), \
+                                      &logits)                                                              \
+            : dg_fp8_fp4_paged_mqa_logits(&tq.t, dgp_ptr(&tqs), &tkv.t, &tw.t, &tl.t, &tt.t, &tm.t, max_len,  \
+                                          clean, dgp_ptr(&ti), &logits))
+    dg_status st = PAGED_CALL;
+    if (st != DG_OK)
+        return dgp_raise(st);
+    PyObject *out = dgp_alloc(kv, &logits);
+    if (!out)
+        return NULL;
+    DGP_NOGIL(st, PAGED_CALL);
+#undef PAGED_CALL
+    if (st != DG_OK) {
+        Py_DECREF(out);
+        return dgp_raise(st);
+    }
+    return out;
+}
+
+static PyObject *py_fp8_fp4_paged_mqa_logits(PyObject *s, PyObject *args, PyObject *kw) {
+    return paged_logits(args, kw, "fp8_fp4_paged_mqa_logits", 0);
+}
+static PyObject *py_fp8_paged_mqa_logits(PyObject *s, PyObject *args, PyObject *kw) {
+    return paged_logits(args, kw, "fp8_paged_mqa_logits", 1);
+}
+
+#define KW (PyCFunction)(void (*)(void))
+#define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
+PyMethodDef dgp_attn_methods[] = {
+    M(fp8_fp4_mqa_logits, "fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, "
+                          "clean_logits=True, max_seqlen_k=0, logits_dtype=torch.float32) -> logits; "
+                          "q = (q, q_sf or None), kv = (kv, kv_sf)"),
+    M(fp8_mqa_logits, "fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, "
+                      "max_seqlen_k=0) -> float32 logits"),
+    M(get_paged_mqa_logits_metadata,
+      "get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None) -> schedule_meta"),
+    M(fp8_fp4_paged_mqa_logits, "fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, "
+                                "schedule_meta, max_context_len, clean_logits=False, logits_dtype=torch.float32, "
+                                "indices=None) -> logits"),
+    M(fp8_paged_mqa_logits, "fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, "
+                            "max_context_len, clean_logits=False, indices=None) -> float32 logits"),
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,141 @@
+/*
+ * bind_gemm.c - dense GEMMs: bf16_gemm_*, fp8_fp4_gemm_* (fp8_gemm_* are aliases, as in
+ * DeepGEMM), fp8_gemm_nt_skip_head_mid, and the cuBLASLt GEMMs (not implemented).
+ * Argument names, order and defaults are DeepGEMM's (csrc/apis/gemm.hpp, attention.hpp).
+ */
+#include "dgpy.h"
+
+int dgp_gemm_opts(const char *fn, PyObject *recipe, PyObject *recipe_a, PyObject *recipe_b,
+                  const char *compiled_dims, int disable_ue8m0_cast, dg_gemm_options *opts) {
+    *opts = dg_gemm_options_default();
+    if (dgp_int_tuple(recipe, fn, "recipe", 3, 1, opts->recipe, NULL) ||
+        dgp_int_tuple(recipe_a, fn, "recipe_a", 2, 1, opts->recipe_a, NULL) ||
+        dgp_int_tuple(recipe_b, fn, "recipe_b", 2, 1, opts->recipe_b, NULL))
+        return -1;
+    opts->compiled_dims = compiled_dims;
+    opts->disable_ue8m0_cast = disable_ue8m0_cast;
+    return 0;
+}
+
+typedef dg_status (*bf16_gemm_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *);
+typedef dg_status (*fp8_gemm_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *,
+                                 const dg_tensor *, const dg_tensor *, const dg_gemm_options *);
+
+static PyObject *bf16_gemm(PyObject *args, PyObject *kw, const char *fn, bf16_gemm_fn call, const char *dims) {
+    static char *kwlist[] = {"a", "b", "d", "c", "compiled_dims", NULL};
+    PyObject *a, *b, *d, *c = Py_None;
+    const char *compiled_dims = dims;
+    char fmt[64];
+    snprintf(fmt, sizeof fmt, "OOO|Os:%s", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c, &compiled_dims))
+        return NULL;
+    dgp_tensor ta, tb, td, tc;
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, dgp_ptr(&tc)));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fp8_fp4_gemm(PyObject *args, PyObject *kw, const char *fn, fp8_gemm_fn call, const char *dims) {
+    static char *kwlist[] = {"a", "b", "d", "c", "recipe", "recipe_a", "recipe_b", "compiled_dims",
+                             "disable_ue8m0_cast", NULL};
+    PyObject *a, *b, *d, *c = Py_None, *recipe = Py_None, *recipe_a = Py_None, *recipe_b = Py_None;
+    const char *compiled_dims = dims;
+    int disable = 0;
+    char fmt[64];
+    snprintf(fmt, sizeof fmt, "OOO|OOOOsp:%s", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c, &recipe, &recipe_a, &recipe_b,
+                                     &compiled_dims, &disable))
+        return NULL;
+    dgp_tensor ta, sfa, tb, sfb, td, tc;
+    dg_gemm_options opts;
+    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || dgp_pair_from(b, fn, "b", 0, &tb, &sfb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc) ||
+        dgp_gemm_opts(fn, recipe, recipe_a, recipe_b, compiled_dims, disable, &opts))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, call(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, dgp_ptr(&tc), &opts));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
+#define DGP_BF16(L, DIMS)                                                                        \
+    static PyObject *py_bf16_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {            \
+        return bf16_gemm(args, kw, "bf16_gemm_" #L, dg_bf16_gemm_##L, DIMS);                     \
+    }
+#define DGP_FP8(L, DIMS)                                                                         \
+    static PyObject *py_fp8_fp4_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {         \
+        return fp8_fp4_gemm(args, kw, "fp8_fp4_gemm_" #L, dg_fp8_fp4_gemm_##L, DIMS);            \
+    }
+DGP_BF16(nt, "nk")
+DGP_BF16(nn, "nk")
+DGP_BF16(tn, "mn")
+DGP_BF16(tt, "mn")
+DGP_FP8(nt, "nk")
+DGP_FP8(nn, "nk")
+DGP_FP8(tn, "mn")
+DGP_FP8(tt, "mn")
+
+static PyObject *py_fp8_gemm_nt_skip_head_mid(PyObject *self, PyObject *args, PyObject *kw) {
+    static const char *fn = "fp8_gemm_nt_skip_head_mid";
+    static char *kwlist[] = {"a", "b", "d", "head_splits", "recipe", "compiled_dims", "disable_ue8m0_cast", NULL};
+    PyObject *a, *b, *d, *splits, *recipe = Py_None;
+    const char *compiled_dims = "nk";
+    int disable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|Osp:fp8_gemm_nt_skip_head_mid", kwlist, &a, &b, &d, &splits,
+                                     &recipe, &compiled_dims, &disable))
+        return NULL;
+    dgp_tensor ta, sfa, tb, sfb, td;
+    dg_gemm_options opts;
+    int hs[3];
+    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || dgp_pair_from(b, fn, "b", 0, &tb, &sfb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_int_tuple(splits, fn, "head_splits", 3, 0, hs, NULL) ||
+        dgp_gemm_opts(fn, recipe, Py_None, Py_None, compiled_dims, disable, &opts))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_fp8_gemm_nt_skip_head_mid(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, hs, &opts));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* cuBLASLt has no CPU counterpart in this library: refuse rather than compute something else. */
+#define DGP_CUBLASLT(L)                                                                          \
+    static PyObject *py_cublaslt_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {        \
+        return dgp_not_implemented("cublaslt_gemm_" #L,                                          \
+                                   "cuBLASLt GEMMs have no CPU implementation (issue 7); "       \
+                                   "use bf16_gemm_" #L " for BF16 operands");                    \
+    }
+DGP_CUBLASLT(nt)
+DGP_CUBLASLT(nn)
+DGP_CUBLASLT(tn)
+DGP_CUBLASLT(tt)
+
+#define KW (PyCFunction)(void (*)(void))
+#define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
+PyMethodDef dgp_gemm_methods[] = {
+    M(bf16_gemm_nt, "bf16_gemm_nt(a, b, d, c=None, compiled_dims='nk'): d = c + a @ b.T, a [M, K], b [N, K]"),
+    M(bf16_gemm_nn, "bf16_gemm_nn(a, b, d, c=None, compiled_dims='nk'): d = c + a @ b, b [K, N]"),
+    M(bf16_gemm_tn, "bf16_gemm_tn(a, b, d, c=None, compiled_dims='mn'): d = c + a.T @ b, a [K, M], b [K, N]"),
+    M(bf16_gemm_tt, "bf16_gemm_tt(a, b, d, c=None, compiled_dims='mn'): d = c + a.T @ b.T"),
+    M(fp8_fp4_gemm_nt, "fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
+                       "compiled_dims='nk', disable_ue8m0_cast=False); a, b are (data, scales)"),
+    M(fp8_fp4_gemm_nn, "fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
+                       "compiled_dims='nk', disable_ue8m0_cast=False)"),
+    M(fp8_fp4_gemm_tn, "fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
+                       "compiled_dims='mn', disable_ue8m0_cast=False)"),
+    M(fp8_fp4_gemm_tt, "fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
+                       "compiled_dims='mn', disable_ue8m0_cast=False)"),
+    M(fp8_gemm_nt_skip_head_mid, "fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe=None, "
+                                 "compiled_dims='nk', disable_ue8m0_cast=False)"),
+    M(cublaslt_gemm_nt, "not implemented on CPU"),
+    M(cublaslt_gemm_nn, "not implemented on CPU"),
+    M(cublaslt_gemm_tn, "not implemented on CPU"),
+    M(cublaslt_gemm_tt, "not implemented on CPU"),
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,331 @@
+/*
+ * bind_misc.c - runtime settings, tf32_hc_prenorm_gemm, einsum, fp8_einsum and the scale-factor
+ * layout functions (which return new tensors through the library's query form).
+ */
+#include "dgpy.h"
+
+#include <string.h>
+
+static PyObject *status_none(dg_status st) {
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* ---- runtime ----------------------------------------------------------------------------- */
+
+static PyObject *py_set_num_sms(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"new_num_sms", NULL};
+    int v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_num_sms", kwl, &v))
+        return NULL;
+    return status_none(dg_set_num_sms(v));
+}
+static PyObject *py_get_num_sms(PyObject *s, PyObject *unused) { return PyLong_FromLong(dg_get_num_sms()); }
+static PyObject *py_set_tc_util(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"new_tc_util", NULL};
+    int v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_tc_util", kwl, &v))
+        return NULL;
+    return status_none(dg_set_tc_util(v));
+}
+static PyObject *py_get_tc_util(PyObject *s, PyObject *unused) { return PyLong_FromLong(dg_get_tc_util()); }
+static PyObject *py_set_pdl(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"new_enable_pdl", NULL};
+    int v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "p:set_pdl", kwl, &v))
+        return NULL;
+    dg_set_pdl(v);
+    Py_RETURN_NONE;
+}
+static PyObject *py_get_pdl(PyObject *s, PyObject *unused) { return PyBool_FromLong(dg_get_pdl()); }
+static PyObject *py_set_ignore_compile_dims(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"new_value", NULL};
+    int v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "p:set_ignore_compile_dims", kwl, &v))
+        return NULL;
+    dg_set_ignore_compile_dims(v);
+    Py_RETURN_NONE;
+}
+static PyObject *py_get_ignore_compile_dims(PyObject *s, PyObject *unused) {
+    return PyBool_FromLong(dg_get_ignore_compile_dims());
+}
+/* new_value: an int (both) or an (m, n) tuple, as DeepGEMM. */
+static PyObject *py_set_block_size_multiple_of(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "set_block_size_multiple_of";
+    static char *kwl[] = {"new_value", NULL};
+    PyObject *o;
+    int v[2];
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_block_size_multiple_of", kwl, &o))
+        return NULL;
+    if (PyLong_Check(o)) {
+        if (dgp_int(o, fn, "new_value", &v[0]))
+            return NULL;
+        v[1] = v[0];
+    } else if (dgp_int_tuple(o, fn, "new_value", 2, 0, v, NULL)) {
+        return NULL;
+    }
+    return status_none(dg_set_block_size_multiple_of(v[0], v[1]));
+}
+static PyObject *py_get_block_size_multiple_of(PyObject *s, PyObject *unused) {
+    int m = 0, n = 0;
+    dg_get_block_size_multiple_of(&m, &n);
+    return Py_BuildValue("(ii)", m, n);
+}
+static PyObject *py_set_mk_alignment_for_contiguous_layout(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"new_value", NULL};
+    int v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_mk_alignment_for_contiguous_layout", kwl, &v))
+        return NULL;
+    return status_none(dg_set_mk_alignment_for_contiguous_layout(v));
+}
+static PyObject *py_get_mk_alignment_for_contiguous_layout(PyObject *s, PyObject *unused) {
+    return PyLong_FromLong(dg_get_mk_alignment_for_contiguous_layout());
+}
+static PyObject *py_get_theoretical_mk_alignment_for_contiguous_layout(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"expected_m", NULL};
+    PyObject *o = Py_None;
+    int v = 0, given = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:get_theoretical_mk_alignment_for_contiguous_layout", kwl, &o) ||
+        dgp_opt_int(o, "get_theoretical_mk_alignment_for_contiguous_layout", "expected_m", &v, &given))
+        return NULL;
+    return PyLong_FromLong(dg_get_theoretical_mk_alignment_for_contiguous_layout(given ? v : 0));
+}
+/* DeepGEMM's JIT initialisation; there is nothing to compile on the CPU. */
+static PyObject *py_init(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"library_root_path", "cuda_home_path_by_python", NULL};
+    PyObject *a = Py_None, *b = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:init", kwl, &a, &b))
+        return NULL;
+    Py_RETURN_NONE;
+}
+/* CPU extras: "reference" forces the scalar reference kernels, "auto" picks the fastest. */
+static PyObject *py_set_backend(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"backend", NULL};
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s:set_backend", kwl, &name))
+        return NULL;
+    if (strcmp(name, "auto") != 0 && strcmp(name, "reference") != 0) {
+        PyErr_Format(PyExc_ValueError, "set_backend: argument 'backend' must be 'auto' or 'reference', got '%s'",
+                     name);
+        return NULL;
+    }
+    return status_none(dg_set_backend(strcmp(name, "reference") == 0 ? DG_BACKEND_REFERENCE : DG_BACKEND_AUTO));
+}
+static PyObject *py_get_backend(PyObject *s, PyObject *unused) {
+    return PyUnicode_FromString(dg_get_backend() == DG_BACKEND_REFERENCE ? "reference" : "auto");
+}
+static PyObject *py_get_isa(PyObject *s, PyObject *unused) { return PyUnicode_FromString(dg_isa_name(dg_get_isa())); }
+
+/* ---- hyper-connection, einsum -------------------------------------------------------------- */
+
+static PyObject *py_tf32_hc_prenorm_gemm(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "tf32_hc_prenorm_gemm";
+    static char *kwl[] = {"a", "b", "d", "sqr_sum", "num_splits", NULL};
+    PyObject *a, *b, *d, *sq, *ns = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|O:tf32_hc_prenorm_gemm", kwl, &a, &b, &d, &sq, &ns))
+        return NULL;
+    dgp_tensor ta, tb, td, ts;
+    int splits = 0, given = 0;
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(sq, fn, "sqr_sum", DGP_WRITABLE, &ts) ||
+        dgp_opt_int(ns, fn, "num_splits", &splits, &given))
+        return NULL;
+    if (given && splits <= 0) {
+        PyErr_Format(PyExc_ValueError, "%s: argument 'num_splits' must be None or positive, got %d", fn, splits);
+        return NULL;
+    }
+    dg_status st;
+    DGP_NOGIL(st, dg_tf32_hc_prenorm_gemm(&ta.t, &tb.t, &td.t, &ts.t, given ? splits : 0));
+    return status_none(st);
+}
+
+static PyObject *py_einsum(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "einsum";
+    static char *kwl[] = {"expr", "a", "b", "d", "c", "use_cublaslt", NULL};
+    const char *expr;
+    PyObject *a, *b, *d, *c = Py_None;
+    int use_cublaslt = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOO|Op:einsum", kwl, &expr, &a, &b, &d, &c, &use_cublaslt))
+        return NULL;
+    dgp_tensor ta, tb, td, tc;
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_einsum(expr, &ta.t, &tb.t, &td.t, dgp_ptr(&tc)));
+    return status_none(st);
+}
+
+static PyObject *py_fp8_einsum(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "fp8_einsum";
+    static char *kwl[] = {"expr", "a", "b", "d", "c", "recipe", NULL};
+    const char *expr;
+    PyObject *a, *b, *d, *c = Py_None, *recipe = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOO|OO:fp8_einsum", kwl, &expr, &a, &b, &d, &c, &recipe))
+        return NULL;
+    dgp_tensor ta, sfa, tb, sfb, td, tc;
+    int r[3] = {1, 128, 128}, given = 0;
+    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || dgp_pair_from(b, fn, "b", 0, &tb, &sfb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc) ||
+        dgp_int_tuple(recipe, fn, "recipe", 3, 1, r, &given))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_fp8_einsum(expr, &ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, dgp_ptr(&tc), r));
+    return status_none(st);
+}
+
+/* ---- scale-factor layouts ------------------------------------------------------------------ */
+
+static PyObject *py_get_tma_aligned_size(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"x", "element_size", NULL};
+    int x, es, out = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ii:get_tma_aligned_size", kwl, &x, &es))
+        return NULL;
+    dg_status st = dg_get_tma_aligned_size(x, es, &out);
+    return st == DG_OK ? PyLong_FromLong(out) : dgp_raise(st);
+}
+
+/* Query, allocate like `like`, fill: the pattern of every layout function. `call` is evaluated
+ * twice (query under the GIL, then the real call without it). */
+#define DGP_QUERY_ALLOC_FILL(like, out, call)                 \
+    do {                                                      \
+        dg_status st_ = (call);                               \
+        if (st_ != DG_OK)                                     \
+            return dgp_raise(st_);                            \
+        PyObject *res_ = dgp_alloc((like), &(out));           \
+        if (!res_)                                            \
+            return NULL;                                      \
+        DGP_NOGIL(st_, call);                                 \
+        if (st_ != DG_OK) {                                   \
+            Py_DECREF(res_);                                  \
+            return dgp_raise(st_);                            \
+        }                                                     \
+        return res_;                                          \
+    } while (0)
+
+static PyObject *py_get_mn_major_tma_aligned_tensor(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"sf", NULL};
+    PyObject *sf;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:get_mn_major_tma_aligned_tensor", kwl, &sf))
+        return NULL;
+    dgp_tensor t;
+    if (dgp_tensor_from(sf, "get_mn_major_tma_aligned_tensor", "sf", 0, &t))
+        return NULL;
+    dg_tensor out = {0};
+    DGP_QUERY_ALLOC_FILL(sf, out, dg_get_mn_major_tma_aligned_tensor(&t.t, &out));
+}
+
+static PyObject *py_get_mn_major_tma_aligned_packed_ue8m0_tensor(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "get_mn_major_tma_aligned_packed_ue8m0_tensor";
+    static char *kwl[] = {"sf", "psum_layout", NULL};
+    PyObject *sf, *psum = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:get_mn_major_tma_aligned_packed_ue8m0_tensor", kwl, &sf, &psum))
+        return NULL;
+    dgp_tensor t, tp;
+    if (dgp_tensor_from(sf, fn, "sf", 0, &t) || dgp_tensor_from(psum, fn, "psum_layout", DGP_OPTIONAL, &tp))
+        return NULL;
+    dg_tensor out = {0};
+    DGP_QUERY_ALLOC_FILL(sf, out, dg_get_mn_major_tma_aligned_packed_ue8m0_tensor(&t.t, dgp_ptr(&tp), &out));
+}
+
+static PyObject *py_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor";
+    static char *kwl[] = {"sf", "grouped_layout", "ks_cpu", "gran_k", "k_alignment", "use_psum_layout", NULL};
+    PyObject *sf, *layout, *ks_obj;
+    int gran_k, k_alignment, use_psum = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOii|p:get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", kwl,
+                                     &sf, &layout, &ks_obj, &gran_k, &k_alignment, &use_psum))
+        return NULL;
+    dgp_tensor t, tl;
+    int *ks = NULL, num_ks = 0;
+    if (dgp_tensor_from(sf, fn, "sf", 0, &t) || dgp_tensor_from(layout, fn, "grouped_layout", 0, &tl) ||
+        dgp_int_list(ks_obj, fn, "ks_cpu", &ks, &num_ks))
+        return NULL;
+    dg_tensor out = {0};
+    PyObject *res = NULL;
+    dg_status st = dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&t.t, &tl.t, ks, num_ks, gran_k,
+                                                                             k_alignment, use_psum, &out);
+    if (st != DG_OK)
+        dgp_raise(st);
+    else if ((res = dgp_alloc(sf, &out)) != NULL) {
+        DGP_NOGIL(st, dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&t.t, &tl.t, ks, num_ks, gran_k,
+                                                                                k_alignment, use_psum, &out));
+        if (st != DG_OK) {
+            Py_CLEAR(res);
+            dgp_raise(st);
+        }
+    }
+    PyMem_Free(ks);
+    return res;
+}
+
+static PyObject *py_transform_sf_into_required_layout(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "transform_sf_into_required_layout";
+    static char *kwl[] = {"sf", "mn", "k", "recipe", "num_groups", "is_sfa", "disable_ue8m0_cast", "psum_layout",
+                          NULL};
+    PyObject *sf, *recipe, *ng = Py_None, *is_sfa = Py_None, *psum = Py_None;
+    long long mn, k;
+    int disable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLLO|OOpO:transform_sf_into_required_layout", kwl, &sf, &mn, &k,
+                                     &recipe, &ng, &is_sfa, &disable, &psum))
+        return NULL;
+    int r[3], len = (PyTuple_Check(recipe) || PyList_Check(recipe)) ? (int)PySequence_Size(recipe) : -1;
+    if (len != 2 && len != 3) {
+        PyErr_Format(PyExc_TypeError, "%s: argument 'recipe' must be a tuple of 2 or 3 ints", fn);
+        return NULL;
+    }
+    dgp_tensor t, tp;
+    int groups = 0, groups_given = 0;
+    if (dgp_int_tuple(recipe, fn, "recipe", len, 0, r, NULL) || dgp_opt_int(ng, fn, "num_groups", &groups, &groups_given) ||
+        dgp_tensor_from(sf, fn, "sf", 0, &t) || dgp_tensor_from(psum, fn, "psum_layout", DGP_OPTIONAL, &tp))
+        return NULL;
+    int sfa = is_sfa == Py_None ? -1 : PyObject_IsTrue(is_sfa);
+    if (sfa < -1)
+        return NULL;
+    if (groups_given && groups <= 0) {
+        PyErr_Format(PyExc_ValueError, "%s: argument 'num_groups' must be None or positive, got %d", fn, groups);
+        return NULL;
+    }
+    dg_tensor out = {0};
+    DGP_QUERY_ALLOC_FILL(sf, out, dg_transform_sf_into_required_layout(&t.t, mn, k, r, len, groups_given ? groups : 0,
+                                                                       sfa, disable, dgp_ptr(&tp), &out));
+}
+
+#define KW (PyCFunction)(void (*)(void))
+#define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
+#define M0(name, doc) {#name, py_##name, METH_NOARGS, doc}
+PyMethodDef dgp_misc_methods[] = {
+    M(set_num_sms, "set_num_sms(new_num_sms): threads the kernels use"),
+    M0(get_num_sms, "get_num_sms() -> threads the kernels use"),
+    M(set_tc_util, "set_tc_util(new_tc_util): accepted, no effect on a CPU"),
+    M0(get_tc_util, "get_tc_util()"),
+    M(set_pdl, "set_pdl(new_enable_pdl): accepted, no effect on a CPU"),
+    M0(get_pdl, "get_pdl()"),
+    M(set_ignore_compile_dims, "set_ignore_compile_dims(new_value): accepted, no effect on a CPU"),
+    M0(get_ignore_compile_dims, "get_ignore_compile_dims()"),
+    M(set_block_size_multiple_of, "set_block_size_multiple_of(new_value): int or (m, n)"),
+    M0(get_block_size_multiple_of, "get_block_size_multiple_of() -> (m, n)"),
+    M(set_mk_alignment_for_contiguous_layout, "set_mk_alignment_for_contiguous_layout(new_value)"),
+    M0(get_mk_alignment_for_contiguous_layout, "get_mk_alignment_for_contiguous_layout()"),
+    M(get_theoretical_mk_alignment_for_contiguous_layout,
+      "get_theoretical_mk_alignment_for_contiguous_layout(expected_m=None)"),
+    M(init, "init(library_root_path, cuda_home_path_by_python): no-op (no JIT on a CPU)"),
+    M(set_backend, "set_backend('auto' | 'reference') (CPU only)"),
+    M0(get_backend, "get_backend() -> 'auto' or 'reference' (CPU only)"),
+    M0(get_isa, "get_isa() -> the instruction set the kernels use (CPU only)"),
+    M(tf32_hc_prenorm_gemm, "tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None)"),
+    M(einsum, "einsum(expr, a, b, d, c=None, use_cublaslt=False)"),
+    M(fp8_einsum, "fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128)); a, b are (data, scales)"),
+    M(get_tma_aligned_size, "get_tma_aligned_size(x, element_size) -> int"),
+    M(get_mn_major_tma_aligned_tensor, "get_mn_major_tma_aligned_tensor(sf) -> new tensor"),
+    M(get_mn_major_tma_aligned_packed_ue8m0_tensor,
+      "get_mn_major_tma_aligned_packed_ue8m0_tensor(sf, psum_layout=None) -> new int32 tensor"),
+    M(get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+      "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, grouped_layout, ks_cpu, gran_k, k_alignment, "
+      "use_psum_layout=False) -> new int32 tensor"),
+    M(transform_sf_into_required_layout,
+      "transform_sf_into_required_layout(sf, mn, k, recipe, num_groups=None, is_sfa=None, "
+      "disable_ue8m0_cast=False, psum_layout=None) -> new tensor"),
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,64 @@
+/*
+ * config.c - the engine's per-ISA configuration table (data only, as BLIS's config/<cpu>/):
+ * which microkernel and packed format, the register tile MR x NR and the cache blocks.
+ *
+ * Block sizes (float32 panels; BF16 panels take half the bytes):
+ *   KC x NR      B micro-panel, kept in L1 (256 x 32 x 4 = 32 KiB) while MC/MR A panels pass
+ *   MC x KC      A block, kept in L2 (224 x 256 x 4 = 224 KiB)
+ *   MC x NC      the float32 accumulation tile of one thread (224 x 512 x 4 = 448 KiB, L2)
+ * MC, NC also set the threading grain: threads take whole MC x NC output tiles.
+ *
+ * The AVX-512 BF16 level has two kernels giving the same bits (engine.h): VDPBF16PS on BF16
+ * panels, or BF16 widened to float32 while packing and FMA. Which is faster depends on the
+ * core: AMD Zen 4 issues one VDPBF16PS zmm per cycle but one zmm FMA (32 vs 16 products per
+ * cycle), while Intel cores from Cooper Lake / Sapphire Rapids on issue two zmm FMAs per cycle
+ * and one VDPBF16PS every other cycle (32 vs 16 the other way round; dgbench measures both).
+ * So the default is VDPBF16PS except on Intel; dg_engine_set_dpbf16 overrides (tests use it).
+ */
+#include "engine.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DG_X86 1
+#else
+#define DG_X86 0
+#endif
+
+#define AVX512_SMALL {dg_ukr_f32_avx512_mr1, dg_ukr_f32_avx512_mr2, dg_ukr_f32_avx512_mr4, dg_ukr_f32_avx512_mr8}
+static const dg_engine_cfg kCfg[] = {
+    [DG_ISA_GENERIC] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},
+#if DG_X86
+    [DG_ISA_AVX2] = {"avx2/f32", DG_PACK_F32, 6, 16, 192, 512, 256, dg_ukr_f32_avx2},
+    [DG_ISA_AVX512] = {"avx512/f32", DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512,
+                       dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
+                       dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
+    [DG_ISA_AVX512_BF16] = {"avx512_bf16/bf16", DG_PACK_BF16, 14, 32, 224, 512, 256, dg_ukr_bf16_avx512bf16,
+                            dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
+                       dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
+#else
+    [DG_ISA_AVX2] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},
+    [DG_ISA_AVX512] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},
+    [DG_ISA_AVX512_BF16] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},
+#endif
+};
+
+static atomic_int g_dpbf16 = -1; /* -1: by CPU vendor */
+
+void dg_engine_set_dpbf16(int use) { atomic_store(&g_dpbf16, use < 0 ? -1 : use > 0); }
+
+static bool use_dpbf16(void) {
+    const int v = atomic_load(&g_dpbf16);
+    if (v >= 0)
+        return v;
+    return strcmp(dg_cpu()->vendor, "GenuineIntel") != 0;
+}
+
+const dg_engine_cfg *dg_engine_config(dg_isa isa) {
+    if ((int)isa < 0 || (int)isa >= (int)(sizeof kCfg / sizeof kCfg[0]))
+        isa = DG_ISA_GENERIC;
+    if (isa == DG_ISA_AVX512_BF16 && !use_dpbf16())
+        isa = DG_ISA_AVX512;
+    return &kCfg[isa];
+}

@@ -1,0 +1,175 @@
+/*
+ * engine.h - the dense GEMM engine: BLIS-style loops around one register-blocked microkernel.
+ *
+ *   D[M, N] = C + A[M, K] @ B[N, K]^T     (A, B: any dg_operand - BF16, E4M3, E2M1, any strides)
+ *
+ * Layering (STYLE.md, BLIS section): src/engine/ holds the portable loop nest (gemm.c),
+ * packing (pack.c), threading and the per-ISA configuration table (config.c); src/kernels/<isa>/
+ * hold only microkernels. A public entry point validates, then calls dg_engine_gemm.
+ *
+ * ---- Packed panels (the engine's own format; also the pre-packed weight format) ----------
+ * An operand [MN, K] is cut into panels of R rows (R = MR for A, NR for B); rows past MN are
+ * zero. K is padded with zeros to Kp = K rounded up to even (VDPBF16PS works on k pairs).
+ * Panel p starts at element p * Kp * R and stores, for the two element formats:
+ *   DG_PACK_F32   float  P[k][R]        element (r, k) at k * R + r
+ *   DG_PACK_BF16  bf16   P[k/2][R][2]   element (r, k) at (k/2) * 2R + 2r + (k & 1)
+ * In both formats the k-slice starting at an even k0 begins at element k0 * R, so a
+ * microkernel's operand pointers are computed the same way for both.
+ * FP8/FP4 codes are widened to BF16 exactly while packing; power-of-two scales (UE8M0) are
+ * folded into the values (exact barring BF16 overflow/underflow, i.e. scales beyond 2^+-118).
+ * Scales that cannot be folded are packed per panel as float S[kb][R] (kb = k / gblk) and
+ * applied by the microkernel's epilogue once per K block of gblk elements.
+ *
+ * ---- Accumulation order (the determinism / batch-invariance contract) ---------------------
+ * Every element D[i, j] is computed in float32 as
+ *   acc = 0;  for each k pair p = 0, 1, ... (increasing):
+ *               acc = fma(a[2p+1], b[2p+1], acc); acc = fma(a[2p], b[2p], acc)
+ * which is exactly what one VDPBF16PS lane does (products of BF16 values are exact in
+ * float32; VDPBF16PS additionally flushes denormal inputs/outputs to zero - the only place
+ * the ISAs may differ). With unfolded scales the chain restarts per K block of gblk:
+ *   total = 0; for each block kb: total = fma(sa[i, kb] * sb[j, kb], acc_kb, total)
+ * Finally D = round(C + total) (one float32 add, one rounding to D's dtype).
+ * This order depends on neither M, N, the tile position nor the thread count: K is never
+ * split across threads, tails are computed by the same kernel on zero-padded panels.
+ *
+ * ---- Microkernel contract ---------------------------------------------------------------
+ * One MR x NR tile of a float32 buffer c (row stride ldc), over kc (even) k of packed panels:
+ *   DG_UKR_ZERO   c  = acc                    acc chained from 0 over the kc values
+ *   DG_UKR_ACC    c  = acc                    acc starts from c (continues the chain)
+ *   DG_UKR_SCALE  c  = fma(sa[r] * sb[j], acc, c)    acc chained from 0 (a scale epilogue)
+ * No loops over m or n inside beyond the fixed MR x NR register tile. The kernel bodies are
+ * static inline functions taking (kc, MR, NR) as parameters: a JIT instantiates the same
+ * source with constants (kc = KC when K is known), as the per-ISA wrappers do for MR, NR.
+ */
+#ifndef DG_ENGINE_ENGINE_H
+#define DG_ENGINE_ENGINE_H
+
+#include "../core/operand.h"
+
+/* float -> BF16 bits, round to nearest even, NaN kept (quiet); vectorizes, unlike a call. */
+static inline uint16_t dg_engine_f32_bf16(float x) {
+    union { float f; uint32_t u; } v = {x};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1)) >> 16);
+}
+
+static inline float dg_engine_bf16_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+typedef enum dg_pack_fmt { DG_PACK_F32 = 0, DG_PACK_BF16 = 1 } dg_pack_fmt;
+typedef enum dg_ukr_mode { DG_UKR_ZERO = 0, DG_UKR_ACC = 1, DG_UKR_SCALE = 2 } dg_ukr_mode;
+
+typedef void (*dg_ukr_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                          const float *sa, const float *sb);
+
+/* ISA-specific packing of a K-major BF16 operand (unit stride along K): rows [0, rows) of
+ * src (row stride ld), k in [k0, k0 + kc), kc even, zero past `k` and past `rows`, into a
+ * panel slice of width r <= 32 (element (i, kk) at (kk - k0) * r + i in panel order). */
+typedef void (*dg_pack_bf16_fn)(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
+                                int64_t k, dg_pack_fmt fmt, void *dst);
+
+/* One ISA's configuration: data, not code (BLIS config/<cpu>/). */
+typedef struct dg_engine_cfg {
+    const char *name;
+    dg_pack_fmt fmt;
+    int mr, nr;          /* register tile */
+    int mc, nc, kc;      /* cache blocks: mc % mr == 0, nc % nr == 0, kc even */
+    dg_ukr_fn ukr;
+    dg_pack_bf16_fn pack_bf16; /* NULL: the portable packer */
+    dg_pack_bf16_fn pack_bf16_mn; /* the same for MN-major BF16 (ld = stride along K) */
+    /* Contiguous E4M3 / E2M1 codes to BF16 bits times a power-of-two scale (NULL: portable). */
+    void (*widen_e4m3)(const uint8_t *src, int64_t n, float scale, uint16_t *out);
+    void (*widen_e2m1)(const uint8_t *src, int64_t n, float scale, uint16_t *out);
+    /* Small M (decoding): microkernels for MR = 1, 2, 4, 8 with NR = nr on DG_PACK_F32
+     * panels (NULL: small M takes the general path). */
+    dg_ukr_fn ukr_small[4];
+} dg_engine_cfg;
+
+/* The configuration for an ISA level (never NULL: generic is always there). */
+const dg_engine_cfg *dg_engine_config(dg_isa isa);
+/* At the AVX-512 BF16 level: 1 uses VDPBF16PS, 0 the float32 FMA kernel, -1 decides by CPU
+ * (config.c). Both give the same bits (up to VDPBF16PS's denormal flushing). */
+void dg_engine_set_dpbf16(int use);
+
+/* Microkernels (src/kernels/<isa>/). Absent ISAs (non-x86 builds) map to the generic twin. */
+void dg_ukr_f32_generic(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                        const float *sa, const float *sb);
+void dg_ukr_f32_avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                     const float *sa, const float *sb);
+void dg_ukr_f32_avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                       const float *sa, const float *sb);
+void dg_ukr_bf16_avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                            const float *sa, const float *sb);
+
+void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
+                                int64_t k, dg_pack_fmt fmt, void *dst);
+void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0,
+                                 int64_t kc, int64_t k, dg_pack_fmt fmt, void *dst);
+void dg_widen_e4m3_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out);
+void dg_widen_e2m1_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out);
+void dg_ukr_f32_avx512_mr1(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                           const float *sa, const float *sb);
+void dg_ukr_f32_avx512_mr2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                           const float *sa, const float *sb);
+void dg_ukr_f32_avx512_mr4(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                           const float *sa, const float *sb);
+void dg_ukr_f32_avx512_mr8(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                           const float *sa, const float *sb);
+
+/* Panel memory from a process-wide pool (workspace.c): 64-byte (large: 2 MiB) aligned,
+ * contents undefined; give it back with dg_ws_put. NULL when out of memory. */
+void *dg_ws_get(size_t bytes);
+void dg_ws_put(void *p);
+
+/* A packed operand (see the format above). */
+typedef struct dg_packed {
+    dg_pack_fmt fmt;
+    int r;                 /* rows per panel */
+    int64_t mn, k, kp;     /* logical rows, K, padded K */
+    int64_t panels;
+    void *data;            /* panels * kp * r elements */
+    int gblk;              /* 0: no scale epilogue; else K block of the unfolded scales */
+    int64_t nkb;           /* ceil(K / gblk) */
+    float *scales;         /* panels * nkb * r, or NULL (all ones) */
+} dg_packed;
+
+/* How the scales of an operand pair are applied: which ones are folded, and gblk. */
+typedef struct dg_scale_plan {
+    int fold_a, fold_b;    /* fold into packed values (power-of-two scales) */
+    int gblk;              /* 0 when both are folded (or absent) */
+} dg_scale_plan;
+
+/* Decides the plan; false when the engine cannot run this pair (the caller falls back). */
+bool dg_engine_plan_scales(const dg_operand *a, const dg_operand *b, dg_scale_plan *plan);
+
+/* Row i of op (group 0), k in [k0, k1), widened to BF16 bits (exact), power-of-two scales
+ * folded when `fold`; zero for k >= K. `isa` supplies SIMD widening (NULL: portable code). */
+void dg_engine_fetch_bf16(const dg_operand *op, int64_t i, int fold, int64_t k0, int64_t k1, uint16_t *out,
+                          const dg_engine_cfg *isa);
+
+/* Packs rows [0, op->mn) of operand `op` (group 0) into panels of r rows (pack.c) with the
+ * packers of configuration `isa` (NULL: portable code only). */
+dg_status dg_engine_pack(const dg_operand *op, int fold, int gblk, dg_pack_fmt fmt, int r,
+                         const dg_engine_cfg *isa, dg_packed *out);
+void dg_engine_packed_free(dg_packed *p);
+
+/* D[i, n0 .. n0 + cols) = round(C + acc[0 .. cols)) in D's dtype (gemm.c). C may be D itself. */
+void dg_engine_store_row(const dg_tensor *d, const dg_tensor *c, int64_t i, int64_t n0, int64_t cols,
+                         const float *acc);
+
+/* The small-M path (smallm.c): whether it takes this pair, and the call. */
+bool dg_engine_small_applies(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b);
+dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
+                               const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c);
+
+/*
+ * D = C + A @ B^T with the current ISA and thread count. Returns DG_ERR_UNSUPPORTED (without
+ * touching D) when this operand pair is outside the engine; callers then use the reference.
+ * Only allocation failures are other errors.
+ */
+dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c);
+
+#endif /* DG_ENGINE_ENGINE_H */

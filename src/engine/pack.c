@@ -1,0 +1,291 @@
+/*
+ * pack.c - packing GEMM operands into the engine's panels (format: engine.h) and choosing how
+ * scales are applied. Every source layout goes through one step: a logical row [K] of the
+ * operand is widened to BF16 bits (exact for BF16, E4M3 and E2M1; power-of-two scales folded
+ * in), then scattered into its panel. Cost O(MN * K), against O(M * N * K) for the product.
+ */
+#include "engine.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- exact widening tables ---------------------------------------------------------------- */
+
+static uint16_t g_e4m3_bf16[256], g_e2m1_bf16[16];
+static pthread_once_t g_tables_once = PTHREAD_ONCE_INIT;
+
+static void init_tables(void) {
+    for (int i = 0; i < 256; ++i) /* NaN codes stay NaN; every other value is exact in BF16 */
+        g_e4m3_bf16[i] = dg_float_to_bf16(dg_e4m3_to_float((uint8_t)i));
+    for (int i = 0; i < 16; ++i)
+        g_e2m1_bf16[i] = dg_float_to_bf16(dg_e2m1_to_float((uint8_t)i));
+}
+
+static inline bool is_pow2(float s) {
+    union { float f; uint32_t u; } v = {s};
+    const uint32_t e = (v.u >> 23) & 0xff;
+    return (v.u & 0x807fffffu) == 0 && e != 0 && e != 0xff;
+}
+
+/* ---- scale plan ------------------------------------------------------------------------ */
+
+/* Every float32 scale of the operand is a positive power of two (UE8M0-valued). */
+static bool all_scales_pow2(const dg_operand *op) {
+    const dg_tensor *t = op->sf;
+    if (!op->grouped && t->strides[1] == 1) { /* row-major float32: scan the rows directly */
+        for (int64_t r = 0; r < t->shape[0]; ++r) {
+            const float *row = (const float *)t->data + r * t->strides[0];
+            bool ok = true;
+            for (int64_t q = 0; q < t->shape[1]; ++q)
+                ok &= is_pow2(row[q]);
+            if (!ok)
+                return false;
+        }
+        return true;
+    }
+    for (int64_t i = 0; i < op->mn; i += op->gran_mn)
+        for (int64_t kk = 0; kk < op->k; kk += op->gran_k)
+            if (!is_pow2(dg_operand_scale(op, 0, i, kk)))
+                return false;
+    return true;
+}
+
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
+/*
+ * A's float32 scales are never folded: deciding from all of A's values would make one row's
+ * result depend on other rows (batch invariance). B (the weight) may be scanned: a row of D
+ * always depends on all of B anyway.
+ */
+bool dg_engine_plan_scales(const dg_operand *a, const dg_operand *b, dg_scale_plan *plan) {
+    if (a->grouped || b->grouped)
+        return false;
+    plan->fold_a = !a->sf || a->sf_packed;
+    plan->fold_b = !b->sf || b->sf_packed || all_scales_pow2(b);
+    plan->gblk = 0;
+    if (!plan->fold_a)
+        plan->gblk = a->gran_k;
+    if (!plan->fold_b)
+        plan->gblk = plan->gblk ? gcd(plan->gblk, b->gran_k) : b->gran_k;
+    return plan->gblk % 2 == 0; /* K blocks must hold whole k pairs */
+}
+
+/* ---- one logical row as BF16 ----------------------------------------------------------- */
+
+/* out[0 .. k1 - k0) = row i of op (group 0), k in [k0, k1), as BF16 bits with the folded
+ * scales applied; zero for k >= K. */
+/* SIMD widening of a K-contiguous FP8 / FP4 row range, one call per scale block. */
+static bool fetch_simd(const dg_operand *op, int64_t i, int fold, int64_t k0, int64_t ke, uint16_t *out,
+                       const dg_engine_cfg *isa) {
+    const dg_tensor *t = op->data;
+    const bool e4m3 = t->dtype == DG_FLOAT8_E4M3;
+    if (!isa || !isa->widen_e4m3 || t->strides[1] != 1 || !(e4m3 || (op->fp4_dim == 1 && k0 % 2 == 0)))
+        return false;
+    const bool scaled = fold && op->sf;
+    if (scaled && op->gran_k % 2)
+        return false;
+    const uint8_t *p = (const uint8_t *)t->data + i * t->strides[0];
+    for (int64_t kb = k0; kb < ke;) {
+        int64_t next = ke;
+        float s = 1.0f;
+        if (scaled) {
+            next = (kb / op->gran_k + 1) * op->gran_k;
+            next = next < ke ? next : ke;
+            s = dg_operand_scale(op, 0, i, kb);
+        }
+        if (e4m3)
+            isa->widen_e4m3(p + kb, next - kb, s, out + kb);
+        else
+            isa->widen_e2m1(p + kb / 2, next - kb, s, out + kb);
+        kb = next;
+    }
+    return true;
+}
+
+void dg_engine_fetch_bf16(const dg_operand *op, int64_t i, int fold, int64_t k0, int64_t k1, uint16_t *out,
+                          const dg_engine_cfg *isa) {
+    pthread_once(&g_tables_once, init_tables);
+    const dg_tensor *t = op->data;
+    const int64_t s0 = t->strides[0], s1 = t->strides[1], ke = k1 < op->k ? k1 : op->k;
+    out -= k0; /* index by kk */
+    if (ke > k0 && fetch_simd(op, i, fold, k0, ke, out, isa)) {
+        for (int64_t kk = ke; kk < k1; ++kk)
+            out[kk] = 0;
+        return;
+    }
+    if (op->fp4_dim == 1 && fold && op->sf && s1 == 1) { /* FP4 along K, scales folded per chunk */
+        const uint8_t *p = (const uint8_t *)t->data + i * s0;
+        for (int64_t kb = k0 - k0 % op->gran_k; kb < ke; kb += op->gran_k) {
+            const float sc = dg_operand_scale(op, 0, i, kb);
+            uint16_t lut[16];
+            for (int c = 0; c < 16; ++c)
+                lut[c] = dg_engine_f32_bf16(dg_engine_bf16_f32(g_e2m1_bf16[c]) * sc);
+            const int64_t lo = kb > k0 ? kb : k0, hi = kb + op->gran_k < ke ? kb + op->gran_k : ke;
+            for (int64_t kk = lo; kk < hi; ++kk)
+                out[kk] = lut[(p[kk >> 1] >> (4 * (kk & 1))) & 15];
+        }
+        for (int64_t kk = ke > k0 ? ke : k0; kk < k1; ++kk)
+            out[kk] = 0;
+        return;
+    }
+    if (t->dtype == DG_BFLOAT16) {
+        const uint16_t *p = (const uint16_t *)t->data + i * s0;
+        if (s1 == 1 && ke > k0)
+            memcpy(out + k0, p + k0, (size_t)(ke - k0) * 2);
+        else
+            for (int64_t kk = k0; kk < ke; ++kk)
+                out[kk] = p[kk * s1];
+    } else if (t->dtype == DG_FLOAT8_E4M3) {
+        const uint8_t *p = (const uint8_t *)t->data + i * s0;
+        for (int64_t kk = k0; kk < ke; ++kk)
+            out[kk] = g_e4m3_bf16[p[kk * s1]];
+    } else if (op->fp4_dim == 1) { /* nibble pairs along K (low nibble first) */
+        const uint8_t *p = (const uint8_t *)t->data + i * s0;
+        int64_t kk = k0;
+        if (kk < ke && (kk & 1))
+            out[kk] = g_e2m1_bf16[p[(kk / 2) * s1] >> 4], ++kk;
+        for (; kk + 1 < ke; kk += 2) {
+            const uint8_t byte = p[(kk / 2) * s1];
+            out[kk] = g_e2m1_bf16[byte & 15];
+            out[kk + 1] = g_e2m1_bf16[byte >> 4];
+        }
+        if (kk < ke)
+            out[kk] = g_e2m1_bf16[p[(kk / 2) * s1] & 15];
+    } else { /* nibble pairs along MN */
+        const uint8_t *p = (const uint8_t *)t->data + (i / 2) * s0;
+        const int sh = 4 * (int)(i & 1);
+        for (int64_t kk = k0; kk < ke; ++kk)
+            out[kk] = g_e2m1_bf16[(p[kk * s1] >> sh) & 15];
+    }
+    for (int64_t kk = ke > k0 ? ke : k0; kk < k1; ++kk)
+        out[kk] = 0;
+    if (!fold || !op->sf)
+        return;
+    for (int64_t kb = k0 - k0 % op->gran_k; kb < ke; kb += op->gran_k) { /* x * 2^e: exact in BF16 */
+        const float s = dg_operand_scale(op, 0, i, kb);
+        const int64_t lo = kb > k0 ? kb : k0, hi = kb + op->gran_k < ke ? kb + op->gran_k : ke;
+        for (int64_t kk = lo; kk < hi; ++kk)
+            out[kk] = dg_engine_f32_bf16(dg_engine_bf16_f32(out[kk]) * s);
+    }
+}
+
+static void fetch_row(const dg_operand *op, int64_t i, int fold, int64_t kp, uint16_t *out,
+                      const dg_engine_cfg *isa) {
+    dg_engine_fetch_bf16(op, i, fold, 0, kp, out, isa);
+}
+
+/* ---- panels ------------------------------------------------------------------------------ */
+
+/* The ISA packer reads the operand directly: BF16, unit stride along K, nothing to fold. */
+static bool direct_bf16(const dg_operand *op, int fold) {
+    return op->data->dtype == DG_BFLOAT16 && op->data->strides[1] == 1 && !(fold && op->sf);
+}
+
+/* Unfolded scales of panel p: S[kb][r]. */
+static void pack_scales(const dg_operand *op, const dg_packed *pk, int64_t p) {
+    for (int rr = 0; rr < pk->r; ++rr) {
+        const int64_t i = p * pk->r + rr;
+        for (int64_t kb = 0; kb < pk->nkb; ++kb)
+            pk->scales[(p * pk->nkb + kb) * pk->r + rr] = i < op->mn ? dg_operand_scale(op, 0, i, kb * pk->gblk) : 1.0f;
+    }
+}
+
+/* Portable scatter of one BF16 row into its panel. */
+static void scatter_row(const dg_packed *pk, int64_t p, int rr, const uint16_t *row) {
+    const int r = pk->r;
+    const int64_t kp = pk->kp;
+    if (pk->fmt == DG_PACK_F32) {
+        float *dst = (float *)pk->data + p * kp * r + rr;
+        for (int64_t kk = 0; kk < kp; ++kk)
+            dst[kk * r] = dg_engine_bf16_f32(row[kk]);
+    } else {
+        uint32_t *dst = (uint32_t *)pk->data + p * (kp / 2) * r + rr;
+        for (int64_t q = 0; q < kp / 2; ++q)
+            dst[q * r] = (uint32_t)row[2 * q] | (uint32_t)row[2 * q + 1] << 16;
+    }
+}
+
+/*
+ * Panel p. With an ISA packer (fn) the rows are either read in place (BF16, K-major) or first
+ * widened into a K-major BF16 staging block `stage` [r][kp] (any dtype/layout, folded scales),
+ * then transposed by fn; without one, each widened row is scattered by portable code.
+ */
+static void pack_panel(const dg_operand *op, int fold, const dg_packed *pk, int64_t p, uint16_t *stage,
+                       dg_pack_bf16_fn fn, dg_pack_bf16_fn fn_mn, const dg_engine_cfg *isa) {
+    const int r = pk->r;
+    const int64_t kp = pk->kp, i0 = p * r, rows = op->mn - i0 < r ? op->mn - i0 : r;
+    const size_t es = pk->fmt == DG_PACK_F32 ? 4 : 2;
+    void *dst = (char *)pk->data + (size_t)(p * kp * r) * es;
+    if (pk->scales)
+        pack_scales(op, pk, p);
+    if (fn && direct_bf16(op, fold)) {
+        const int64_t ld = op->data->strides[0];
+        fn((const uint16_t *)op->data->data + i0 * ld, ld, rows, r, 0, kp, op->k, pk->fmt, dst);
+        return;
+    }
+    if (fn_mn && op->data->dtype == DG_BFLOAT16 && op->data->strides[0] == 1 && !(fold && op->sf)) {
+        fn_mn((const uint16_t *)op->data->data + i0, op->data->strides[1], rows, r, 0, kp, op->k, pk->fmt, dst);
+        return;
+    }
+    for (int rr = 0; rr < r; ++rr) {
+        uint16_t *row = fn ? stage + rr * kp : stage;
+        if (rr < rows)
+            fetch_row(op, i0 + rr, fold, kp, row, isa);
+        else
+            memset(row, 0, (size_t)kp * 2);
+        if (!fn)
+            scatter_row(pk, p, rr, row);
+    }
+    if (fn)
+        fn(stage, kp, r, r, 0, kp, kp, pk->fmt, dst);
+}
+
+dg_status dg_engine_pack(const dg_operand *op, int fold, int gblk, dg_pack_fmt fmt, int r,
+                         const dg_engine_cfg *isa, dg_packed *out) {
+    pthread_once(&g_tables_once, init_tables);
+    memset(out, 0, sizeof *out);
+    out->fmt = fmt, out->r = r, out->mn = op->mn, out->k = op->k;
+    out->kp = op->k + (op->k & 1);
+    out->panels = dg_ceil_div(op->mn, r);
+    const size_t esize = fmt == DG_PACK_F32 ? 4 : 2;
+    out->data = dg_ws_get((size_t)(out->panels * out->kp * r) * esize + 64);
+    if (!fold && op->sf && gblk > 0) {
+        out->gblk = gblk;
+        out->nkb = dg_ceil_div(op->k, gblk);
+        out->scales = dg_malloc((size_t)(out->panels * out->nkb * r) * sizeof(float));
+    }
+    if (!out->data || (out->gblk && !out->scales)) {
+        dg_engine_packed_free(out);
+        return dg_fail(DG_ERR_ALLOC, "out of memory packing a %lld x %lld operand", (long long)op->mn,
+                       (long long)op->k);
+    }
+    const dg_pack_bf16_fn fast = r <= 32 && isa ? isa->pack_bf16 : NULL;
+    const dg_pack_bf16_fn fast_mn = fast ? isa->pack_bf16_mn : NULL;
+    const int64_t stage_rows = fast ? r : 1;
+    bool ok = true;
+#pragma omp parallel num_threads(dg_num_threads()) reduction(&& : ok)
+    {
+        uint16_t *row = dg_malloc((size_t)(stage_rows * out->kp) * 2 + 64);
+        ok = row != NULL;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < out->panels; ++p)
+            if (row)
+                pack_panel(op, fold, out, p, row, fast, fast_mn, isa);
+        dg_free(row);
+    }
+    if (!ok) {
+        dg_engine_packed_free(out);
+        return dg_fail(DG_ERR_ALLOC, "out of memory packing an operand");
+    }
+    return DG_OK;
+}
+
+void dg_engine_packed_free(dg_packed *p) {
+    dg_ws_put(p->data);
+    dg_free(p->scales);
+    p->data = NULL, p->scales = NULL;
+}

@@ -1,0 +1,116 @@
+/*
+ * pack_avx512.c - AVX-512 packing of a K-major BF16 operand (unit stride along K) into the
+ * engine's panels (format: src/engine/engine.h). The panel layout is a transpose of the source
+ * (rows become lanes), done 16 rows x 16 k pairs at a time as a 16 x 16 transpose of 32-bit
+ * words, so each word keeps its (k even, k odd) BF16 pair:
+ *   DG_PACK_BF16: the word is stored as is;
+ *   DG_PACK_F32:  it is split into float32 (even = word << 16, odd = word & 0xffff0000).
+ * Rows past `rows` and k past `k` are zero. Any panel width r <= 32.
+ */
+#include "../../engine/engine.h"
+
+#include <immintrin.h>
+
+/* 16 x 16 transpose of 32-bit words: out[j] lane i = in[i] lane j. */
+static inline void transpose16(const __m512i in[16], __m512i out[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* u[4q + j], 128-bit lane L: column 4L + j of rows 4q .. 4q + 3 */
+    for (int j = 0; j < 4; ++j) {
+        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+        const __m512i v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+        const __m512i w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+        const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+        out[j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        out[8 + j] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
+        out[4 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        out[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
+    }
+}
+
+/*
+ * Rows [0, rows) of src (row i at src + i * ld, BF16, k contiguous), k in [k0, k0 + kc)
+ * (kc even, values at k >= k are zero), into the panel slice dst of width r: element
+ * (i, kk) at (kk - k0) * r + i (F32) or word ((kk - k0) / 2) * r + i (BF16 pairs).
+ */
+void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0,
+                                int64_t kc, int64_t k, dg_pack_fmt fmt, void *dst) {
+    const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+    for (int i0 = 0; i0 < r; i0 += 16) {
+        const int lanes = r - i0 < 16 ? r - i0 : 16;
+        const __mmask16 store_mask = (__mmask16)((1u << lanes) - 1);
+        for (int64_t kk = k0; kk < k0 + kc; kk += 32) {
+            const int64_t valid = k - kk < 0 ? 0 : k - kk > 32 ? 32 : k - kk;
+            const __mmask32 load_mask = (__mmask32)(valid >= 32 ? 0xffffffffu : (1u << valid) - 1);
+            __m512i in[16], out[16];
+            for (int i = 0; i < 16; ++i)
+                in[i] = i0 + i < rows ? _mm512_maskz_loadu_epi16(load_mask, src + (i0 + i) * ld + kk)
+                                      : _mm512_setzero_si512();
+            transpose16(in, out);
+            const int pairs = (int)((k0 + kc - kk) / 2 < 16 ? (k0 + kc - kk) / 2 : 16);
+            for (int p = 0; p < pairs; ++p) {
+                const int64_t q = (kk - k0) / 2 + p; /* pair index inside the slice */
+                if (fmt == DG_PACK_BF16) {
+                    _mm512_mask_storeu_epi32((uint32_t *)dst + q * r + i0, store_mask, out[p]);
+                } else {
+                    float *d = (float *)dst + 2 * q * r + i0;
+                    _mm512_mask_storeu_ps(d, store_mask, _mm512_castsi512_ps(_mm512_slli_epi32(out[p], 16)));
+                    _mm512_mask_storeu_ps(d + r, store_mask,
+                                          _mm512_castsi512_ps(_mm512_and_si512(out[p], hi_mask)));
+                }
+            }
+        }
+    }
+}
+
+/*
+ * The same panels from an MN-major BF16 operand (unit stride along MN, k stride ld): rows
+ * [0, rows) start at src, element (i, kk) at src[i + kk * ld]. The panel order is nearly the
+ * source order, so this is a copy with widening (F32) or with k pairs interleaved (BF16).
+ */
+void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0,
+                                 int64_t kc, int64_t k, dg_pack_fmt fmt, void *dst) {
+    const __mmask32 load_mask = (__mmask32)(rows >= 32 ? 0xffffffffu : (1u << rows) - 1);
+    const __mmask32 store_mask = (__mmask32)(r >= 32 ? 0xffffffffu : (1u << r) - 1);
+    if (fmt == DG_PACK_F32) {
+        for (int64_t kk = k0; kk < k0 + kc; ++kk) {
+            const __m512i x = kk < k ? _mm512_maskz_loadu_epi16(load_mask, src + kk * ld) : _mm512_setzero_si512();
+            const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(x)), 16);
+            const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(x, 1)), 16);
+            float *d = (float *)dst + (kk - k0) * r;
+            _mm512_mask_storeu_ps(d, (__mmask16)store_mask, _mm512_castsi512_ps(lo));
+            if (r > 16)
+                _mm512_mask_storeu_ps(d + 16, (__mmask16)(store_mask >> 16), _mm512_castsi512_ps(hi));
+        }
+        return;
+    }
+    /* word w of out0 = x[w / 2] (w even) or y[w / 2] (w odd); out1 the same from element 16 */
+    __m512i idx0, idx1;
+    {
+        uint16_t i0[32], i1[32];
+        for (int w = 0; w < 32; ++w) {
+            i0[w] = (uint16_t)((w & 1) * 32 + w / 2);
+            i1[w] = (uint16_t)((w & 1) * 32 + 16 + w / 2);
+        }
+        idx0 = _mm512_loadu_si512(i0);
+        idx1 = _mm512_loadu_si512(i1);
+    }
+    for (int64_t kk = k0; kk < k0 + kc; kk += 2) {
+        const __m512i x = kk < k ? _mm512_maskz_loadu_epi16(load_mask, src + kk * ld) : _mm512_setzero_si512();
+        const __m512i y =
+            kk + 1 < k ? _mm512_maskz_loadu_epi16(load_mask, src + (kk + 1) * ld) : _mm512_setzero_si512();
+        uint32_t *d = (uint32_t *)dst + (kk - k0) / 2 * r;
+        _mm512_mask_storeu_epi32(d, (__mmask16)store_mask, _mm512_permutex2var_epi16(x, idx0, y));
+        if (r > 16)
+            _mm512_mask_storeu_epi32(d + 16, (__mmask16)(store_mask >> 16), _mm512_permutex2var_epi16(x, idx1, y));
+    }
+}

@@ -1,0 +1,56 @@
+/*
+ * ukr_bf16_avx512bf16.c - AVX-512 BF16 microkernel, MR = 14, NR = 32, on DG_PACK_BF16 panels
+ * (K pairs interleaved: a 32-bit word holds (k even, k odd) of one row).
+ * Per k pair: one VDPBF16PS per (row, 16 columns): acc += a_odd * b_odd, then += a_even * b_even,
+ * each rounded once (products of BF16 values are exact in float32), i.e. the order stated in
+ * src/engine/engine.h; denormal inputs and results are flushed to zero by the instruction.
+ */
+#include "../../engine/engine.h"
+
+#include <immintrin.h>
+
+#define BF_MR 14
+#define BF_NV 2 /* NR / 16 */
+
+static inline void ukr_body(int64_t kc, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
+                            int mode, const float *sa, const float *sb, const int MR, const int NV) {
+    const int NR = 16 * NV;
+    __m512 acc[BF_MR][BF_NV];
+#pragma GCC unroll 14
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v)
+            acc[r][v] = mode == DG_UKR_ACC ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int64_t p = 0; p < kc / 2; ++p) {
+        const uint32_t *ap = a + p * MR, *bp = b + p * NR;
+        _mm_prefetch((const char *)(ap + 16 * MR), _MM_HINT_T0); /* A streams from L2: 16 pairs ahead */
+        __m512bh bv[BF_NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v)
+            bv[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
+#pragma GCC unroll 14
+        for (int r = 0; r < MR; ++r) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[r]);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; ++v)
+                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+        }
+    }
+#pragma GCC unroll 14
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) {
+            float *cp = c + r * ldc + 16 * v;
+            if (mode == DG_UKR_SCALE) {
+                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(sa[r]), _mm512_loadu_ps(sb + 16 * v));
+                _mm512_storeu_ps(cp, _mm512_fmadd_ps(s, acc[r][v], _mm512_loadu_ps(cp)));
+            } else {
+                _mm512_storeu_ps(cp, acc[r][v]);
+            }
+        }
+}
+
+void dg_ukr_bf16_avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                            const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, BF_MR, BF_NV);
+}

@@ -1,0 +1,269 @@
+/*
+ * hc_prenorm.c - driver of the fast dg_tf32_hc_prenorm_gemm (see hc_prenorm_kernels.h).
+ *
+ * Work: the (row, split) pairs, cut into equal contiguous ranges, one per thread (OpenMP when
+ * the library is built with it, else pthreads; the calling thread takes part): row-major
+ * (blocks of at most HC_MB rows, one split after the other) or, when M fits one block,
+ * split-major (whole splits per thread). For a block it keeps
+ * each row's partial sums in a state array (lanes x (24 columns + square sum) floats per row,
+ * in L2) and walks the split's K range in chunks of DG_HC_KC: it copies B's chunk into the L1
+ * panel once, then for each group of `rows` rows converts their A chunk to float32 and runs the
+ * micro kernel over the panel's column groups. A is read from memory once, B once per block;
+ * software prefetches fetch the next rows of A and the next chunk of B while the FMAs run.
+ * Determinism: a row's sums depend only on the row, its K range and the ISA's lane count, never
+ * on the block or thread that computes it; K is never divided except by the caller's splits.
+ */
+#include "hc_prenorm_kernels.h"
+
+#include "../reference/ref_hc.h"
+
+#include <pthread.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define HC_MB 256 /* rows per block: their state (400 KiB) stays in L2; B is packed once per block */
+#define HC_MIN_FLOPS_PER_THREAD 4e6 /* below this a thread costs more than it saves */
+
+const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa) {
+#define KERNEL(isa, ISA, fin)                                                                            \
+    {#isa, DG_HC_LANES_##ISA, DG_HC_ROWS_##ISA, DG_HC_COLS_##ISA, dg_hc_pack_##isa, dg_hc_convert_##isa, \
+     dg_hc_micro_##isa, fin}
+    static const dg_hc_kernel generic = KERNEL(generic, GENERIC, dg_hc_finish_generic);
+#if DG_HC_HAVE_X86_KERNELS
+    static const dg_hc_kernel avx2 = KERNEL(avx2, AVX2, dg_hc_finish_generic);
+    static const dg_hc_kernel avx512 = KERNEL(avx512, AVX512, dg_hc_finish_avx512);
+    if (isa >= DG_ISA_AVX512)
+        return &avx512;
+    if (isa >= DG_ISA_AVX2)
+        return &avx2;
+#endif
+#undef KERNEL
+    (void)isa;
+    return &generic;
+}
+
+typedef struct hc_job {
+    const dg_hc_kernel *kern;
+    const uint16_t *a;
+    const float *b;
+    float *d, *s;
+    int64_t lda, ldb, ldd, d_split, s_split; /* element strides */
+    int64_t m, n, k;
+    int splits, threads;
+    int64_t state_floats; /* per row, DG_HC_STATE(lanes) */
+    size_t scratch_floats; /* per thread: panel, converted A, then min(M, HC_MB) row states */
+    float *scratch;
+} hc_job;
+
+/* Hints part `part` of `parts` of the next chunk's B rows (what pack will read) into the cache,
+ * so that the panel copy finds them there. */
+static void prefetch_b(const hc_job *j, int64_t ns0, int64_t nsc, int64_t kc, int64_t len, int64_t part,
+                       int64_t parts) {
+    const int64_t lines = dg_ceil_div(len, 16), total = nsc * lines, per = dg_ceil_div(total, parts);
+    const int64_t t1 = (part + 1) * per < total ? (part + 1) * per : total;
+    for (int64_t t = part * per; t < t1; ++t)
+        __builtin_prefetch(j->b + (ns0 + t / lines) * j->ldb + kc + (t % lines) * 16);
+}
+
+/* Rows [r0, r1) of split sp, columns [ns0, ns0 + nsc). */
+static void run_block_columns(const hc_job *j, float *scratch, int sp, int64_t r0, int64_t r1, int64_t ns0,
+                              int64_t nsc) {
+    const dg_hc_kernel *kn = j->kern;
+    float *pk = scratch, *xa = pk + (size_t)DG_HC_NS * DG_HC_KC, *state = xa + (size_t)kn->rows * DG_HC_KC;
+    const int64_t sf = j->state_floats, groups = dg_ceil_div(nsc, kn->cols);
+    int64_t k0, k1;
+    dg_hc_split_range(j->k, j->splits, sp, &k0, &k1);
+    if (k0 == k1) /* a split without blocks: its sums are zero */
+        memset(state, 0, (size_t)((r1 - r0) * sf) * sizeof(float));
+    for (int64_t kc = k0; kc < k1; kc += DG_HC_KC) {
+        const int64_t len = k1 - kc < DG_HC_KC ? k1 - kc : DG_HC_KC;
+        const int first = kc == k0;
+        const int64_t next_kc = kc + DG_HC_KC, next_len = k1 - next_kc < DG_HC_KC ? k1 - next_kc : DG_HC_KC;
+        const int64_t row_groups = dg_ceil_div(r1 - r0, kn->rows);
+        kn->pack(j->b + ns0 * j->ldb + kc, j->ldb, nsc, len, pk);
+        for (int64_t r = r0; r < r1; r += kn->rows) {
+            const int rows = (int)(r1 - r < kn->rows ? r1 - r : kn->rows);
+            float *st = state + (r - r0) * sf;
+            kn->convert(j->a + r * j->lda + kc, j->lda, rows, len, xa, st + DG_HC_NS * kn->lanes, sf, first);
+            if (next_len > 0)
+                prefetch_b(j, ns0, nsc, next_kc, next_len, (r - r0) / kn->rows, row_groups);
+            for (int64_t g = 0; g < groups; ++g) {
+                /* Column group g hints one row of the next row group (wrapping to the block's
+                 * first rows in the next chunk), so A arrives while this group computes. */
+                int64_t pr = r + rows + g, pk_c = kc;
+                if (pr >= r1)
+                    pr = r0 + (pr - r1), pk_c = next_kc;
+                const uint16_t *pf = g < kn->rows && pr < r1 && pk_c < k1 ? j->a + pr * j->lda + pk_c : NULL;
+                kn->micro(xa, rows, dg_align(len, 16), pk + g * kn->cols * DG_HC_KC, st + g * kn->cols * kn->lanes,
+                          sf, first, pf);
+            }
+        }
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+        float out[DG_HC_NS + 1];
+        kn->finish(state + (r - r0) * sf, out);
+        memcpy(j->d + sp * j->d_split + r * j->ldd + ns0, out, (size_t)nsc * sizeof(float));
+        if (ns0 == 0)
+            j->s[sp * j->s_split + r] = out[DG_HC_NS];
+    }
+}
+
+/*
+ * Work items [i0, i1) of the (row, split) pairs, row-major (item = row * S + split): blocks of
+ * up to HC_MB rows, and in each block the splits in order, so consecutive passes over a block
+ * read neighbouring pieces of each row of A (as the chunks of an unsplit call do), which the
+ * hardware prefetchers follow.
+ */
+static void run_items_row_major(const hc_job *j, float *scratch, int64_t i0, int64_t i1) {
+    const int64_t S = j->splits;
+    for (int64_t b0 = i0 / S; b0 * S < i1; b0 += HC_MB) {
+        const int64_t b1 = b0 + HC_MB < j->m ? b0 + HC_MB : j->m;
+        for (int sp = 0; sp < S; ++sp) {
+            /* rows r of the block with r * S + sp in [i0, i1) */
+            int64_t lo = i0 - sp > 0 ? dg_ceil_div(i0 - sp, S) : 0;
+            int64_t hi = i1 - 1 - sp >= 0 ? (i1 - 1 - sp) / S + 1 : 0;
+            lo = lo > b0 ? lo : b0;
+            hi = hi < b1 ? hi : b1;
+            for (int64_t ns0 = 0; lo < hi && ns0 < j->n; ns0 += DG_HC_NS)
+                run_block_columns(j, scratch, sp, lo, hi, ns0, j->n - ns0 < DG_HC_NS ? j->n - ns0 : DG_HC_NS);
+        }
+    }
+}
+
+/*
+ * Work items [i0, i1) of the (split, row) pairs, split-major (item = split * M + row), for M of
+ * at most one block: a thread then takes whole splits, so it reads only its splits' part of B
+ * (which, at M = 13, costs as much as A).
+ */
+static void run_items_split_major(const hc_job *j, float *scratch, int64_t i0, int64_t i1) {
+    while (i0 < i1) {
+        const int sp = (int)(i0 / j->m);
+        const int64_t r0 = i0 % j->m, r1 = r0 + (i1 - i0) < j->m ? r0 + (i1 - i0) : j->m;
+        for (int64_t ns0 = 0; ns0 < j->n; ns0 += DG_HC_NS)
+            run_block_columns(j, scratch, sp, r0, r1, ns0, j->n - ns0 < DG_HC_NS ? j->n - ns0 : DG_HC_NS);
+        i0 += r1 - r0;
+    }
+}
+
+static void run_thread(const hc_job *j, int t, int nt) {
+    const int64_t total = j->splits * j->m;
+    float *scratch = j->scratch + (size_t)t * j->scratch_floats;
+    if (j->m <= HC_MB)
+        run_items_split_major(j, scratch, total * t / nt, total * (t + 1) / nt);
+    else
+        run_items_row_major(j, scratch, total * t / nt, total * (t + 1) / nt);
+}
+
+#ifndef _OPENMP
+typedef struct hc_thread {
+    const hc_job *job;
+    int t;
+} hc_thread;
+
+static void *thread_main(void *arg) {
+    const hc_thread *th = arg;
+    run_thread(th->job, th->t, th->job->threads);
+    return NULL;
+}
+#endif
+
+/* Runs every thread's share; the partition depends on j->threads only. */
+static void run_all(hc_job *j) {
+    if (j->threads == 1) {
+        run_thread(j, 0, 1);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(j->threads)
+    run_thread(j, omp_get_thread_num(), omp_get_num_threads());
+#else
+    enum { MAX_THREADS = 256 };
+    pthread_t tid[MAX_THREADS];
+    hc_thread th[MAX_THREADS];
+    bool started[MAX_THREADS] = {false};
+    for (int t = 1; t < j->threads; ++t) {
+        th[t] = (hc_thread){j, t};
+        started[t] = pthread_create(&tid[t], NULL, thread_main, &th[t]) == 0;
+    }
+    run_thread(j, 0, j->threads);
+    for (int t = 1; t < j->threads; ++t) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else /* could not start: do its share here (same partition, same bits) */
+            run_thread(j, t, j->threads);
+    }
+#endif
+}
+
+/*
+ * Scratch memory. Small calls (M = 13 takes ~30 us) would spend a good part of their time in
+ * mmap and page faults if each allocated its own, so one buffer of at most HC_CACHE_MAX bytes is
+ * kept for the process and lent to one call at a time; a call that finds it lent allocates.
+ */
+#define HC_CACHE_MAX ((size_t)64 << 20)
+static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static float *g_cache;
+static size_t g_cache_bytes;
+
+static float *scratch_get(size_t bytes, bool *lent) {
+    *lent = false;
+    if (bytes <= HC_CACHE_MAX && pthread_mutex_trylock(&g_cache_lock) == 0) {
+        if (g_cache_bytes < bytes) {
+            dg_free(g_cache);
+            g_cache = dg_malloc(bytes);
+            g_cache_bytes = g_cache ? bytes : 0;
+        }
+        if (g_cache) {
+            *lent = true;
+            return g_cache;
+        }
+        pthread_mutex_unlock(&g_cache_lock);
+    }
+    return dg_malloc(bytes);
+}
+
+static void scratch_put(float *p, bool lent) {
+    if (lent)
+        pthread_mutex_unlock(&g_cache_lock);
+    else
+        dg_free(p);
+}
+
+static int choose_threads(int64_t items, double flops) {
+    int t = dg_num_threads();
+    if (t > 256)
+        t = 256;
+    const double by_work = 1.0 + flops / HC_MIN_FLOPS_PER_THREAD;
+    if (t > by_work)
+        t = (int)by_work;
+    if (t > items)
+        t = (int)items;
+    return t < 1 ? 1 : t;
+}
+
+dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                             const dg_tensor *sqr_sum, int num_splits) {
+    hc_job j = {
+        .kern = dg_hc_kernel_for(dg_get_isa()),
+        .a = a->data, .b = b->data, .d = d->data, .s = sqr_sum->data,
+        .lda = a->strides[0], .ldb = b->strides[0], .ldd = d->strides[1], .d_split = d->strides[0],
+        .s_split = sqr_sum->strides[0],
+        .m = a->shape[0], .n = b->shape[0], .k = a->shape[1], .splits = num_splits,
+    };
+    const int64_t lanes = j.kern->lanes;
+    j.state_floats = DG_HC_STATE(lanes);
+    /* a multiple of 16 floats, so every thread's panel is 64-byte aligned like the allocation */
+    const int64_t block_rows = j.m < HC_MB ? j.m : HC_MB; /* a block never spans more than M rows */
+    j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * DG_HC_KC + block_rows * j.state_floats, 16);
+    j.threads = choose_threads(j.splits * j.m, 2.0 * (double)j.m * (double)j.n * (double)j.k);
+    const size_t bytes = (size_t)j.threads * j.scratch_floats * sizeof(float);
+    bool lent;
+    j.scratch = scratch_get(bytes, &lent);
+    if (!j.scratch)
+        return dg_fail(DG_ERR_ALLOC, "cannot allocate %zu bytes of scratch memory", bytes);
+    run_all(&j);
+    scratch_put(j.scratch, lent);
+    return DG_OK;
+}

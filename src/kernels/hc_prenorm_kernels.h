@@ -1,0 +1,116 @@
+/*
+ * hc_prenorm_kernels.h - inner kernels of the fast dg_tf32_hc_prenorm_gemm (SPEC 6).
+ *
+ * The driver (src/kernels/hc_prenorm.c) cuts each output row's K range into chunks of
+ * DG_HC_KC elements. Per chunk it copies the matching rows of B into a zero-padded panel
+ * pk[DG_HC_NS][DG_HC_KC] (float32, in L1), and per group of up to `rows` rows of A it
+ *   1. converts the group's A chunk to float32 once (convert: xa[r][DG_HC_KC], zero-padded,
+ *      also adding the squares into the rows' square sums), then
+ *   2. runs the micro kernel once per group of `cols` panel rows, which keeps rows x cols
+ *      vector sums in registers (A and B loaded once per rows x cols FMAs).
+ * Every output (row, column) and every square sum is held as `lanes` partial sums: lane l
+ * accumulates the k = l (mod lanes) terms of the chunk in increasing k with single float32
+ * FMAs, loaded from / stored to the row's state between chunks. So a row's bits depend only on
+ * the row, its K range and the ISA's lane count - never on thread count or row grouping. The
+ * driver adds the lanes up in a fixed order at the end.
+ *
+ * State of one row: DG_HC_NS column sums then the square sum, `lanes` floats each
+ * (DG_HC_STATE(lanes) floats); consecutive rows of a group are `sf` floats apart.
+ */
+#ifndef DG_KERNELS_HC_PRENORM_KERNELS_H
+#define DG_KERNELS_HC_PRENORM_KERNELS_H
+
+#include "../core/internal.h"
+
+#include <stdint.h>
+
+/* K elements per chunk (multiple of 16). 448 = 7 of DeepGEMM's 64-blocks: 7168 / 16 splits is one
+ * chunk. Panel (42 KiB) and converted A (7 KiB) slightly exceed a 48 KiB L1, yet measured faster
+ * than 384 on Sapphire Rapids (fewer state round trips). */
+#define DG_HC_KC 448
+#define DG_HC_NS 24  /* columns per panel (DeepSeek's N); wider N takes several panels */
+#define DG_HC_STATE(lanes) ((DG_HC_NS + 1) * (lanes))
+
+/*
+ * pk[r * DG_HC_KC + i] = b[r * ldb + i] for r < nsc, i < len; zero for the other i < round_up(len, 16)
+ * and, for nsc <= r < DG_HC_NS, the whole row up to there. 0 < len <= DG_HC_KC.
+ */
+typedef void (*dg_hc_pack_fn)(const float *b, int64_t ldb, int64_t nsc, int64_t len, float *pk);
+/*
+ * xa[r * DG_HC_KC + i] = a[r * lda + i] as float32 for r < rows, i < len, and 0 for
+ * len <= i < round_up(len, 16); sq[r * sf + l] += a^2 over i = l (mod lanes), starting from 0
+ * instead of sq's contents when `first`. 0 < len <= DG_HC_KC.
+ */
+typedef void (*dg_hc_convert_fn)(const uint16_t *a, int64_t lda, int rows, int64_t len, float *xa, float *sq,
+                                 int64_t sf, int first);
+/*
+ * acc[r * sf + c * lanes + l] += sum over i = l (mod lanes), i < len, of
+ * xa[r * DG_HC_KC + i] * pk[c * DG_HC_KC + i], for r < rows (<= the kernel's rows) and
+ * c < the kernel's cols, starting from 0 instead of acc's contents when `first`. len is a
+ * multiple of 16. When pf is not NULL, the kernel also hints pf[0 .. len) (BF16: the next rows
+ * of A) into the cache, spread over its steps.
+ */
+typedef void (*dg_hc_micro_fn)(const float *xa, int rows, int64_t len, const float *pk, float *acc, int64_t sf,
+                               int first, const uint16_t *pf);
+
+/*
+ * out[c] = the sum of the `lanes` partial sums st[c * lanes + l] for c < DG_HC_NS + 1 (the
+ * columns, then the square sum), always added in the same order.
+ */
+typedef void (*dg_hc_finish_fn)(const float *st, float *out);
+
+typedef struct dg_hc_kernel {
+    const char *name;
+    int lanes; /* partial sums per output */
+    int rows;  /* rows of A per micro call (register blocking) */
+    int cols;  /* panel rows per micro call; divides DG_HC_NS */
+    dg_hc_pack_fn pack;
+    dg_hc_convert_fn convert;
+    dg_hc_micro_fn micro;
+    dg_hc_finish_fn finish;
+} dg_hc_kernel;
+
+#define DG_HC_KERNEL_DECL(isa)                                                                          \
+    void dg_hc_pack_##isa(const float *b, int64_t ldb, int64_t nsc, int64_t len, float *pk);             \
+    void dg_hc_convert_##isa(const uint16_t *a, int64_t lda, int rows, int64_t len, float *xa, float *sq, \
+                             int64_t sf, int first);                                                   \
+    void dg_hc_micro_##isa(const float *xa, int rows, int64_t len, const float *pk, float *acc, int64_t sf, \
+                           int first, const uint16_t *pf);
+/* The generic finish serves every 8-lane kernel (generic, AVX2). */
+void dg_hc_finish_generic(const float *st, float *out);
+void dg_hc_finish_avx512(const float *st, float *out);
+
+DG_HC_KERNEL_DECL(generic)
+#define DG_HC_LANES_GENERIC 8
+#define DG_HC_ROWS_GENERIC 4
+#define DG_HC_COLS_GENERIC 24
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define DG_HC_HAVE_X86_KERNELS 1
+DG_HC_KERNEL_DECL(avx2)
+DG_HC_KERNEL_DECL(avx512)
+#else
+#define DG_HC_HAVE_X86_KERNELS 0
+#endif
+#define DG_HC_LANES_AVX2 8
+#define DG_HC_ROWS_AVX2 2 /* 16 ymm registers: 2 x 6 sums, 2 A vectors, 1 B vector */
+#define DG_HC_COLS_AVX2 6
+#define DG_HC_LANES_AVX512 16
+#define DG_HC_ROWS_AVX512 4 /* 32 zmm registers: 4 x 6 sums, 4 A vectors, 1 B vector */
+#define DG_HC_COLS_AVX512 6
+
+/* The kernel dg_hc_prenorm_fast uses for an ISA level (the best this build has at or below it). */
+const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa);
+
+/*
+ * The fast path of dg_tf32_hc_prenorm_gemm, on arguments the entry point has checked:
+ * a BFLOAT16 [M, K] and b FLOAT32 [N, K] with unit stride along K, M, N, K > 0; d FLOAT32
+ * [S, M, N] with unit stride along N and sqr_sum FLOAT32 [S, M] contiguous, S = num_splits >= 1
+ * (3-D / 2-D views of unsplit outputs). Uses dg_get_isa()'s kernel on up to dg_get_num_sms()
+ * threads; the result bits do not depend on the thread count. Returns DG_ERR_ALLOC (having
+ * written nothing) when its scratch memory cannot be allocated.
+ */
+dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                             const dg_tensor *sqr_sum, int num_splits);
+
+#endif /* DG_KERNELS_HC_PRENORM_KERNELS_H */

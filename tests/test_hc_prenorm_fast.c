@@ -1,0 +1,254 @@
+/*
+ * test_hc_prenorm_fast.c - the fast dg_tf32_hc_prenorm_gemm kernels (every ISA path this CPU
+ * runs, forced with dg_set_isa) against the reference backend and against float64 math:
+ *   - each partial sum within a float32 error bound of the reference (which rounds the exact
+ *     sum once): |fast - ref| <= (K_split / 8 + 8) * 2^-23 * sum |a b| + 2^-24 |ref|, the
+ *     bound of float32 sums of at most K_split / lanes + log2(lanes) terms per lane (lanes >= 8);
+ *   - the sum over the splits within DeepGEMM's calc_diff < 1e-8 of float64 math;
+ *   - odd shapes: M = 1, 13, 137, K tails around the 16-element vectors and 384-element chunks,
+ *     N other than 24 (1, 7, 25, 40), strided a and d, splits with empty ranges;
+ *   - the same bits for 1, 2 and 3 threads, and for one split and no split;
+ *   - row padding of d untouched.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct shape {
+    int m, n, k, splits; /* splits <= 0: unsplit */
+    int a_pad, d_pad;    /* extra elements between rows of a / of d */
+} shape;
+
+/* One call's buffers: a BF16 with row stride k + a_pad, b contiguous, d [S,] M, N with row
+ * stride n + d_pad (pad filled with a marker), sqr_sum contiguous. */
+typedef struct bufs {
+    shape c;
+    int s_count;
+    uint16_t *a;
+    float *af, *b, *d, *s;
+    dg_tensor ta, tb, td, ts;
+} bufs;
+
+static void bufs_init(bufs *x, tu_rng *rng, shape c) {
+    memset(x, 0, sizeof *x);
+    x->c = c;
+    x->s_count = c.splits > 0 ? c.splits : 1;
+    const size_t lda = (size_t)c.k + c.a_pad, ldd = (size_t)c.n + c.d_pad;
+    x->a = calloc((size_t)c.m * lda + 1, 2);
+    x->af = malloc((size_t)c.m * c.k * sizeof(float));
+    x->b = malloc((size_t)c.n * c.k * sizeof(float));
+    for (int i = 0; i < c.m; ++i)
+        for (int j = 0; j < c.k; ++j) {
+            const uint16_t h = dg_float_to_bf16((float)tu_normal(rng));
+            x->a[i * lda + j] = h;
+            x->af[(size_t)i * c.k + j] = dg_bf16_to_float(h);
+        }
+    tu_fill_normal(rng, x->b, (size_t)c.n * c.k, 1.0f);
+    x->d = malloc((size_t)x->s_count * c.m * ldd * sizeof(float) + 4);
+    x->s = malloc((size_t)x->s_count * c.m * sizeof(float) + 4);
+    x->ta = dg_tensor_2d(x->a, DG_BFLOAT16, c.m, c.k);
+    x->ta.strides[0] = (int64_t)lda;
+    x->tb = dg_tensor_2d(x->b, DG_FLOAT32, c.n, c.k);
+    if (c.splits > 0) {
+        x->td = dg_tensor_3d(x->d, DG_FLOAT32, c.splits, c.m, c.n);
+        x->td.strides[0] = (int64_t)c.m * (int64_t)ldd;
+        x->ts = dg_tensor_2d(x->s, DG_FLOAT32, c.splits, c.m);
+    } else {
+        x->td = dg_tensor_2d(x->d, DG_FLOAT32, c.m, c.n);
+        x->ts = dg_tensor_1d(x->s, DG_FLOAT32, c.m);
+    }
+    x->td.strides[x->td.ndim - 2] = (int64_t)ldd;
+}
+
+static void bufs_free(bufs *x) { free(x->a), free(x->af), free(x->b), free(x->d), free(x->s); }
+
+static size_t d_elems(const bufs *x) { return (size_t)x->s_count * x->c.m * (x->c.n + x->c.d_pad); }
+static size_t s_elems(const bufs *x) { return (size_t)x->s_count * x->c.m; }
+
+/* Runs the call with d's bytes first set to a marker; the outputs go to d_out / s_out. */
+static dg_status run(bufs *x, float *d_out, float *s_out) {
+    memset(x->d, 0x7F, d_elems(x) * sizeof(float));
+    memset(x->s, 0x7F, s_elems(x) * sizeof(float));
+    const dg_status st = dg_tf32_hc_prenorm_gemm(&x->ta, &x->tb, &x->td, &x->ts, x->c.splits);
+    memcpy(d_out, x->d, d_elems(x) * sizeof(float));
+    memcpy(s_out, x->s, s_elems(x) * sizeof(float));
+    return st;
+}
+
+/* The test's statement of the split rule (64-element blocks, the first blocks % S splits one more). */
+static void split_bounds(int k, int splits, int s, int *k0, int *k1) {
+    const int blocks = (k + 63) / 64;
+    int start = 0;
+    for (int i = 0; i < s; ++i)
+        start += blocks / splits + (i < blocks % splits);
+    const int count = blocks / splits + (s < blocks % splits);
+    *k0 = start * 64 < k ? start * 64 : k;
+    *k1 = (start + count) * 64 < k ? (start + count) * 64 : k;
+}
+
+/* fast (fd, fs) against the reference (rd, rs) with the error bound, and the split sums against
+ * float64 with calc_diff; d's row padding must hold the marker. */
+static void compare(const bufs *x, const float *fd, const float *fs, const float *rd, const float *rs,
+                    const char *isa) {
+    const shape c = x->c;
+    const int ldd = c.n + c.d_pad;
+    float *sum_d = calloc((size_t)c.m * c.n, sizeof(float)), *sum_s = calloc((size_t)c.m, sizeof(float));
+    float *ref_d = malloc((size_t)c.m * c.n * sizeof(float)), *ref_s = malloc((size_t)c.m * sizeof(float));
+    double *d64 = calloc((size_t)c.m * c.n, sizeof(double)), *s64 = calloc((size_t)c.m, sizeof(double));
+    int bad = 0, pad_bad = 0;
+    double worst = 0;
+    for (int sp = 0; sp < x->s_count; ++sp) {
+        int k0, k1;
+        split_bounds(c.k, x->s_count, sp, &k0, &k1);
+        const double scale = ((k1 - k0) / 8.0 + 8.0) * ldexp(1.0, -23);
+        for (int i = 0; i < c.m; ++i) {
+            const float *ar = x->af + (size_t)i * c.k;
+            double sq = 0;
+            for (int j = k0; j < k1; ++j)
+                sq += (double)ar[j] * ar[j];
+            const size_t si = (size_t)sp * c.m + i;
+            /* sum |a^2| = sq: the square sum's bound */
+            bad += fabs((double)fs[si] - rs[si]) > scale * sq + ldexp(fabs(rs[si]), -24);
+            sum_s[i] += fs[si];
+            s64[i] += sq;
+            for (int n = 0; n < c.n; ++n) {
+                const float *br = x->b + (size_t)n * c.k;
+                double acc = 0, mag = 0;
+                for (int j = k0; j < k1; ++j) {
+                    acc += (double)ar[j] * br[j];
+                    mag += fabs((double)ar[j] * br[j]);
+                }
+                const size_t di = (size_t)sp * c.m * ldd + (size_t)i * ldd + n;
+                const double err = fabs((double)fd[di] - rd[di]), lim = scale * mag + ldexp(fabs(rd[di]), -24);
+                bad += !(err <= lim);
+                if (lim > 0 && err / lim > worst)
+                    worst = err / lim;
+                sum_d[(size_t)i * c.n + n] += fd[di];
+                d64[(size_t)i * c.n + n] += acc;
+            }
+            for (int p = 0; p < c.d_pad; ++p) {
+                uint32_t u;
+                memcpy(&u, &fd[(size_t)sp * c.m * ldd + (size_t)i * ldd + c.n + p], 4);
+                pad_bad += u != 0x7F7F7F7Fu;
+            }
+        }
+    }
+    for (size_t i = 0; i < (size_t)c.m * c.n; ++i)
+        ref_d[i] = (float)d64[i];
+    for (int i = 0; i < c.m; ++i)
+        ref_s[i] = (float)s64[i];
+    const double diff_d = tu_calc_diff(sum_d, ref_d, (size_t)c.m * c.n), diff_s = tu_calc_diff(sum_s, ref_s, c.m);
+    TU_CHECK(bad == 0, "%s m=%d n=%d k=%d splits=%d: %d sums outside the float32 bound (worst %.2f of it)", isa, c.m,
+             c.n, c.k, c.splits, bad, worst);
+    TU_CHECK(diff_d < 1e-8 && diff_s < 1e-8, "%s m=%d n=%d k=%d splits=%d: calc_diff d %.3g s %.3g", isa, c.m, c.n,
+             c.k, c.splits, diff_d, diff_s);
+    TU_CHECK(pad_bad == 0, "%s m=%d n=%d k=%d: row padding of d untouched", isa, c.m, c.n, c.k);
+    free(sum_d), free(sum_s), free(ref_d), free(ref_s), free(d64), free(s64);
+}
+
+/* The fast path of the current ISA against the reference on one shape. */
+static void check_shape(tu_rng *rng, shape c, const char *isa) {
+    bufs x;
+    bufs_init(&x, rng, c);
+    float *fd = malloc(d_elems(&x) * sizeof(float)), *fs = malloc(s_elems(&x) * sizeof(float));
+    float *rd = malloc(d_elems(&x) * sizeof(float)), *rs = malloc(s_elems(&x) * sizeof(float));
+    TU_CHECK_OK(run(&x, fd, fs));
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
+    TU_CHECK_OK(run(&x, rd, rs));
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_AUTO));
+    compare(&x, fd, fs, rd, rs, isa);
+    free(fd), free(fs), free(rd), free(rs);
+    bufs_free(&x);
+}
+
+/* The same bits for 1, 2 and 3 threads, and one split equal to no split. M = 301 > 256 rows
+ * (one block) takes the row-major order, with thread boundaries inside a row's splits; M = 100
+ * the split-major order. */
+static void check_determinism(tu_rng *rng, const char *isa) {
+    const int old = dg_get_num_sms();
+    const shape shapes[3] = {{301, 24, 1000, 3, 5, 2}, {301, 24, 1000, 0, 0, 0}, {100, 24, 2000, 5, 0, 1}};
+    for (int t = 0; t < 3; ++t) {
+        bufs x;
+        bufs_init(&x, rng, shapes[t]);
+        float *d1 = malloc(d_elems(&x) * 4), *s1 = malloc(s_elems(&x) * 4);
+        float *dn = malloc(d_elems(&x) * 4), *sn = malloc(s_elems(&x) * 4);
+        TU_CHECK_OK(dg_set_num_sms(1));
+        TU_CHECK_OK(run(&x, d1, s1));
+        for (int threads = 2; threads <= 3; ++threads) {
+            TU_CHECK_OK(dg_set_num_sms(threads));
+            TU_CHECK_OK(run(&x, dn, sn));
+            TU_CHECK(memcmp(d1, dn, d_elems(&x) * 4) == 0 && memcmp(s1, sn, s_elems(&x) * 4) == 0,
+                     "%s splits=%d: %d threads give the bits of 1 thread", isa, shapes[t].splits, threads);
+        }
+        if (t == 1) { /* unsplit (in d1, s1) against one split */
+            bufs y;
+            shape one = shapes[1];
+            one.splits = 1;
+            memcpy(&y, &x, sizeof y);
+            y.c = one;
+            y.td = dg_tensor_3d(x.d, DG_FLOAT32, 1, one.m, one.n);
+            y.ts = dg_tensor_2d(x.s, DG_FLOAT32, 1, one.m);
+            TU_CHECK_OK(run(&y, dn, sn));
+            TU_CHECK(memcmp(d1, dn, d_elems(&x) * 4) == 0 && memcmp(s1, sn, s_elems(&x) * 4) == 0,
+                     "%s: num_splits = 1 gives the unsplit bits", isa);
+        }
+        free(d1), free(s1), free(dn), free(sn);
+        bufs_free(&x);
+    }
+    TU_CHECK_OK(dg_set_num_sms(old));
+}
+
+static void check_isa(tu_rng *rng, dg_isa isa) {
+    const char *name = dg_isa_name(isa);
+    const shape shapes[] = {
+        /* DeepSeek's N = 24 at small M, K tails around 16 and the 384-element chunks */
+        {1, 24, 100, 0, 0, 0},   {1, 24, 100, 5, 3, 1},    {13, 24, 1024, 0, 1, 0},  {13, 24, 1024, 16, 0, 3},
+        {137, 24, 448, 0, 2, 5}, {137, 24, 448, 3, 0, 0},  {65, 24, 130, 4, 1, 1},   {5, 24, 383, 0, 0, 0},
+        {6, 24, 385, 2, 0, 0},   {7, 24, 773, 0, 0, 0},    {3, 24, 7168, 16, 0, 0},  {2, 24, 1, 0, 0, 0},
+        {3, 24, 17, 3, 0, 0},    {130, 24, 64, 1, 0, 2},
+        /* other N: one column, a partial column group, more than one panel */
+        {5, 1, 50, 0, 0, 0},     {9, 7, 200, 2, 1, 1},     {4, 25, 129, 0, 0, 0},    {3, 40, 1000, 16, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i)
+        check_shape(rng, shapes[i], name);
+    check_determinism(rng, name);
+}
+
+/* dg_use_reference() selects the reference: its d is the double sum rounded once. */
+static void check_backend_switch(tu_rng *rng) {
+    bufs x;
+    bufs_init(&x, rng, (shape){3, 24, 900, 0, 0, 0});
+    float *d = malloc(d_elems(&x) * 4), *s = malloc(s_elems(&x) * 4);
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
+    TU_CHECK_OK(run(&x, d, s));
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_AUTO));
+    int exact = 1;
+    for (int i = 0; i < 3; ++i)
+        for (int n = 0; n < 24; ++n) {
+            double acc = 0;
+            for (int j = 0; j < 900; ++j)
+                acc += (double)x.af[i * 900 + j] * x.b[n * 900 + j];
+            exact &= d[i * 24 + n] == (float)acc;
+        }
+    TU_CHECK(exact, "the reference backend rounds the exact sum once");
+    free(d), free(s);
+    bufs_free(&x);
+}
+
+int main(void) {
+    tu_rng rng = {77};
+    const dg_isa best = dg_get_isa();
+    const dg_isa isas[3] = {DG_ISA_GENERIC, DG_ISA_AVX2, DG_ISA_AVX512};
+    for (int i = 0; i < 3; ++i) {
+        if (isas[i] > best || dg_set_isa(isas[i]) != DG_OK) {
+            printf("note: %s not available here, not tested\n", dg_isa_name(isas[i]));
+            continue;
+        }
+        check_isa(&rng, isas[i]);
+    }
+    TU_CHECK_OK(dg_set_isa(best));
+    check_backend_switch(&rng);
+    return tu_finish();
+}
