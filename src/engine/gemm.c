@@ -125,27 +125,30 @@ static dg_status run_tiles(tile_job *j) {
     const int64_t mt = dg_ceil_div(j->m, j->mc), nt = dg_ceil_div(j->n, j->nc);
     const int64_t ldc = j->nc, tiles = mt * nt;
     const int threads = (int)(tiles < dg_num_threads() ? tiles : dg_num_threads());
-    bool ok = true;
-#pragma omp parallel num_threads(threads) reduction(&& : ok)
+    /* Every thread's buffers up front: a failure returns before anything is written. */
+    const int nones = cfg->mr > cfg->nr ? cfg->mr : cfg->nr;
+    const int64_t per_thread = dg_align(cfg->mc * ldc + nones, 16);
+    float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
+    DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for the GEMM tile buffers");
+#pragma omp parallel num_threads(threads)
     {
-        float *buf = dg_malloc((size_t)(cfg->mc * ldc) * sizeof(float));
-        float *ones = dg_malloc((size_t)(cfg->mr > cfg->nr ? cfg->mr : cfg->nr) * sizeof(float));
-        ok = buf && ones;
-        for (int i = 0; ones && i < (cfg->mr > cfg->nr ? cfg->mr : cfg->nr); ++i)
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *buf = mem + tid * per_thread, *ones = buf + cfg->mc * ldc;
+        for (int i = 0; i < nones; ++i)
             ones[i] = 1.0f;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tiles; ++t) {
-            if (!buf || !ones)
-                continue;
             const int64_t ic = t % mt, jc = t / mt, m0 = ic * j->mc, n0 = jc * j->nc;
             const int64_t rows = j->m - m0 < j->mc ? j->m - m0 : j->mc;
             const int64_t cols = j->n - n0 < j->nc ? j->n - n0 : j->nc;
             run_tile(j, m0, rows, n0, cols, buf, ldc, ones);
         }
-        dg_free(buf);
-        dg_free(ones);
     }
-    return ok ? DG_OK : dg_fail(DG_ERR_ALLOC, "out of memory for the GEMM tile buffers");
+    dg_free(mem);
+    return DG_OK;
 }
 
 dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c) {

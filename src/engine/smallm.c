@@ -17,8 +17,12 @@
 
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #define SMALL_M_MAX 64
-#define SMALL_KC 256 /* NR x slice float32 B piece: 32 x 512 x 4 = 64 KiB, L1/L2 */
+#define SMALL_KC 128 /* NR x slice float32 B piece: 32 x 128 x 4 = 16 KiB, stays in L1 */
 
 bool dg_engine_small_applies(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b) {
     return a->mn <= SMALL_M_MAX && cfg->pack_bf16 && cfg->ukr_small[0];
@@ -110,33 +114,36 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     const int nr = cfg->nr;
     const int64_t n = b->mn, blocks = dg_ceil_div(n, nr), mpad = pa.panels * j.mr;
     const int threads = (int)(blocks < dg_num_threads() ? blocks : dg_num_threads());
-    bool ok = true;
-#pragma omp parallel num_threads(threads) reduction(&& : ok)
+    /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, then the
+     * BF16 staging rows; a failure returns before anything is written. */
+    const int64_t per_thread = dg_align(j.slice * nr + mpad * nr + 2 * (nr + 8) + (j.slice * nr + 1) / 2, 16);
+    float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
+    if (!mem) {
+        dg_engine_packed_free(&pa);
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the small-M GEMM buffers");
+    }
+#pragma omp parallel num_threads(threads)
     {
-        float *bbuf = dg_malloc((size_t)(j.slice * nr) * sizeof(float));
-        float *cbuf = dg_malloc((size_t)(mpad * nr) * sizeof(float));
-        float *ones = dg_malloc((size_t)(nr + 8) * sizeof(float)), *sbuf = dg_malloc((size_t)nr * sizeof(float));
-        uint16_t *stage = dg_malloc((size_t)(j.slice * nr) * 2);
-        ok = bbuf && cbuf && ones && sbuf && stage;
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *bbuf = mem + tid * per_thread, *cbuf = bbuf + j.slice * nr, *ones = cbuf + mpad * nr;
+        float *sbuf = ones + nr + 8;
+        uint16_t *stage = (uint16_t *)(sbuf + nr + 8);
         small_job jt = j;
-        for (int s = 0; ones && s < nr + 8; ++s)
+        for (int s = 0; s < nr + 8; ++s)
             ones[s] = 1.0f;
         jt.ones = ones;
 #pragma omp for schedule(dynamic, 4) /* any block order: each block's result is fixed */
         for (int64_t jb = 0; jb < blocks; ++jb) {
-            if (!bbuf || !cbuf || !ones || !sbuf || !stage)
-                continue;
             const int64_t n0 = jb * nr, cols = n - n0 < nr ? n - n0 : nr;
             run_block(&jt, n0, cols, stage, bbuf, cbuf, sbuf);
             for (int64_t i = 0; i < a->mn; ++i)
                 dg_engine_store_row(d, c, i, n0, cols, cbuf + i * nr);
         }
-        dg_free(bbuf);
-        dg_free(cbuf);
-        dg_free(ones);
-        dg_free(sbuf);
-        dg_free(stage);
     }
+    dg_free(mem);
     dg_engine_packed_free(&pa);
-    return ok ? DG_OK : dg_fail(DG_ERR_ALLOC, "out of memory for the small-M GEMM buffers");
+    return DG_OK;
 }
