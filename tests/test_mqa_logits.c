@@ -251,6 +251,111 @@ static void check_accuracy(int fp4, int bf16) {
     free_case(&c);
 }
 
+/* ---- fast kernels against the reference backend ---------------------------------------------- */
+
+/* got vs want over [rows][cols]: -inf exactly where want has it, calc_diff of the rest < tol. */
+static void compare_outputs(const dg_tensor *got, const dg_tensor *want, int64_t rows, int64_t cols, double tol,
+                            const char *tag) {
+    float *g = calloc((size_t)(rows * cols) + 1, sizeof(float)), *w = calloc((size_t)(rows * cols) + 1, sizeof(float));
+    int mask_bad = 0;
+    size_t n = 0;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            const float a = get(got, i, j), b = get(want, i, j);
+            if (isinf(b) || isinf(a)) {
+                mask_bad += !(a == b);
+                continue;
+            }
+            g[n] = a, w[n] = b, ++n;
+        }
+    const double diff = tu_calc_diff(g, w, n);
+    /* Element-wise too (calc_diff hardly sees a few wrong entries): float sums of exact products
+     * are within ~1e-5 of the reference relative to the value and the output's RMS. */
+    double rms = 0;
+    for (size_t i = 0; i < n; ++i)
+        rms += (double)w[i] * w[i];
+    rms = n ? sqrt(rms / (double)n) : 0;
+    const int bf16 = want->dtype == DG_BFLOAT16;
+    int far = 0;
+    for (size_t i = 0; i < n; ++i)
+        far += !(fabs((double)g[i] - w[i]) <= (bf16 ? 1.0 / 128 : 1e-5) * fabs(w[i]) + (bf16 ? 1e-4 : 1e-5) * rms);
+    TU_CHECK(far == 0, "%s: %d entries differ from the reference beyond rounding", tag, far);
+    TU_CHECK(mask_bad == 0, "%s: %d entries masked differently from the reference", tag, mask_bad);
+    TU_CHECK(diff < tol, "%s: calc_diff vs the reference %g (tolerance %g)", tag, diff, tol);
+    free(g), free(w);
+}
+
+/* Causal ranges as in DeepGEMM's prefill test: [0, SK - S + i + 1), clipped to [0, SK]. */
+static void causal_ranges(mqa_case *c) {
+    for (int64_t i = 0; i < c->s; ++i) {
+        int64_t e = c->sk - c->s + i + 1;
+        e = e < 0 ? 0 : e;
+        ((int32_t *)c->tks.data)[i] = 0, ((int32_t *)c->tke.data)[i] = (int32_t)(e > c->sk ? c->sk : e);
+    }
+}
+
+/*
+ * Every ISA the CPU has, 2 and 1 threads and a repeat: against the reference backend (only float
+ * rounding differs: calc_diff < 5e-6, BF16 logits 3e-5), masks equal, and the three runs bitwise
+ * equal. Shapes: heads not a multiple of 16 or 64, head dims 32/64/128, kv longer than one work
+ * item (768 rows), random (empty, edge-touching) and causal ranges, compressed logits.
+ */
+static void test_fast_vs_reference(void) {
+    static const struct { int64_t s, sk, h, d; int fp4, bf16, causal, compressed; dg_dtype out; } cases[] = {
+        {24, 800, 20, 64, 0, 0, 0, 0, DG_FLOAT32},  {9, 130, 70, 128, 0, 1, 1, 0, DG_BFLOAT16},
+        {17, 820, 17, 32, 0, 0, 1, 1, DG_FLOAT32},  {13, 790, 33, 128, 1, 0, 0, 0, DG_FLOAT32},
+        {11, 300, 5, 64, 1, 1, 0, 1, DG_BFLOAT16},  {6, 50, 3, 40, 0, 0, 0, 0, DG_FLOAT32},
+    };
+    const dg_isa saved_isa = dg_get_isa();
+    const int saved_sms = dg_get_num_sms();
+    const dg_backend saved_backend = dg_get_backend();
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        tu_rng rng = {k + 501};
+        mqa_case c;
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fp4, cases[k].bf16);
+        if (cases[k].causal)
+            causal_ranges(&c);
+        else
+            random_ranges(&c, &rng);
+        int max_len = 0;
+        for (int64_t i = 0; i < c.s; ++i) {
+            const int len = ((int32_t *)c.tke.data)[i] - ((int32_t *)c.tks.data)[i];
+            max_len = len > max_len ? len : max_len;
+        }
+        const int max_k = cases[k].compressed ? (max_len > 0 ? max_len : 1) : 0;
+        const int64_t width = max_k > 0 ? max_k : c.sk;
+        dg_tensor ref = tu_alloc2(cases[k].out, c.s, width), out[3];
+        dg_set_backend(DG_BACKEND_REFERENCE);
+        TU_CHECK_OK(run(&c, 1, max_k, &ref));
+        dg_set_backend(DG_BACKEND_AUTO); /* the fast kernels, whatever DG_BACKEND says */
+        for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AVX512_BF16; ++isa) {
+            if (dg_set_isa((dg_isa)isa) != DG_OK)
+                continue;
+            char tag[160];
+            snprintf(tag, sizeof tag, "fast %s: S=%lld SK=%lld H=%lld D=%lld fp4=%d bf16w=%d causal=%d max_k=%d",
+                     dg_isa_name((dg_isa)isa), (long long)c.s, (long long)c.sk, (long long)c.h, (long long)c.d,
+                     c.fp4, c.bf16_weights, cases[k].causal, max_k);
+            for (int r = 0; r < 3; ++r) {
+                out[r] = tu_alloc2(cases[k].out, c.s, width);
+                tu_fill_bytes(&out[r], 0x5a);
+                dg_set_num_sms(r == 1 ? 1 : 2);
+                TU_CHECK_OK(run(&c, 1, max_k, &out[r]));
+            }
+            compare_outputs(&out[0], &ref, c.s, width, cases[k].out == DG_BFLOAT16 ? 3e-5 : 5e-6, tag);
+            const size_t bytes = dg_tensor_nbytes(&ref);
+            TU_CHECK(memcmp(out[0].data, out[1].data, bytes) == 0, "%s: 2 threads == 1 thread bitwise", tag);
+            TU_CHECK(memcmp(out[0].data, out[2].data, bytes) == 0, "%s: repeat bitwise", tag);
+            for (int r = 0; r < 3; ++r)
+                tu_free(&out[r]);
+        }
+        dg_set_isa(saved_isa);
+        dg_set_num_sms(saved_sms);
+        tu_free(&ref);
+        free_case(&c);
+    }
+    dg_set_backend(saved_backend);
+}
+
 static void test_query_strides(void) {
     tu_rng rng = {1};
     mqa_case c;
@@ -413,5 +518,6 @@ int main(void) {
     check_accuracy(1, 1);
     test_query_strides();
     test_bad_inputs();
+    test_fast_vs_reference();
     return tu_finish();
 }

@@ -475,6 +475,110 @@ static void test_bad_inputs(void) {
     free_case(&c), free_case(&v);
 }
 
+/* ---- fast kernels against the reference backend ---------------------------------------------- */
+
+/* schedule_meta for the current dg_get_num_sms() (its row count follows the thread count). */
+static void compute_meta(paged_case *c) {
+    tu_free(&c->tmeta);
+    c->tmeta = tu_alloc2(DG_INT32, dg_get_num_sms() + 1, 2);
+    TU_CHECK_OK(dg_get_paged_mqa_logits_metadata(&c->tctx, (int)c->bk, dg_get_num_sms(),
+                                                 c->has_idx ? &c->tidx : NULL, &c->tmeta));
+}
+
+/* got vs want: -inf exactly where want has it, calc_diff of the rest < tol. */
+static void compare_outputs(const dg_tensor *got, const dg_tensor *want, double tol, const char *tag) {
+    const int64_t rows = want->shape[0], cols = want->shape[1];
+    float *g = calloc((size_t)(rows * cols) + 1, sizeof(float)), *w = calloc((size_t)(rows * cols) + 1, sizeof(float));
+    int mask_bad = 0;
+    size_t n = 0;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            const float a = get(got, i, j), b = get(want, i, j);
+            if (isinf(a) || isinf(b)) {
+                mask_bad += !(a == b);
+                continue;
+            }
+            g[n] = a, w[n] = b, ++n;
+        }
+    const double diff = tu_calc_diff(g, w, n);
+    /* Element-wise too (calc_diff hardly sees a few wrong entries): float sums of exact products
+     * are within ~1e-5 of the reference relative to the value and the output's RMS. */
+    double rms = 0;
+    for (size_t i = 0; i < n; ++i)
+        rms += (double)w[i] * w[i];
+    rms = n ? sqrt(rms / (double)n) : 0;
+    const int bf16 = want->dtype == DG_BFLOAT16;
+    int far = 0;
+    for (size_t i = 0; i < n; ++i)
+        far += !(fabs((double)g[i] - w[i]) <= (bf16 ? 1.0 / 128 : 1e-5) * fabs(w[i]) + (bf16 ? 1e-4 : 1e-5) * rms);
+    TU_CHECK(far == 0, "%s: %d entries differ from the reference beyond rounding", tag, far);
+    TU_CHECK(mask_bad == 0, "%s: %d entries masked differently from the reference", tag, mask_bad);
+    TU_CHECK(diff < tol, "%s: calc_diff vs the reference %g (tolerance %g)", tag, diff, tol);
+    free(g), free(w);
+}
+
+/*
+ * Every ISA the CPU has, 2 and 1 threads and a repeat, against the reference backend: masks
+ * equal, calc_diff < 5e-6 (BF16 logits 3e-5), the three runs bitwise equal. block_kv = 300
+ * makes contexts longer than one work item (768 positions) and not multiples of the panel;
+ * heads not a multiple of 16 or 64; 1-D and 2-D context lengths, next_n 1 and 2, varlen.
+ */
+static void test_fast_vs_reference(void) {
+    static const struct { int64_t b, n, h, d, bk, pad; int fp4, bf16, lens_2d; } cases[] = {
+        {3, 2, 20, 64, 300, 0, 0, 0, 0}, {4, 1, 70, 128, 64, 4, 0, 1, 0}, {3, 2, 17, 32, 300, 0, 0, 0, 1},
+        {3, 1, 33, 128, 300, 0, 1, 0, 0}, {2, 2, 5, 64, 48, 8, 1, 1, 1}, {3, 2, 3, 40, 7, 0, 0, 0, 0},
+    };
+    const dg_isa saved_isa = dg_get_isa();
+    const int saved_sms = dg_get_num_sms();
+    const dg_backend saved_backend = dg_get_backend();
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0] + 1; ++k) {
+        tu_rng rng = {k + 601};
+        paged_case c;
+        const int runs[3] = {2, 1, 3};
+        if (k < sizeof cases / sizeof cases[0])
+            make_case(&c, &rng, cases[k].b, cases[k].n, cases[k].h, cases[k].d, cases[k].bk, cases[k].fp4,
+                      cases[k].bf16, cases[k].lens_2d, NULL, 0, cases[k].pad);
+        else /* varlen */
+            make_case(&c, &rng, 0, 1, 24, 64, 300, 0, 0, 1, runs, 3, 0);
+        dg_tensor ref = {0};
+        ref.dtype = c.bf16 ? DG_BFLOAT16 : DG_FLOAT32;
+        compute_meta(&c);
+        TU_CHECK_OK(run(&c, 1, &ref));
+        ref.data = malloc(dg_tensor_nbytes(&ref) + 1);
+        dg_set_backend(DG_BACKEND_REFERENCE);
+        TU_CHECK_OK(run(&c, 1, &ref));
+        dg_set_backend(DG_BACKEND_AUTO); /* the fast kernels, whatever DG_BACKEND says */
+        const size_t bytes = dg_tensor_nbytes(&ref);
+        for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AVX512_BF16; ++isa) {
+            if (dg_set_isa((dg_isa)isa) != DG_OK)
+                continue;
+            char tag[160];
+            snprintf(tag, sizeof tag, "fast %s: B=%lld N=%lld H=%lld D=%lld bk=%lld fp4=%d bf16=%d 2d=%d idx=%d",
+                     dg_isa_name((dg_isa)isa), (long long)c.b, (long long)c.n, (long long)c.h, (long long)c.d,
+                     (long long)c.bk, c.fp4, c.bf16, c.lens_2d, c.has_idx);
+            dg_tensor out[3];
+            for (int r = 0; r < 3; ++r) {
+                out[r] = ref;
+                out[r].data = malloc(bytes + 1);
+                memset(out[r].data, 0x5a, bytes);
+                dg_set_num_sms(r == 1 ? 1 : 2);
+                compute_meta(&c);
+                TU_CHECK_OK(run(&c, 1, &out[r]));
+            }
+            compare_outputs(&out[0], &ref, c.bf16 ? 3e-5 : 5e-6, tag);
+            TU_CHECK(memcmp(out[0].data, out[1].data, bytes) == 0, "%s: 2 threads == 1 thread bitwise", tag);
+            TU_CHECK(memcmp(out[0].data, out[2].data, bytes) == 0, "%s: repeat bitwise", tag);
+            for (int r = 0; r < 3; ++r)
+                free(out[r].data);
+        }
+        dg_set_isa(saved_isa);
+        dg_set_num_sms(saved_sms);
+        free(ref.data);
+        free_case(&c);
+    }
+    dg_set_backend(saved_backend);
+}
+
 int main(void) {
     static const struct {
         int64_t b, n, h, d, bk, pad;
@@ -511,5 +615,6 @@ int main(void) {
         free_case(&c);
     }
     test_bad_inputs();
+    test_fast_vs_reference();
     return tu_finish();
 }

@@ -4,6 +4,7 @@
  * csrc/apis/attention.hpp; see deepgemm.h for the contract.
  */
 #include "core/internal.h"
+#include "kernels/mqa_kernels.h"
 #include "reference/ref_mqa.h"
 
 /* DeepGEMM allocates logits rows padded to 1024 bytes, with at least 256 (its BLOCK_KV)
@@ -132,7 +133,7 @@ static dg_status mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_
     DG_TRY(check_logits(&p, logits, ks, ke, legacy, &is_query));
     if (is_query)
         return DG_OK;
-    return dg_ref_mqa_logits(&p);
+    return dg_use_reference() ? dg_ref_mqa_logits(&p) : dg_mqa_logits_fast(&p);
 }
 
 dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,

@@ -1,0 +1,86 @@
+/* mqa_avx2.c - AVX2/FMA/F16C MQA logits kernels (see mqa_kernels.h): E4M3 conversion through
+ * FP16 and the FP32 FMA tile of 6 heads x 16 kv rows (12 ymm sums) per pass over d. */
+#include "../mqa_kernels.h"
+
+#include <immintrin.h>
+
+#define NW DG_MQA_NW_AVX2
+#define MH 6
+
+/* 16 E4M3 bytes -> value * 2^-8 (see mqa_avx512.c for the FP16 trick); NaN codes patched. */
+static inline void fp8_16(const uint8_t *src, float *out) {
+    const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)src));
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(s, 7), _mm256_set1_epi16((short)0xbf80));
+    __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    const __m256i e = _mm256_set1_epi16(0x3f80);
+    if (__builtin_expect(!_mm256_testz_si256(_mm256_cmpeq_epi16(_mm256_and_si256(h, e), e), _mm256_set1_epi8(-1)),
+                         0)) {
+        const __m256i nan16 = _mm256_cmpeq_epi16(_mm256_and_si256(h, e), e);
+        const __m256 nlo = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(nan16)));
+        const __m256 nhi = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(nan16, 1)));
+        lo = _mm256_blendv_ps(lo, _mm256_set1_ps(__builtin_nanf("")), nlo);
+        hi = _mm256_blendv_ps(hi, _mm256_set1_ps(__builtin_nanf("")), nhi);
+    }
+    _mm256_storeu_ps(out, lo);
+    _mm256_storeu_ps(out + 8, hi);
+}
+
+void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out) {
+    if (fp4) {
+        dg_mqa_convert_generic(rows, sf, n, d, fp4, out);
+        return;
+    }
+    const int64_t d16 = d & ~(int64_t)15;
+    for (int r = 0; r < n; ++r) {
+        float *o = out + (int64_t)r * d;
+        for (int64_t k = 0; k < d16; k += 16)
+            fp8_16(rows[r] + k, o + k);
+        if (d16 < d) {
+            const uint8_t *tail = rows[r] + d16;
+            dg_mqa_convert_generic(&tail, sf, 1, d - d16, 0, o + d16);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void heads(const float *q, int64_t d, const float *w,
+                                                        const float *panel, int mh, float *sum) {
+    __m256 acc[MH][2];
+    for (int h = 0; h < mh; ++h)
+        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < d; ++k) {
+        const __m256 b0 = _mm256_loadu_ps(panel + k * NW), b1 = _mm256_loadu_ps(panel + k * NW + 8);
+        for (int h = 0; h < mh; ++h) {
+            const __m256 a = _mm256_broadcast_ss(q + h * d + k);
+            acc[h][0] = _mm256_fmadd_ps(a, b0, acc[h][0]);
+            acc[h][1] = _mm256_fmadd_ps(a, b1, acc[h][1]);
+        }
+    }
+    __m256 s0 = _mm256_loadu_ps(sum), s1 = _mm256_loadu_ps(sum + 8);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int h = 0; h < mh; ++h) {
+        const __m256 wv = _mm256_set1_ps(w[h]);
+        s0 = _mm256_fmadd_ps(wv, _mm256_max_ps(acc[h][0], zero), s0);
+        s1 = _mm256_fmadd_ps(wv, _mm256_max_ps(acc[h][1], zero), s1);
+    }
+    _mm256_storeu_ps(sum, s0);
+    _mm256_storeu_ps(sum + 8, s1);
+}
+
+void dg_mqa_tile_avx2(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
+                      const uint8_t *const *pf, int npf) {
+    for (int i = 0; i < npf; ++i)
+        __builtin_prefetch(pf[i]);
+    _mm256_storeu_ps(sum, _mm256_setzero_ps());
+    _mm256_storeu_ps(sum + 8, _mm256_setzero_ps());
+    for (int64_t h0 = 0; h0 < h; h0 += MH) {
+        const float *qh = q + h0 * d, *wh = w + h0;
+        switch (h - h0 < MH ? (int)(h - h0) : MH) {
+        case 1: heads(qh, d, wh, panel, 1, sum); break;
+        case 2: heads(qh, d, wh, panel, 2, sum); break;
+        case 3: heads(qh, d, wh, panel, 3, sum); break;
+        case 4: heads(qh, d, wh, panel, 4, sum); break;
+        case 5: heads(qh, d, wh, panel, 5, sum); break;
+        default: heads(qh, d, wh, panel, 6, sum); break;
+        }
+    }
+}

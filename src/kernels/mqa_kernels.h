@@ -1,0 +1,111 @@
+/*
+ * mqa_kernels.h - inner kernels of the fast MQA logits (SPEC 5), prefill and paged decode.
+ *
+ * The driver (src/kernels/mqa_logits.c) treats the logits as a GEMM of (query x head) rows
+ * against kv rows with the epilogue fused: for one query token and one "panel" of `nw`
+ * consecutive kv rows it calls `tile`, which returns, per kv row c of the panel,
+ *     sum[c] = sum over h (increasing) of w[h] * relu(sum over k (increasing) of q[h][k] * kv[c][k])
+ * in float32 (one FMA per step, per lane). Every lane of the panel runs the same instruction
+ * sequence, so a logit's bits depend only on its inputs, the ISA's kernel and the head tile
+ * size - never on the thread count, the panel a row lands in or its lane.
+ *
+ * Values are exact in float32: E4M3 codes are stored as value * 2^-8 (so a vector kernel may
+ * convert through FP16 without rescaling; the driver multiplies the head sum by 2^16), E2M1
+ * codes as value * their power-of-two UE8M0 scale (exact unless it leaves float32's range).
+ * With VNNI, FP4 x FP4 uses the integer path instead (q4_prep / kv4_pack / tile4): exact int32
+ * dot products per 32-element scale group, scaled exactly and added group by group in float32,
+ * then the same head chain (see avx512_bf16/mqa_fp4_vnni.c).
+ *
+ * Why FP32 FMA and not VDPBF16PS: on the Sapphire Rapids this was tuned on, VDPBF16PS peaks at
+ * about half the FP32 FMA rate (dgbench: ~116 vs ~230 GFLOPS per core), and E4M3 x E4M3
+ * products are exact in float32 either way.
+ *
+ * Layouts (float32): q as prep_q leaves it (default: [h][d] row-major, row stride d; at most
+ * align(h, 16) * d floats); panel as pack leaves it (default: [d][nw], kv row c, element k at
+ * panel[k * nw + c]; AVX-512: the rows themselves, [nw][d]); rows past the valid ones are zero.
+ */
+#ifndef DG_KERNELS_MQA_KERNELS_H
+#define DG_KERNELS_MQA_KERNELS_H
+
+#include "../core/internal.h"
+
+#include <stdint.h>
+
+#define DG_MQA_FP8_SCALE 0x1p-8f /* converted E4M3 = value * 2^-8 */
+
+/* Converts n rows of d values to float32 row-major out[r * d + k]. FP8: rows[r] holds d
+ * E4M3 bytes. FP4: rows[r] holds d/2 bytes of packed E2M1 (element 2i in the low nibble of
+ * byte i), sf[r] the packed UE8M0 word (byte g scales elements [32g, 32g + 32)). */
+typedef void (*dg_mqa_convert_fn)(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4,
+                                  float *out);
+/* Packs n <= nw rows (as convert) into panel [d][nw], zeroing rows n..nw-1. `tmp` holds at
+ * least nw * d floats. */
+typedef void (*dg_mqa_pack_fn)(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4,
+                               float *tmp, float *panel);
+/* Rearranges a token's converted q [h][d] into the tile's layout (NULL: used as is). */
+typedef void (*dg_mqa_prep_q_fn)(const float *q, int64_t h, int64_t d, float *out);
+/* sum[c] for c < nw as described above; h >= 1 heads. While it computes, a tile hints the npf cache lines pf[0..npf) into the cache, spread over
+ * its run (paged decode: the next panel's scattered rows; a burst of prefetches would stall on
+ * the line fill buffers). */
+typedef void (*dg_mqa_tile_fn)(const float *q, int64_t h, int64_t d, const float *w, const float *panel,
+                               float *sum, const uint8_t *const *pf, int npf);
+
+/* FP4 x FP4 on integer dot products (optional): q and kv go from packed E2M1 + UE8M0 words
+ * straight to the kernel's layouts (at most align(h, 16) * d floats, nw * d floats). */
+typedef void (*dg_mqa_q4_prep_fn)(const uint8_t *const *rows, const uint32_t *sf, int64_t h, int64_t d, void *out);
+typedef void (*dg_mqa_kv4_pack_fn)(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, void *panel);
+typedef void (*dg_mqa_tile4_fn)(const void *q, int64_t h, int64_t d, const float *w, const void *panel, float *sum,
+                                const uint8_t *const *pf, int npf);
+
+typedef struct dg_mqa_kernel {
+    const char *name;
+    int nw; /* kv rows per panel */
+    dg_mqa_convert_fn convert;
+    dg_mqa_pack_fn pack; /* NULL: convert, then the default transposing pack */
+    dg_mqa_prep_q_fn prep_q;
+    dg_mqa_tile_fn tile;
+    dg_mqa_q4_prep_fn q4_prep; /* NULL: FP4 goes through float32 like FP8 */
+    dg_mqa_kv4_pack_fn kv4_pack;
+    dg_mqa_tile4_fn tile4;
+} dg_mqa_kernel;
+
+/* The kernel for an ISA level (falls back to lower levels). */
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa);
+
+/* Generic pieces (src/kernels/generic/mqa_generic.c), usable by every ISA. */
+void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out);
+void dg_mqa_pack_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+                         float *panel, int nw);
+void dg_mqa_tile_generic(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
+                         const uint8_t *const *pf, int npf);
+#define DG_MQA_NW_GENERIC 16
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define DG_MQA_HAVE_X86 1
+#define DG_MQA_NW_AVX2 16
+#define DG_MQA_NW_AVX512 48
+void dg_mqa_tile_avx2(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
+                         const uint8_t *const *pf, int npf);
+void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out);
+void dg_mqa_tile_avx512(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
+                         const uint8_t *const *pf, int npf);
+void dg_mqa_convert_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out);
+void dg_mqa_prep_q_avx512(const float *q, int64_t h, int64_t d, float *qt);
+void dg_mqa_pack_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+                        float *panel);
+void dg_mqa_q4_prep_vnni(const uint8_t *const *rows, const uint32_t *sf, int64_t h, int64_t d, void *out);
+void dg_mqa_kv4_pack_vnni(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, void *panel);
+void dg_mqa_tile4_vnni(const void *q, int64_t h, int64_t d, const float *w, const void *panel, float *sum,
+                       const uint8_t *const *pf, int npf);
+#else
+#define DG_MQA_HAVE_X86 0
+#endif
+
+/* Fast entry points (src/kernels/mqa_logits.c); arguments already validated. Fail only with
+ * DG_ERR_ALLOC, before writing anything. */
+struct dg_mqa_problem;
+struct dg_paged_mqa_problem;
+dg_status dg_mqa_logits_fast(const struct dg_mqa_problem *p);
+dg_status dg_paged_mqa_logits_fast(const struct dg_paged_mqa_problem *p);
+
+#endif /* DG_KERNELS_MQA_KERNELS_H */

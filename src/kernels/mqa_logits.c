@@ -1,0 +1,467 @@
+/*
+ * mqa_logits.c - driver of the fast MQA logits (SPEC 5): prefill over a contiguous KV and
+ * paged decode. See mqa_kernels.h for the kernels and the numerics.
+ *
+ * Work items: (query block of MQA_QB tokens, kv chunk) for prefill, (sequence, kv chunk) for
+ * paged decode; a chunk is MQA_CHUNK kv rows cut into panels of the kernel's nw rows. Only
+ * the union of the block's ranges (prefill) or the sequence's visible length (paged) is
+ * visited, and per token only the panels overlapping its own range run the tile (causal
+ * prefill costs about half the rectangle). A panel is packed once per item and used by every
+ * token of the item. Threads (OpenMP) own contiguous runs of items of equal estimated cost and
+ * steal from each other's ends when done (see take()). Each logit is computed by one tile call
+ * whose result does not depend on which thread, item or lane computes it, so the output is
+ * bitwise the same for any thread count and on every call. The schedule_meta argument is
+ * validated by the API but not needed here.
+ */
+#include "mqa_kernels.h"
+
+#include "../reference/ref_mqa.h"
+
+#include <math.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MQA_QB 8      /* prefill tokens per item: their float32 q (8 x 32 KiB at H = 64) stays in L2 */
+#define MQA_CHUNK 768 /* kv rows per item, a multiple of every nw */
+#define MQA_MIN_FLOPS_PER_THREAD 2e6
+#define DG_MQA_MAX_THREADS 256
+
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa) {
+    static const dg_mqa_kernel generic = {"generic", DG_MQA_NW_GENERIC, dg_mqa_convert_generic, NULL, NULL,
+                                          dg_mqa_tile_generic, NULL, NULL, NULL};
+#if DG_MQA_HAVE_X86
+    static const dg_mqa_kernel avx2 = {"avx2", DG_MQA_NW_AVX2, dg_mqa_convert_avx2, NULL, NULL, dg_mqa_tile_avx2,
+                                       NULL, NULL, NULL};
+    static const dg_mqa_kernel avx512 = {"avx512", DG_MQA_NW_AVX512, dg_mqa_convert_avx512, dg_mqa_pack_avx512,
+                                         dg_mqa_prep_q_avx512, dg_mqa_tile_avx512, NULL, NULL, NULL};
+    static const dg_mqa_kernel vnni = {"avx512_vnni", DG_MQA_NW_AVX512, dg_mqa_convert_avx512, dg_mqa_pack_avx512,
+                                       dg_mqa_prep_q_avx512, dg_mqa_tile_avx512, dg_mqa_q4_prep_vnni,
+                                       dg_mqa_kv4_pack_vnni, dg_mqa_tile4_vnni};
+    if (isa >= DG_ISA_AVX512_BF16)
+        return &vnni;
+    if (isa >= DG_ISA_AVX512)
+        return &avx512;
+    if (isa >= DG_ISA_AVX2)
+        return &avx2;
+#endif
+    (void)isa;
+    return &generic;
+}
+
+/* ---- shared pieces -------------------------------------------------------------------------- */
+
+typedef struct mqa_item {
+    int64_t unit;   /* prefill: first token of the block; paged: sequence */
+    int64_t r0, r1; /* kv rows [r0, r1), r0 a multiple of nw */
+    double cum;     /* cost of this and all earlier items (query-row x kv-row pairs, plus packing) */
+} mqa_item;
+
+/* Per-thread scratch (floats unless noted), carved from one allocation. */
+typedef struct mqa_scratch {
+    float *tmp, *panel, *sum, *qf, *qtmp, *w, *kscale;
+    const uint8_t **rows, **pf; /* pf: cache lines for the tile to prefetch (3 per row at most) */
+    uint32_t *sf;
+    int64_t unit; /* whose q is in qf; -1: none */
+} mqa_scratch;
+
+typedef struct mqa_ctx {
+    const dg_mqa_kernel *kern;
+    int64_t h, d, row_bytes, tokens_per_unit, q_floats; /* q_floats: per token, the tile's layout */
+    int fp4;
+    size_t scratch_bytes;
+    char *scratch;
+    mqa_item *items;
+    int64_t nitems;
+    int threads;
+    uint64_t ranges[DG_MQA_MAX_THREADS]; /* per thread: (front << 32) | back, see take() */
+    const void *problem;
+    void (*run)(const struct mqa_ctx *c, mqa_scratch *s, const mqa_item *it);
+} mqa_ctx;
+
+static size_t up64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* Lays out a thread's scratch; returns its size in bytes (base may be NULL to measure). */
+static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
+    const int64_t nw = c->kern->nw, ptrs = nw > c->h ? nw : c->h;
+    size_t off = 0;
+#define TAKE(field, type, count)                                  \
+    do {                                                          \
+        if (base)                                                 \
+            s->field = (type *)(void *)(base + off);              \
+        off += up64((size_t)(count) * sizeof(type));              \
+    } while (0)
+    TAKE(tmp, float, nw * c->d);
+    TAKE(panel, float, nw * c->d);
+    TAKE(sum, float, nw);
+    TAKE(qf, float, c->tokens_per_unit * c->q_floats);
+    TAKE(qtmp, float, c->h * c->d);
+    TAKE(w, float, c->tokens_per_unit * c->h);
+    TAKE(kscale, float, nw);
+    TAKE(rows, const uint8_t *, ptrs);
+    TAKE(pf, const uint8_t *, 3 * nw);
+    TAKE(sf, uint32_t, ptrs);
+#undef TAKE
+    if (base)
+        s->unit = -1;
+    return off;
+}
+
+static void pack(const dg_mqa_kernel *k, const mqa_scratch *s, int n, int64_t d, int fp4) {
+    if (fp4 && k->kv4_pack) {
+        k->kv4_pack(s->rows, s->sf, n, d, s->panel);
+        return;
+    }
+    if (k->pack) {
+        k->pack(s->rows, s->sf, n, d, fp4, s->tmp, s->panel);
+        return;
+    }
+    k->convert(s->rows, s->sf, n, d, fp4, s->tmp);
+    for (int64_t kk = 0; kk < d; ++kk) {
+        float *p = s->panel + kk * k->nw;
+        for (int c = 0; c < n; ++c)
+            p[c] = s->tmp[(int64_t)c * d + kk];
+        for (int c = n; c < k->nw; ++c)
+            p[c] = 0.0f;
+    }
+}
+
+static void tile(const mqa_ctx *c, const mqa_scratch *s, int64_t slot, const uint8_t *const *pf, int npf) {
+    const float *q = s->qf + slot * c->q_floats, *w = s->w + slot * c->h;
+    if (c->fp4 && c->kern->tile4)
+        c->kern->tile4(q, c->h, c->d, w, s->panel, s->sum, pf, npf);
+    else
+        c->kern->tile(q, c->h, c->d, w, s->panel, s->sum, pf, npf);
+}
+
+/* Converts query token `row` (q viewed as [rows, H, D-bytes]) and its weights into slot `slot`. */
+static void load_token(const mqa_ctx *c, mqa_scratch *s, const dg_tensor *q, const dg_tensor *q_sf,
+                       const dg_tensor *weights, int64_t row, int64_t slot) {
+    const uint8_t *base = (const uint8_t *)q->data + row * c->h * c->row_bytes;
+    for (int64_t hh = 0; hh < c->h; ++hh) {
+        s->rows[hh] = base + hh * c->row_bytes;
+        s->sf[hh] = c->fp4 ? ((const uint32_t *)q_sf->data)[row * c->h + hh] : 0u;
+        s->w[slot * c->h + hh] = dg_load_float(weights, dg_ptr2(weights, row, hh));
+    }
+    float *dst = s->qf + slot * c->q_floats;
+    if (c->fp4 && c->kern->q4_prep) {
+        c->kern->q4_prep(s->rows, s->sf, c->h, c->d, dst);
+        return;
+    }
+    if (!c->kern->prep_q) {
+        c->kern->convert(s->rows, s->sf, (int)c->h, c->d, c->fp4, dst);
+        return;
+    }
+    c->kern->convert(s->rows, s->sf, (int)c->h, c->d, c->fp4, s->qtmp);
+    c->kern->prep_q(s->qtmp, c->h, c->d, dst);
+}
+
+/* logits[i][col .. col + n) = -inf. */
+static void fill_neg_inf(const dg_tensor *t, int64_t i, int64_t col, int64_t n) {
+    if (t->dtype == DG_FLOAT32) {
+        float *o = (float *)t->data + i * t->strides[0] + col;
+        for (int64_t k = 0; k < n; ++k)
+            o[k] = -INFINITY;
+    } else {
+        uint16_t *o = (uint16_t *)t->data + i * t->strides[0] + col;
+        for (int64_t k = 0; k < n; ++k)
+            o[k] = 0xff80; /* BF16 -inf */
+    }
+}
+
+/* logits[i][col + k] = sum[k] * post (* scale[k] when scale) for k < n. */
+static void store_run(const dg_tensor *t, int64_t i, int64_t col, const float *sum, const float *scale, float post,
+                      int64_t n) {
+    if (t->dtype == DG_FLOAT32) {
+        float *o = (float *)t->data + i * t->strides[0] + col;
+        if (scale)
+            for (int64_t k = 0; k < n; ++k)
+                o[k] = sum[k] * post * scale[k];
+        else
+            for (int64_t k = 0; k < n; ++k)
+                o[k] = sum[k] * post;
+        return;
+    }
+    uint16_t *o = (uint16_t *)t->data + i * t->strides[0] + col;
+    for (int64_t k = 0; k < n; ++k)
+        o[k] = dg_float_to_bf16(scale ? sum[k] * post * scale[k] : sum[k] * post);
+}
+
+/*
+ * Scheduling: thread t owns the items whose cumulative cost starts in [t * W / T, (t + 1) * W / T)
+ * (a contiguous run, so consecutive items of one unit reuse its converted q) and takes them from
+ * the front; a thread done with its own run steals single items from the back of the others'
+ * (a busy core then slows nobody). Each range is one atomic word, (front << 32) | back. Which
+ * thread computes an item never changes its bits.
+ */
+static int64_t take(uint64_t *range, int back) {
+    uint64_t cur = __atomic_load_n(range, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint64_t front = cur >> 32, end = cur & 0xffffffffu;
+        if (front >= end)
+            return -1;
+        const uint64_t next = back ? (front << 32) | (end - 1) : ((front + 1) << 32) | end;
+        if (__atomic_compare_exchange_n(range, &cur, next, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return (int64_t)(back ? end - 1 : front);
+    }
+}
+
+static void run_thread(mqa_ctx *c, int t) {
+    mqa_scratch s;
+    scratch_layout(c, c->scratch + (size_t)t * c->scratch_bytes, &s);
+    for (int64_t it; (it = take(&c->ranges[t], 0)) >= 0;)
+        c->run(c, &s, &c->items[it]);
+    for (int k = 1; k < c->threads; ++k)
+        for (int64_t it; (it = take(&c->ranges[(t + k) % c->threads], 1)) >= 0;)
+            c->run(c, &s, &c->items[it]);
+}
+
+static void init_ranges(mqa_ctx *c) {
+    const double total = c->items[c->nitems - 1].cum;
+    int64_t it = 0;
+    for (int t = 0; t < c->threads; ++t) {
+        const int64_t first = it;
+        const double hi = total * (t + 1) / c->threads;
+        while (it < c->nitems && (t == c->threads - 1 || (it ? c->items[it - 1].cum : 0.0) < hi))
+            ++it;
+        c->ranges[t] = ((uint64_t)first << 32) | (uint64_t)it;
+    }
+}
+
+static int choose_threads(int64_t items, double flops) {
+    int t = dg_num_threads();
+    t = t > DG_MQA_MAX_THREADS ? DG_MQA_MAX_THREADS : t;
+    const double by_work = 1.0 + flops / MQA_MIN_FLOPS_PER_THREAD;
+    if (t > by_work)
+        t = (int)by_work;
+    if (t > items)
+        t = (int)items;
+    return t < 1 ? 1 : t;
+}
+
+/* Allocates the scratch, runs every item, frees. */
+static dg_status run_all(mqa_ctx *c, double flops) {
+    c->q_floats = dg_align(c->h, 16) * c->d;
+    c->threads = choose_threads(c->nitems, flops);
+    c->scratch_bytes = scratch_layout(c, NULL, NULL);
+    c->scratch = dg_malloc(c->scratch_bytes * (size_t)c->threads);
+    DG_CHECK(c->scratch != NULL, DG_ERR_ALLOC, "no memory for the MQA logits scratch (%d threads)", c->threads);
+    init_ranges(c);
+#ifdef _OPENMP
+    if (c->threads > 1) {
+        /* Fewer threads than asked: the missing ones' items are stolen by the others. */
+#pragma omp parallel num_threads(c->threads)
+        run_thread(c, omp_get_thread_num());
+    } else
+#endif
+        run_thread(c, 0);
+    dg_free(c->scratch);
+    return DG_OK;
+}
+
+/* ---- prefill ------------------------------------------------------------------------------- */
+
+static void run_prefill_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it) {
+    const dg_mqa_problem *p = c->problem;
+    const int64_t i0 = it->unit, i1 = i0 + MQA_QB < p->s ? i0 + MQA_QB : p->s, nw = c->kern->nw;
+    if (s->unit != i0) {
+        for (int64_t i = i0; i < i1; ++i)
+            load_token(c, s, p->q, p->q_sf, p->weights, i, i - i0);
+        s->unit = i0;
+    }
+    const float post = c->fp4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
+    const float *kv_scale = c->fp4 ? NULL : (const float *)p->kv_sf->data;
+    const uint8_t *kv = p->kv->data;
+    for (int64_t j0 = it->r0; j0 < it->r1; j0 += nw) {
+        const int n = (int)(it->r1 - j0 < nw ? it->r1 - j0 : nw);
+        int any = 0;
+        for (int64_t i = i0; i < i1 && !any; ++i)
+            any = p->ks[i] < p->ke[i] && p->ks[i] < j0 + n && p->ke[i] > j0;
+        if (!any)
+            continue;
+        for (int c2 = 0; c2 < n; ++c2) {
+            s->rows[c2] = kv + (j0 + c2) * c->row_bytes;
+            s->sf[c2] = c->fp4 ? ((const uint32_t *)p->kv_sf->data)[j0 + c2] : 0u;
+        }
+        pack(c->kern, s, n, c->d, c->fp4);
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t a = p->ks[i] > j0 ? p->ks[i] : j0, b = p->ke[i] < j0 + n ? p->ke[i] : j0 + n;
+            if (a >= b)
+                continue;
+            tile(c, s, i - i0, NULL, 0);
+            const int64_t shift = p->max_seqlen_k > 0 ? p->ks[i] : 0;
+            store_run(p->logits, i, a - shift, s->sum + (a - j0), kv_scale ? kv_scale + a : NULL, post, b - a);
+        }
+    }
+}
+
+static void clean_prefill(const dg_mqa_problem *p, int threads) {
+    (void)threads; /* without OpenMP */
+    const int64_t width = p->max_seqlen_k > 0 ? p->max_seqlen_k : p->sk;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t i = 0; i < p->s; ++i) {
+        const int64_t ks = p->ks[i], ke = p->ke[i];
+        if (p->max_seqlen_k > 0) {
+            fill_neg_inf(p->logits, i, ke - ks, width - (ke - ks));
+        } else {
+            fill_neg_inf(p->logits, i, 0, ks);
+            fill_neg_inf(p->logits, i, ke, width - ke);
+        }
+    }
+}
+
+dg_status dg_mqa_logits_fast(const dg_mqa_problem *p) {
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa()), .h = p->h, .d = p->d,
+                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = MQA_QB, .fp4 = p->fp4,
+                 .problem = p, .run = run_prefill_item};
+    const int64_t nw = c.kern->nw;
+    double pairs = 0, cum = 0;
+    /* Two passes: count the items, then fill them. */
+    for (int pass = 0; pass < 2; ++pass) {
+        int64_t n = 0;
+        for (int64_t i0 = 0; i0 < p->s; i0 += MQA_QB) {
+            int64_t lo = p->sk, hi = 0;
+            for (int64_t i = i0; i < i0 + MQA_QB && i < p->s; ++i)
+                if (p->ks[i] < p->ke[i]) {
+                    lo = p->ks[i] < lo ? p->ks[i] : lo;
+                    hi = p->ke[i] > hi ? p->ke[i] : hi;
+                    pairs += pass ? 0 : (double)(p->ke[i] - p->ks[i]);
+                }
+            for (int64_t r0 = lo / nw * nw; r0 < hi; r0 += MQA_CHUNK, ++n) {
+                if (!pass)
+                    continue;
+                const int64_t r1 = r0 + MQA_CHUNK < hi ? r0 + MQA_CHUNK : hi;
+                double cost = 0.25 * (double)(r1 - r0); /* packing: about a quarter of one token's tile */
+                for (int64_t i = i0; i < i0 + MQA_QB && i < p->s; ++i) {
+                    const int64_t a = p->ks[i] > r0 ? p->ks[i] : r0, b = p->ke[i] < r1 ? p->ke[i] : r1;
+                    cost += a < b ? (double)(b - a) : 0.0;
+                }
+                cum += cost;
+                c.items[n] = (mqa_item){i0, r0, r1, cum};
+            }
+        }
+        if (!pass) {
+            DG_CHECK(n < ((int64_t)1 << 32), DG_ERR_OVERFLOW, "too many MQA work items (%lld)", (long long)n);
+            c.nitems = n;
+            c.items = dg_malloc((size_t)(n > 0 ? n : 1) * sizeof(mqa_item));
+            DG_CHECK(c.items != NULL, DG_ERR_ALLOC, "no memory for %lld MQA work items", (long long)n);
+        }
+    }
+    const dg_status st = c.nitems > 0 ? run_all(&c, 2.0 * pairs * (double)p->h * (double)p->d) : DG_OK;
+    dg_free(c.items);
+    if (st != DG_OK)
+        return st;
+    if (p->clean_logits)
+        clean_prefill(p, choose_threads(p->s, 1e3 * (double)p->s * (double)p->sk));
+    return DG_OK;
+}
+
+/* ---- paged decode -------------------------------------------------------------------------- */
+
+static int64_t seq_len(const dg_paged_mqa_problem *p, int64_t b) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < p->next_n; ++t) {
+        const int64_t v = dg_paged_visible_len(p, b * p->next_n + t);
+        n = v > n ? v : n;
+    }
+    return n;
+}
+
+static void run_paged_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it) {
+    const dg_paged_mqa_problem *p = c->problem;
+    const int64_t b = it->unit, nn = p->next_n, nw = c->kern->nw, bk = p->block_kv;
+    if (s->unit != b) {
+        for (int64_t t = 0; t < nn; ++t)
+            load_token(c, s, p->q, p->q_sf, p->weights, b * nn + t, t);
+        s->unit = b;
+    }
+    int64_t vis[64];
+    const int64_t nvis = nn < 64 ? nn : 64;
+    for (int64_t t = 0; t < nvis; ++t)
+        vis[t] = dg_paged_visible_len(p, b * nn + t);
+    const float post = c->fp4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
+    const int32_t *table = p->block_table + b * p->block_table_stride;
+    for (int64_t j0 = it->r0; j0 < it->r1; j0 += nw) {
+        const int n = (int)(it->r1 - j0 < nw ? it->r1 - j0 : nw);
+        /* The blocks are scattered: the first tile hints the next panel's rows and scales
+         * (positions walk (block, token) incrementally: no division per row). */
+        int npf = 0;
+        const int64_t pf_end = j0 + 2 * nw < it->r1 ? j0 + 2 * nw : it->r1;
+        for (int64_t pos = j0 + nw, bi = pos / bk, tok = pos % bk; pos < pf_end; ++pos) {
+            const uint8_t *base = p->cache + (int64_t)table[bi] * p->block_stride;
+            const uint8_t *row = base + tok * c->row_bytes;
+            s->pf[npf++] = row;
+            if (((uintptr_t)row & 63) + (uintptr_t)c->row_bytes > 64)
+                s->pf[npf++] = row + c->row_bytes - 1;
+            if (tok % 16 == 0 || pos == j0 + nw)
+                s->pf[npf++] = base + bk * c->row_bytes + tok * 4;
+            if (++tok == bk)
+                tok = 0, ++bi;
+        }
+        for (int64_t c2 = 0, bi = j0 / bk, tok = j0 % bk; c2 < n; ++c2) {
+            const uint8_t *base = p->cache + (int64_t)table[bi] * p->block_stride;
+            const uint8_t *sfp = base + bk * c->row_bytes + tok * 4;
+            s->rows[c2] = base + tok * c->row_bytes;
+            memcpy(&s->sf[c2], sfp, 4);
+            if (!c->fp4)
+                memcpy(&s->kscale[c2], sfp, 4);
+            if (++tok == bk)
+                tok = 0, ++bi;
+        }
+        pack(c->kern, s, n, c->d, c->fp4);
+        for (int64_t t = 0; t < nn; ++t) {
+            const int64_t r = b * nn + t, nr = t < nvis ? vis[t] : dg_paged_visible_len(p, r);
+            const int64_t e = nr < j0 + n ? nr : j0 + n;
+            if (e <= j0)
+                continue;
+            tile(c, s, t, s->pf, npf);
+            npf = 0;
+            store_run(p->logits, r, j0, s->sum, c->fp4 ? NULL : s->kscale, post, e - j0);
+        }
+    }
+}
+
+dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa()), .h = p->h, .d = p->d,
+                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = p->next_n, .fp4 = p->fp4,
+                 .problem = p, .run = run_paged_item};
+    double pairs = 0, cum = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+        int64_t n = 0;
+        for (int64_t b = 0; b < p->batch; ++b) {
+            const int64_t len = seq_len(p, b);
+            pairs += pass ? 0 : (double)len * (double)p->next_n;
+            for (int64_t r0 = 0; r0 < len; r0 += MQA_CHUNK, ++n) {
+                if (!pass)
+                    continue;
+                const int64_t r1 = r0 + MQA_CHUNK < len ? r0 + MQA_CHUNK : len;
+                cum += (double)(r1 - r0) * (0.25 + (double)p->next_n);
+                c.items[n] = (mqa_item){b, r0, r1, cum};
+            }
+        }
+        if (!pass) {
+            DG_CHECK(n < ((int64_t)1 << 32), DG_ERR_OVERFLOW, "too many paged MQA work items (%lld)", (long long)n);
+            c.nitems = n;
+            c.items = dg_malloc((size_t)(n > 0 ? n : 1) * sizeof(mqa_item));
+            DG_CHECK(c.items != NULL, DG_ERR_ALLOC, "no memory for %lld paged MQA work items", (long long)n);
+        }
+    }
+    const dg_status st = c.nitems > 0 ? run_all(&c, 2.0 * pairs * (double)p->h * (double)p->d) : DG_OK;
+    dg_free(c.items);
+    if (st != DG_OK || !p->clean_logits)
+        return st;
+    const int64_t rows = p->batch * p->next_n;
+    const int threads = choose_threads(rows, 1e3 * (double)rows * (double)p->max_context_len);
+    (void)threads; /* without OpenMP */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t n = dg_paged_visible_len(p, r);
+        fill_neg_inf(p->logits, r, n, p->max_context_len - n);
+    }
+    return DG_OK;
+}
