@@ -185,6 +185,9 @@ static void run(tu_rng *rng, const kcfg *cf) {
 }
 
 int main(void) {
+    /* These checks are bit-exact against double accumulation: they pin the reference (oracle)
+     * backend. The engine (float32 accumulation) is checked in test_engine_grouped.c. */
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
     tu_rng rng = {7};
     static const int with_empty[4] = {256, 0, 130, 384};
     static const int tails[3] = {96, 0, 200};    /* K tails inside a gran_k block */

@@ -313,6 +313,9 @@ static void test_aliases(tu_rng *rng) {
 }
 
 int main(void) {
+    /* These checks are bit-exact against double accumulation: they pin the reference (oracle)
+     * backend. The engine (float32 accumulation) is checked in test_engine_grouped.c. */
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
     tu_rng rng = {42};
     test_contiguous(&rng);
     test_masked(&rng);

@@ -1,155 +1,342 @@
 /*
- * dgbench_grouped.c - grouped GEMM cases (SPEC 4), on DeepSeek's (N, K) = (4096, 2048):
+ * dgbench_grouped.c - grouped GEMM cases (SPEC 4) on DeepGEMM's test shapes, each group's real
+ * size drawn from 0.7x..1.3x of the expected size (fixed seed):
  *
- *   bf16_nt_contiguous   index layout, G = 4 groups of {3, 1, 2, 2} rows, each padded to the
- *                        contiguous alignment (padding rows marked -1, not computed)
- *   fp8_nt_contiguous    the same with E4M3 operands, 1x128 / 128x128 float32 scales
- *   bf16_nt_masked       G = 4, max_m = 8, masked_m = {3, 1, 2, 2}
- *   k_bf16_tn            k-grouped weight gradient, G = 2, ks = {128, 256}, M = 512, N = 256
+ *   {bf16,fp8}_contig  index layout, each group padded to the contiguous alignment with -1 rows;
+ *                      (G, M/group) = (4, 8192) and (8, 4096) on (N, K) = (4096, 7168), with
+ *                      M/group scaled by 1/8 so that a run takes about a second
+ *   {bf16,fp8}_masked  (G, expected_m) = (32, 192), (6, 1024) [compute-bound] and (32, 20),
+ *                      (6, 20) [decoding: bound by reading the weights] on (N, K) = (7168, 3072);
+ *                      max_m is trimmed to 1.3x expected (rows past masked_m are never read)
+ *   k_{bf16,fp8}_tn    weight gradients, DeepGEMM's (G, M, N, K/group) = (4, 4096, 7168, 8192)
+ *                      and (8, 7168, 2048, 4096) with K/group scaled by 1/8
+ * FP8: A (activations) 1x128 float32 scales, B (weights) 128x128 float32 scales; k-grouped FP8
+ * per-channel 1x128 scales along K. D is BF16 (k-grouped: float32).
  *
- * Rows per group are tiny while the only backend is the scalar reference; data are random
- * values (E4M3 data with random positive scales: the timing does not depend on how they were
- * quantized). FLOPs count computed rows only; bytes count every operand once.
+ * FLOPs count computed rows only. Bytes: every operand once; for the decoding cases that is
+ * essentially the weights (B and its scales), which rotate through enough copies (> 1 GiB) that
+ * every run reads them from DRAM, so GB/s is the weight bandwidth and %lim its share of the
+ * measured DRAM limit.
+ * diff: the reference backend computes a sample of rows (first and last computed row of the
+ * first and last group) through the public API on sliced views; the engine run copies the same
+ * rows out of D (a negligible part of the timed work).
+ * --quick: N and K divided by 4, M (or K) per group by 8, decoding weights not rotated.
  */
 #include "dgbench.h"
 
 #include <stdio.h>
+#include <string.h>
 
-typedef enum grouped_kind { G_BF16_CONTIG, G_FP8_CONTIG, G_BF16_MASKED, G_K_BF16_TN } grouped_kind;
+typedef enum gkind { G_CONTIG, G_MASKED, G_KGROUPED } gkind;
 
-typedef struct grouped_params {
-    grouped_kind kind;
-    int64_t n, k;
-} grouped_params;
+typedef struct gparams {
+    gkind kind;
+    int fp8, G, expected; /* expected rows (k-grouped: K) per group, before scaling */
+    int64_t m, n, k;      /* k-grouped: M, N of the gradient; else m unused */
+    int scale_div;        /* expected is divided by this (see top) */
+} gparams;
 
-typedef struct grouped_state {
+enum { SAMPLES = 4, COPIES_MAX = 8 };
+
+typedef struct gstate {
     bench_pool pool; /* first: freed by bench_pool_state_free */
-    const grouped_params *p;
-    dg_tensor *a, *sfa, *b, *sfb, *d, *layout;
-    int expected_m, ks[2];
-} grouped_state;
+    const gparams *p;
+    int64_t G, n, k, m, exp, copies, next;
+    dg_tensor *a, *sfa, *b, *sfb, *d, *layout, *sample;
+    dg_tensor *acol[2], *sfacol[2];   /* k-grouped: sampled columns of A as [sum_k, 1] */
+    int32_t sizes[256];               /* rows (k-grouped: K) per group */
+    int ks[256];
+    int64_t rows[SAMPLES], groups[SAMPLES]; /* m-grouped: sampled D rows (masked: within group) */
+    int nsample;
+    dg_gemm_options o;
+} gstate;
 
-enum { NUM_GROUPS = 4, MAX_M = 8 };
-static const int ROWS[NUM_GROUPS] = {3, 1, 2, 2};
+static uint64_t g_seed;
+static double rnd(void) { /* splitmix64 -> [0, 1) */
+    uint64_t z = (g_seed += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
+}
 
-static double nbytes(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
+static double nb(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
 
-/* m-grouped: A rows group after group, each group padded to the alignment. */
-static int setup_m_grouped(grouped_state *st, int64_t n, int64_t k, int quick, bench_work *w) {
-    const grouped_params *p = st->p;
-    const int masked = p->kind == G_BF16_MASKED, fp8 = p->kind == G_FP8_CONTIG;
+/* B [copies * G, N, K] (+ 128x128 scales), copy 0 random, the others identical. */
+static void setup_b(gstate *s) {
+    const int64_t G = s->G * s->copies;
+    s->b = bench_pool_new(&s->pool, s->p->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, 3, (int64_t[]){G, s->n, s->k});
+    if (s->p->fp8)
+        s->sfb = bench_pool_new(&s->pool, DG_FLOAT32, 3, (int64_t[]){G, (s->n + 127) / 128, (s->k + 127) / 128});
+    if (s->pool.failed)
+        return;
+    dg_tensor b0 = *s->b, sf0 = s->sfb ? *s->sfb : b0;
+    b0.shape[0] = sf0.shape[0] = s->G;
+    bench_fill(&b0, 12, 1.0f);
+    if (s->sfb)
+        bench_fill_uniform(&sf0, 14, 0.5f, 2.0f);
+    for (int64_t c = 1; c < s->copies; ++c) {
+        memcpy((char *)s->b->data + c * (size_t)nb(&b0), b0.data, (size_t)nb(&b0));
+        if (s->sfb)
+            memcpy((char *)s->sfb->data + c * (size_t)nb(&sf0), sf0.data, (size_t)nb(&sf0));
+    }
+}
+
+/* The copy of B (and sfb) the next run uses. */
+static void b_copy(gstate *s, dg_tensor *b, dg_tensor *sfb) {
+    const int64_t c = s->next;
+    s->next = (s->next + 1) % s->copies;
+    *b = *s->b;
+    b->shape[0] = s->G;
+    b->data = (char *)b->data + c * s->G * b->strides[0] * (int64_t)dg_dtype_size(b->dtype);
+    if (s->sfb) {
+        *sfb = *s->sfb;
+        sfb->shape[0] = s->G;
+        sfb->data = (char *)sfb->data + c * s->G * sfb->strides[0] * 4;
+    }
+}
+
+static int setup_m(gstate *s, bench_work *w) {
+    const gparams *p = s->p;
+    const int masked = p->kind == G_MASKED;
     const int64_t align = dg_get_mk_alignment_for_contiguous_layout();
-    const int64_t m_total = masked ? NUM_GROUPS * MAX_M : NUM_GROUPS * align;
-    const dg_dtype in = fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
-    st->a = masked ? bench_pool_new(&st->pool, in, 3, (int64_t[]){NUM_GROUPS, MAX_M, k})
-                   : bench_pool_new(&st->pool, in, 2, (int64_t[]){m_total, k});
-    st->b = bench_pool_new(&st->pool, in, 3, (int64_t[]){NUM_GROUPS, n, k});
-    st->d = masked ? bench_pool_new(&st->pool, DG_BFLOAT16, 3, (int64_t[]){NUM_GROUPS, MAX_M, n})
-                   : bench_pool_new(&st->pool, DG_BFLOAT16, 2, (int64_t[]){m_total, n});
-    st->layout = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){masked ? NUM_GROUPS : m_total});
-    if (fp8) {
-        st->sfa = bench_pool_new(&st->pool, DG_FLOAT32, 2, (int64_t[]){m_total, (k + 127) / 128});
-        st->sfb = bench_pool_new(&st->pool, DG_FLOAT32, 3,
-                                 (int64_t[]){NUM_GROUPS, (n + 127) / 128, (k + 127) / 128});
+    int64_t total = 0, rows = 0, max_m = (s->exp * 13 + 9) / 10;
+    for (int g = 0; g < s->G; ++g) {
+        s->sizes[g] = (int32_t)(s->exp * (0.7 + 0.6 * rnd()));
+        rows += s->sizes[g];
+        total += (s->sizes[g] + align - 1) / align * align;
     }
-    if (st->pool.failed)
+    const dg_dtype in = p->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+    const int64_t mrows = masked ? s->G * max_m : total;
+    s->a = masked ? bench_pool_new(&s->pool, in, 3, (int64_t[]){s->G, max_m, s->k})
+                  : bench_pool_new(&s->pool, in, 2, (int64_t[]){total, s->k});
+    if (p->fp8)
+        s->sfa = masked ? bench_pool_new(&s->pool, DG_FLOAT32, 3, (int64_t[]){s->G, max_m, (s->k + 127) / 128})
+                        : bench_pool_new(&s->pool, DG_FLOAT32, 2, (int64_t[]){total, (s->k + 127) / 128});
+    s->d = masked ? bench_pool_new(&s->pool, DG_BFLOAT16, 3, (int64_t[]){s->G, max_m, s->n})
+                  : bench_pool_new(&s->pool, DG_BFLOAT16, 2, (int64_t[]){total, s->n});
+    s->layout = bench_pool_new(&s->pool, DG_INT32, 1, (int64_t[]){masked ? s->G : total});
+    s->sample = bench_pool_new(&s->pool, DG_BFLOAT16, 2, (int64_t[]){SAMPLES, s->n});
+    setup_b(s);
+    if (s->pool.failed)
         return -1;
-    bench_fill(st->a, 11, 1.0f);
-    bench_fill(st->b, 12, 1.0f);
-    if (fp8) {
-        bench_fill_uniform(st->sfa, 13, 0.5f, 2.0f);
-        bench_fill_uniform(st->sfb, 14, 0.5f, 2.0f);
-    }
-    int32_t *lay = st->layout->data;
-    int64_t rows = 0;
-    for (int g = 0; g < NUM_GROUPS; ++g) {
-        const int r = quick ? 1 : ROWS[g];
-        rows += r;
+    bench_fill(s->a, 11, 1.0f);
+    if (p->fp8)
+        bench_fill_uniform(s->sfa, 13, 0.5f, 2.0f);
+    int32_t *lay = s->layout->data;
+    for (int64_t g = 0, r0 = 0; g < s->G; ++g) {
         if (masked)
-            lay[g] = r;
+            lay[g] = s->sizes[g];
         else
-            for (int64_t i = 0; i < align; ++i)
-                lay[g * align + i] = i < r ? g : -1;
+            for (int64_t i = 0; i < (s->sizes[g] + align - 1) / align * align; ++i)
+                lay[r0 + i] = i < s->sizes[g] ? (int32_t)g : -1;
+        /* samples: first and last row of the first and the last group */
+        if ((g == 0 || g == s->G - 1) && s->sizes[g] > 0 && s->nsample + 2 <= SAMPLES) {
+            s->groups[s->nsample] = g, s->rows[s->nsample++] = masked ? 0 : r0;
+            s->groups[s->nsample] = g, s->rows[s->nsample++] = (masked ? 0 : r0) + s->sizes[g] - 1;
+        }
+        r0 += (s->sizes[g] + align - 1) / align * align;
     }
-    st->expected_m = (int)(rows / NUM_GROUPS) + 1;
-    w->flops = 2.0 * (double)rows * (double)n * (double)k;
-    w->bytes = (double)rows * (double)(k * dg_dtype_size(in) + 2 * n) + nbytes(st->b) +
-               nbytes(st->sfa) + nbytes(st->sfb);
-    snprintf(w->shape, sizeof w->shape, "g=%d m=%lld n=%lld k=%lld", NUM_GROUPS, (long long)rows,
-             (long long)n, (long long)k);
+    w->flops = 2.0 * (double)rows * (double)s->n * (double)s->k;
+    w->bytes = nb(s->a) * rows / mrows + nb(s->sfa) * rows / mrows + (nb(s->b) + nb(s->sfb)) / s->copies +
+               (double)rows * s->n * 2;
+    snprintf(w->shape, sizeof w->shape, "g=%lld m=%lldx%lld n=%lld k=%lld", (long long)s->G, (long long)s->G,
+             (long long)s->exp, (long long)s->n, (long long)s->k);
     return 0;
 }
 
-/* k-grouped: a [sum_k, M], b [sum_k, N], d [G, M, N] float32. */
-static int setup_k_grouped(grouped_state *st, int64_t m, int64_t n, int quick, bench_work *w) {
-    st->ks[0] = 128, st->ks[1] = quick ? 128 : 256;
-    const int64_t sum_k = st->ks[0] + st->ks[1];
-    st->a = bench_pool_new(&st->pool, DG_BFLOAT16, 2, (int64_t[]){sum_k, m});
-    st->b = bench_pool_new(&st->pool, DG_BFLOAT16, 2, (int64_t[]){sum_k, n});
-    st->d = bench_pool_new(&st->pool, DG_FLOAT32, 3, (int64_t[]){2, m, n});
-    st->layout = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){2});
-    if (st->pool.failed)
+static int setup_k(gstate *s, bench_work *w) {
+    const int fp8 = s->p->fp8;
+    const int64_t align = dg_get_mk_alignment_for_contiguous_layout();
+    int64_t sum_k = 0, sf_rows = 0;
+    for (int g = 0; g < s->G; ++g) {
+        s->ks[g] = (int)(((int64_t)(s->exp * (0.7 + 0.6 * rnd())) + align - 1) / align * align);
+        sum_k += s->ks[g];
+        sf_rows += (s->ks[g] + 127) / 128;
+    }
+    const dg_dtype in = fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+    s->a = bench_pool_new(&s->pool, in, 2, (int64_t[]){sum_k, s->m});
+    s->b = bench_pool_new(&s->pool, in, 2, (int64_t[]){sum_k, s->n});
+    s->d = bench_pool_new(&s->pool, DG_FLOAT32, 3, (int64_t[]){s->G, s->m, s->n});
+    s->layout = bench_pool_new(&s->pool, DG_INT32, 1, (int64_t[]){s->G});
+    s->sample = bench_pool_new(&s->pool, DG_FLOAT32, 3, (int64_t[]){2 * s->G, 1, s->n});
+    if (fp8) {
+        s->sfa = bench_pool_new(&s->pool, DG_FLOAT32, 2, (int64_t[]){sf_rows, s->m});
+        s->sfb = bench_pool_new(&s->pool, DG_FLOAT32, 2, (int64_t[]){sf_rows, s->n});
+    }
+    for (int i = 0; i < 2; ++i) {
+        s->acol[i] = bench_pool_new(&s->pool, in, 2, (int64_t[]){sum_k, 1});
+        if (fp8)
+            s->sfacol[i] = bench_pool_new(&s->pool, DG_FLOAT32, 2, (int64_t[]){sf_rows, 1});
+    }
+    if (s->pool.failed)
         return -1;
-    bench_fill(st->a, 21, 1.0f);
-    bench_fill(st->b, 22, 1.0f);
-    ((int32_t *)st->layout->data)[0] = st->ks[0];
-    ((int32_t *)st->layout->data)[1] = st->ks[1];
-    w->flops = 2.0 * (double)sum_k * (double)m * (double)n;
-    w->bytes = nbytes(st->a) + nbytes(st->b) + nbytes(st->d);
-    snprintf(w->shape, sizeof w->shape, "g=2 m=%lld n=%lld k=%lld", (long long)m, (long long)n,
-             (long long)sum_k);
+    bench_fill(s->a, 21, 1.0f);
+    bench_fill(s->b, 22, 1.0f);
+    if (fp8) {
+        bench_fill_uniform(s->sfa, 23, 0.5f, 2.0f);
+        bench_fill_uniform(s->sfb, 24, 0.5f, 2.0f);
+    }
+    const size_t es = dg_dtype_size(in);
+    for (int i = 0; i < 2; ++i) { /* sampled gradient rows: 0 and M - 1 */
+        const int64_t col = i ? s->m - 1 : 0;
+        for (int64_t r = 0; r < sum_k; ++r)
+            memcpy((char *)s->acol[i]->data + r * es, (char *)s->a->data + (r * s->m + col) * es, es);
+        for (int64_t r = 0; fp8 && r < sf_rows; ++r)
+            ((float *)s->sfacol[i]->data)[r] = ((float *)s->sfa->data)[r * s->m + col];
+    }
+    for (int g = 0; g < s->G; ++g)
+        ((int32_t *)s->layout->data)[g] = s->ks[g];
+    w->flops = 2.0 * (double)sum_k * (double)s->m * (double)s->n;
+    w->bytes = nb(s->a) + nb(s->b) + nb(s->sfa) + nb(s->sfb) + nb(s->d);
+    snprintf(w->shape, sizeof w->shape, "g=%lld m=%lld n=%lld k=%lldx%lld", (long long)s->G, (long long)s->m,
+             (long long)s->n, (long long)s->G, (long long)s->exp);
     return 0;
 }
 
 static int grouped_setup(const bench_case *c, int quick, bench_work *w) {
-    const grouped_params *p = c->params;
-    grouped_state *st = bench_alloc(sizeof *st);
-    if (!st)
+    const gparams *p = c->params;
+    gstate *s = bench_alloc(sizeof *s);
+    if (!s)
         return -1;
-    st->p = p;
-    const int64_t n = quick ? p->n / 4 : p->n, k = quick ? p->k / 4 : p->k;
-    const int rc = p->kind == G_K_BF16_TN ? setup_k_grouped(st, n, k, quick, w)
-                                          : setup_m_grouped(st, n, k, quick, w);
+    g_seed = 1234;
+    s->p = p;
+    s->G = p->G, s->m = p->m;
+    s->n = quick ? p->n / 4 : p->n, s->k = quick ? p->k / 4 : p->k;
+    s->exp = p->expected / p->scale_div / (quick ? 8 : 1);
+    if (s->exp < 1)
+        s->exp = 1;
+    s->o = dg_gemm_options_default();
+    s->copies = 1;
+    if (p->kind == G_MASKED && p->expected <= 64 && !quick) { /* decoding: weights from DRAM */
+        const double bytes = (double)s->G * s->n * s->k * (p->fp8 ? 1 : 2);
+        s->copies = (int64_t)(1.1 * 1024 * 1024 * 1024 / bytes) + 1;
+        s->copies = s->copies > COPIES_MAX ? COPIES_MAX : s->copies;
+    }
+    const int rc = p->kind == G_KGROUPED ? setup_k(s, w) : setup_m(s, w);
     if (rc != 0) {
-        bench_pool_state_free(st);
+        bench_pool_state_free(s);
         return -1;
     }
-    w->state = st;
-    w->out = *st->d;
+    w->state = s;
+    w->out = *s->sample;
     return 0;
 }
 
-static dg_status grouped_run(void *s) {
-    grouped_state *st = s;
-    switch (st->p->kind) {
-    case G_BF16_CONTIG:
-        return dg_m_grouped_bf16_gemm_nt_contiguous(st->a, st->b, st->d, st->layout, NULL);
-    case G_FP8_CONTIG:
-        return dg_m_grouped_fp8_gemm_nt_contiguous(st->a, st->sfa, st->b, st->sfb, st->d, st->layout,
-                                                   NULL);
-    case G_BF16_MASKED:
-        return dg_m_grouped_bf16_gemm_nt_masked(st->a, st->b, st->d, st->layout, st->expected_m, NULL);
-    case G_K_BF16_TN:
-        return dg_k_grouped_bf16_gemm_tn_contiguous(st->a, st->b, st->d, st->ks, 2, st->layout, NULL,
-                                                    NULL);
-    }
-    return DG_ERR_INTERNAL;
+/* ---- runs --------------------------------------------------------------------------------- */
+
+static dg_status m_call(gstate *s, const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                        const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *layout) {
+    if (s->p->kind == G_MASKED)
+        return s->p->fp8 ? dg_m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, d, layout, (int)s->exp, &s->o)
+                         : dg_m_grouped_bf16_gemm_nt_masked(a, b, d, layout, (int)s->exp, &s->o);
+    return s->p->fp8 ? dg_m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, d, layout, &s->o)
+                     : dg_m_grouped_bf16_gemm_nt_contiguous(a, b, d, layout, &s->o);
 }
 
-/* For k-grouped, n and k of the params are M and N of the weight gradient. */
-static const grouped_params P[] = {
-    {G_BF16_CONTIG, 4096, 2048},
-    {G_FP8_CONTIG, 4096, 2048},
-    {G_BF16_MASKED, 4096, 2048},
-    {G_K_BF16_TN, 512, 256},
+/* t restricted to index `i` (length `len`) along dimension `dim`. */
+static dg_tensor slice(const dg_tensor *t, int dim, int64_t i, int64_t len) {
+    dg_tensor v = *t;
+    v.data = (char *)t->data + i * t->strides[dim] * (int64_t)dg_dtype_size(t->dtype);
+    v.shape[dim] = len;
+    return v;
+}
+
+/* Reference backend: each sampled row alone, as a one-row problem. */
+static dg_status m_reference(gstate *s, const dg_tensor *b, const dg_tensor *sfb) {
+    const int masked = s->p->kind == G_MASKED;
+    int32_t one = 1;
+    for (int i = 0; i < s->nsample; ++i) {
+        const int64_t g = s->groups[i], r = s->rows[i];
+        dg_tensor a = *s->a, sfa = s->sfa ? *s->sfa : a, lay, d = slice(s->sample, 0, i, 1);
+        dg_tensor bb = *b, sb = s->sfb ? *sfb : bb;
+        if (masked) {
+            a = slice(&a, 0, g, 1), a = slice(&a, 1, r, 1);
+            sfa = slice(&sfa, 0, g, 1), sfa = slice(&sfa, 1, r, 1);
+            bb = slice(&bb, 0, g, 1), sb = slice(&sb, 0, g, 1);
+            lay = dg_tensor_make(&one, DG_INT32, 1, (int64_t[]){1});
+            d = dg_tensor_make(d.data, DG_BFLOAT16, 3, (int64_t[]){1, 1, s->n});
+        } else {
+            a = slice(&a, 0, r, 1), sfa = slice(&sfa, 0, r, 1), lay = slice(s->layout, 0, r, 1);
+        }
+        const dg_status st = m_call(s, &a, s->sfa ? &sfa : NULL, &bb, s->sfb ? &sb : NULL, &d, &lay);
+        if (st != DG_OK)
+            return st;
+    }
+    return DG_OK;
+}
+
+static dg_status m_run(gstate *s) {
+    dg_tensor b, sfb;
+    b_copy(s, &b, &sfb);
+    if (dg_get_backend() == DG_BACKEND_REFERENCE)
+        return m_reference(s, &b, &sfb);
+    const dg_status st = m_call(s, s->a, s->sfa, &b, s->sfb ? &sfb : NULL, s->d, s->layout);
+    for (int i = 0; i < s->nsample && st == DG_OK; ++i) {
+        const char *row = s->p->kind == G_MASKED ? (char *)s->d->data + (s->groups[i] * s->d->shape[1] + s->rows[i]) * s->n * 2
+                                                 : (char *)s->d->data + s->rows[i] * s->n * 2;
+        memcpy((char *)s->sample->data + i * s->n * 2, row, (size_t)s->n * 2);
+    }
+    return st;
+}
+
+static dg_status k_call(gstate *s, const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *d) {
+    return s->p->fp8 ? dg_k_grouped_fp8_gemm_tn_contiguous(a, sfa, s->b, s->sfb, d, s->ks, (int)s->G, s->layout,
+                                                           NULL, &s->o)
+                     : dg_k_grouped_bf16_gemm_tn_contiguous(a, s->b, d, s->ks, (int)s->G, s->layout, NULL, &s->o);
+}
+
+static dg_status k_run(gstate *s) {
+    if (dg_get_backend() == DG_BACKEND_REFERENCE) { /* gradient rows 0 and M - 1 only */
+        for (int i = 0; i < 2; ++i) {
+            dg_tensor d = slice(s->sample, 0, i * s->G, s->G);
+            const dg_status st = k_call(s, s->acol[i], s->sfacol[i], &d);
+            if (st != DG_OK)
+                return st;
+        }
+        return DG_OK;
+    }
+    const dg_status st = k_call(s, s->a, s->sfa, s->d);
+    for (int64_t i = 0; i < 2 && st == DG_OK; ++i)
+        for (int64_t g = 0; g < s->G; ++g)
+            memcpy((float *)s->sample->data + (i * s->G + g) * s->n,
+                   (float *)s->d->data + (g * s->m + (i ? s->m - 1 : 0)) * s->n, (size_t)s->n * 4);
+    return st;
+}
+
+static dg_status grouped_run(void *state) {
+    gstate *s = state;
+    return s->p->kind == G_KGROUPED ? k_run(s) : m_run(s);
+}
+
+static const gparams P[] = {
+    {G_CONTIG, 0, 4, 8192, 0, 4096, 7168, 8},  {G_CONTIG, 0, 8, 4096, 0, 4096, 7168, 8},
+    {G_CONTIG, 1, 4, 8192, 0, 4096, 7168, 8},  {G_CONTIG, 1, 8, 4096, 0, 4096, 7168, 8},
+    {G_MASKED, 0, 32, 192, 0, 7168, 3072, 1},  {G_MASKED, 0, 6, 1024, 0, 7168, 3072, 1},
+    {G_MASKED, 0, 32, 20, 0, 7168, 3072, 1},   {G_MASKED, 0, 6, 20, 0, 7168, 3072, 1},
+    {G_MASKED, 1, 32, 192, 0, 7168, 3072, 1},  {G_MASKED, 1, 6, 1024, 0, 7168, 3072, 1},
+    {G_MASKED, 1, 32, 20, 0, 7168, 3072, 1},   {G_MASKED, 1, 6, 20, 0, 7168, 3072, 1},
+    {G_KGROUPED, 0, 4, 8192, 4096, 7168, 0, 8}, {G_KGROUPED, 0, 8, 4096, 7168, 2048, 0, 8},
+    {G_KGROUPED, 1, 4, 8192, 4096, 7168, 0, 8}, {G_KGROUPED, 1, 8, 4096, 7168, 2048, 0, 8},
 };
 
-#define CASE(name, i) {name, BENCH_LIMIT_BF16, &P[i], grouped_setup, grouped_run, bench_pool_state_free}
+#define CASE(name, lim, i) {name, lim, &P[i], grouped_setup, grouped_run, bench_pool_state_free}
 static const bench_case CASES[] = {
-    CASE("grouped/bf16_nt_contiguous/n4096_k2048", 0),
-    CASE("grouped/fp8_nt_contiguous/n4096_k2048", 1),
-    CASE("grouped/bf16_nt_masked/n4096_k2048", 2),
-    CASE("grouped/k_bf16_tn/m512_n256", 3),
+    CASE("grouped/bf16_contig/g4_m8192div8_n4096_k7168", BENCH_LIMIT_BF16, 0),
+    CASE("grouped/bf16_contig/g8_m4096div8_n4096_k7168", BENCH_LIMIT_BF16, 1),
+    CASE("grouped/fp8_contig/g4_m8192div8_n4096_k7168", BENCH_LIMIT_BF16, 2),
+    CASE("grouped/fp8_contig/g8_m4096div8_n4096_k7168", BENCH_LIMIT_BF16, 3),
+    CASE("grouped/bf16_masked/g32_m192_n7168_k3072", BENCH_LIMIT_BF16, 4),
+    CASE("grouped/bf16_masked/g6_m1024_n7168_k3072", BENCH_LIMIT_BF16, 5),
+    CASE("grouped/bf16_masked/g32_m20_n7168_k3072", BENCH_LIMIT_DRAM, 6),
+    CASE("grouped/bf16_masked/g6_m20_n7168_k3072", BENCH_LIMIT_DRAM, 7),
+    CASE("grouped/fp8_masked/g32_m192_n7168_k3072", BENCH_LIMIT_BF16, 8),
+    CASE("grouped/fp8_masked/g6_m1024_n7168_k3072", BENCH_LIMIT_BF16, 9),
+    CASE("grouped/fp8_masked/g32_m20_n7168_k3072", BENCH_LIMIT_DRAM, 10),
+    CASE("grouped/fp8_masked/g6_m20_n7168_k3072", BENCH_LIMIT_DRAM, 11),
+    CASE("grouped/k_bf16_tn/g4_m4096_n7168_k8192div8", BENCH_LIMIT_BF16, 12),
+    CASE("grouped/k_bf16_tn/g8_m7168_n2048_k4096div8", BENCH_LIMIT_BF16, 13),
+    CASE("grouped/k_fp8_tn/g4_m4096_n7168_k8192div8", BENCH_LIMIT_BF16, 14),
+    CASE("grouped/k_fp8_tn/g8_m7168_n2048_k4096div8", BENCH_LIMIT_BF16, 15),
 };
 #undef CASE
 

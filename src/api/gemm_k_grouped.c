@@ -3,7 +3,8 @@
  * D[g] = C[g] + A_g^T B_g with the K axis split into groups. Argument checks follow DeepGEMM's
  * csrc/apis/gemm.hpp (check_k_grouped_args) and csrc/apis/layout.hpp
  * (transform_k_grouped_sf_into_required_layout); everything, including ks and grouped_layout,
- * is checked before D is written. The reference in src/reference/ref_grouped.c does the math.
+ * is checked before D is written. Then the engine (src/engine/grouped.c) runs, or the reference
+ * (src/reference/ref_grouped.c) when dg_use_reference() or the engine declines the operands.
  *
  * grouped_layout: int32 [G]. Without use_psum_layout it repeats ks (group g owns the ks[g] rows
  * after the previous groups'); with use_psum_layout (`_tn` only) it holds each group's end row
@@ -11,6 +12,7 @@
  */
 #include "core/internal.h"
 #include "core/operand.h"
+#include "engine/grouped.h"
 #include "reference/ref_grouped.h"
 
 typedef enum k_kind { K_FP8_TN, K_FP8_NT, K_BF16_TN } k_kind;
@@ -235,8 +237,14 @@ static dg_status k_grouped(const dg_tensor *a, const dg_tensor *sfa, const dg_te
         if (p.k_len[g] > 0)
             s = dg_k_group_operands(&prob, g, views, &ga, &gb);
     }
-    if (s == DG_OK && p.m > 0 && p.n > 0)
-        dg_ref_k_grouped(&prob);
+    if (s == DG_OK && p.m > 0 && p.n > 0) {
+        if (!dg_use_reference()) /* the engine, unless it declines (then nothing was written) */
+            s = dg_engine_k_grouped(&prob);
+        if (dg_use_reference() || s == DG_ERR_UNSUPPORTED) {
+            s = DG_OK;
+            dg_ref_k_grouped(&prob);
+        }
+    }
     dg_free(p.k_start);
     dg_free(p.k_len);
     dg_free(p.sf_start);

@@ -2,10 +2,12 @@
  * gemm_m_grouped.c - m-grouped GEMMs for mixture-of-experts (SPEC 4): contiguous (index or psum
  * grouped_layout) and masked forms, BF16 and FP8/FP4. Argument checks follow DeepGEMM's
  * csrc/apis/gemm.hpp; every check, including the contents of grouped_layout and masked_m, runs
- * before anything is written. The reference in src/reference/ref_grouped.c does the math.
+ * before anything is written. Then the engine (src/engine/grouped.c) runs, or the reference
+ * (src/reference/ref_grouped.c) when dg_use_reference() or the engine declines the operands.
  */
 #include "core/internal.h"
 #include "core/operand.h"
+#include "engine/grouped.h"
 #include "reference/ref_grouped.h"
 
 static const dg_dtype kBf16Types[1] = {DG_BFLOAT16};
@@ -129,7 +131,13 @@ static dg_status m_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg
         DG_TRY(check_index_layout(layout, A.mn, B.groups));
     if (A.mn == 0)
         return DG_OK;
-    dg_ref_m_grouped_contiguous(&A, &B, d, layout, psum, alignment, o->ensure_zero_padding != 0);
+    const int zero_padding = o->ensure_zero_padding != 0;
+    if (!dg_use_reference()) { /* the engine, unless it declines (then nothing was written) */
+        const dg_status st = dg_engine_m_grouped_contiguous(&A, &B, d, layout, psum, alignment, zero_padding);
+        if (st != DG_ERR_UNSUPPORTED)
+            return st;
+    }
+    dg_ref_m_grouped_contiguous(&A, &B, d, layout, psum, alignment, zero_padding);
     return DG_OK;
 }
 
@@ -182,6 +190,11 @@ static dg_status m_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_ten
     for (int64_t g = 0; g < A.groups; ++g)
         DG_CHECK(mm[g] >= 0 && mm[g] <= A.mn, DG_ERR_VALUE, "masked_m[%lld] = %d is outside [0, max_m = %lld]",
                  (long long)g, (int)mm[g], (long long)A.mn);
+    if (!dg_use_reference()) {
+        const dg_status st = dg_engine_m_grouped_masked(&A, &B, d, mm);
+        if (st != DG_ERR_UNSUPPORTED)
+            return st;
+    }
     dg_ref_m_grouped_masked(&A, &B, d, mm);
     return DG_OK;
 }
