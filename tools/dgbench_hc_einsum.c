@@ -7,21 +7,20 @@
  *                          The reference is too slow for M = 4096, so the diff column compares
  *                          a sample of at most 64 evenly spaced rows (the reference run gets
  *                          views of just those rows of a and d).
- *   einsum/bmk_bnk_mn      a [S, M, K], b [S, N, K] BF16 -> d [M, N] FLOAT32
- *   einsum/fp8_bhr_hdr_bhd a E4M3 [B, H, R] per-token scales, b E4M3 [H, D, R] per-block
- *                          scales -> d [B, H, D] BF16 (default recipe (1, 128, 128))
+ *   einsum/...             the einsum forms on DeepGEMM's test shapes: dgbench_einsum.inc
  *
  * The compared output is d. FLOPs count 2 per multiply-add of the product only.
  */
 #include "dgbench.h"
 
 #include <stdio.h>
+#include <string.h>
 
-typedef enum hc_kind { HC_PRENORM, EINSUM_BMK, EINSUM_FP8_BHR } hc_kind;
+typedef enum hc_kind { HC_PRENORM } hc_kind;
 
 typedef struct hc_params {
     hc_kind kind;
-    int64_t d0, d1, d2, d3; /* prenorm: M, N, K, splits; bmk: S, M, N, K; fp8: B, H, R, D */
+    int64_t d0, d1, d2, d3; /* prenorm: M, N, K, splits */
 } hc_params;
 
 typedef struct hc_state {
@@ -67,24 +66,6 @@ static int hc_setup(const bench_case *c, int quick, bench_work *w) {
         flops = 2.0 * (double)m * (double)n * (double)k;
         snprintf(w->shape, sizeof w->shape, "m=%lld n=%lld k=%lld splits=%lld", (long long)m,
                  (long long)n, (long long)k, (long long)sp);
-    } else if (p->kind == EINSUM_BMK) {
-        const int64_t s = p->d0, m = p->d1 / q, n = p->d2, k = p->d3;
-        st->a = bench_pool_new(pool, DG_BFLOAT16, 3, (int64_t[]){s, m, k});
-        st->b = bench_pool_new(pool, DG_BFLOAT16, 3, (int64_t[]){s, n, k});
-        st->d = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){m, n});
-        flops = 2.0 * (double)s * (double)m * (double)n * (double)k;
-        snprintf(w->shape, sizeof w->shape, "s=%lld m=%lld n=%lld k=%lld", (long long)s,
-                 (long long)m, (long long)n, (long long)k);
-    } else {
-        const int64_t bt = p->d0 / q, h = p->d1, r = p->d2, dd = p->d3;
-        st->a = bench_pool_new(pool, DG_FLOAT8_E4M3, 3, (int64_t[]){bt, h, r});
-        st->sfa = bench_pool_new(pool, DG_FLOAT32, 3, (int64_t[]){bt, h, (r + 127) / 128});
-        st->b = bench_pool_new(pool, DG_FLOAT8_E4M3, 3, (int64_t[]){h, dd, r});
-        st->sfb = bench_pool_new(pool, DG_FLOAT32, 3, (int64_t[]){h, (dd + 127) / 128, (r + 127) / 128});
-        st->d = bench_pool_new(pool, DG_BFLOAT16, 3, (int64_t[]){bt, h, dd});
-        flops = 2.0 * (double)bt * (double)h * (double)dd * (double)r;
-        snprintf(w->shape, sizeof w->shape, "b=%lld h=%lld r=%lld d=%lld", (long long)bt,
-                 (long long)h, (long long)r, (long long)dd);
     }
     if (pool->failed) {
         bench_pool_state_free(st);
@@ -110,17 +91,14 @@ static dg_status hc_run(void *s) {
         if (dg_get_backend() == DG_BACKEND_REFERENCE) /* the sampled rows only */
             return dg_tf32_hc_prenorm_gemm(&st->a_smp, st->b, &st->d_smp, st->s_smp, (int)st->p->d3);
         return dg_tf32_hc_prenorm_gemm(st->a, st->b, st->d, st->s, (int)st->p->d3);
-    case EINSUM_BMK:
-        return dg_einsum("bmk,bnk->mn", st->a, st->b, st->d, NULL);
-    case EINSUM_FP8_BHR:
-        return dg_fp8_einsum("bhr,hdr->bhd", st->a, st->sfa, st->b, st->sfb, st->d, NULL, NULL);
     }
     return DG_ERR_INTERNAL;
 }
 
+#include "dgbench_einsum.inc" /* the einsum cases (EINSUM_CASES) */
+
 static const hc_params P[] = {
-    {EINSUM_BMK, 4, 64, 256, 1024},
-    {EINSUM_FP8_BHR, 16, 16, 512, 512},
+    {HC_PRENORM, 0, 0, 0, 0}, {HC_PRENORM, 0, 0, 0, 0}, /* unused (were the einsum cases) */
     {HC_PRENORM, 13, 24, 7168, 0},    {HC_PRENORM, 13, 24, 7168, 16},
     {HC_PRENORM, 13, 24, 28672, 0},   {HC_PRENORM, 13, 24, 28672, 16},
     {HC_PRENORM, 4096, 24, 7168, 0},  {HC_PRENORM, 4096, 24, 7168, 16},
@@ -137,8 +115,7 @@ static const bench_case CASES[] = {
     CASE("hc/tf32_prenorm/m4096_k7168_split16", 7, BENCH_LIMIT_FP32),
     CASE("hc/tf32_prenorm/m4096_k28672", 8, BENCH_LIMIT_FP32),
     CASE("hc/tf32_prenorm/m4096_k28672_split16", 9, BENCH_LIMIT_FP32),
-    CASE("einsum/bmk_bnk_mn/s4_n256_k1024", 0, BENCH_LIMIT_BF16),
-    CASE("einsum/fp8_bhr_hdr_bhd/h16_r512_d512", 1, BENCH_LIMIT_BF16),
+    EINSUM_CASES
 };
 #undef CASE
 

@@ -1,11 +1,27 @@
-/* einsum.c - dg_einsum and dg_fp8_einsum: argument checks, then the references (SPEC 7).
+/* einsum.c - dg_einsum and dg_fp8_einsum: argument checks, then the engine or the
+ * references (SPEC 7).
  *
  * Every expression except "bmk,bnk->mn" is a batched GEMM D[g] = C[g] + A[g] @ B[g]^T on
  * permuted views of the arguments, exactly as DeepGEMM rewrites them; the permutations are
  * tabled below so that shapes, messages and the reference all use the same description.
+ *
+ * Backends (after all checks; dg_use_reference() selects the references):
+ *   - BF16 forms run on dg_engine_bgemm (src/engine/batched.h), one call for all groups:
+ *     'bhr,hdr->bhd' / 'bhd,hdr->bhr' are G = H independent GEMMs on strided views (B may be
+ *     MN-major or a slice of a wider tensor); threads take whole (head, tile) units, so many
+ *     small per-head GEMMs keep both cores busy. 'bmk,bnk->mn' is one GEMM whose K runs over
+ *     (b, k): the operands are not one strided [M, b*k] view (b's stride is M*K, not K), so it
+ *     is S = b segments of one float32 chain per element, in increasing b then k - exactly
+ *     the order a single GEMM over K' = b*k would use (each segment padded to even k with
+ *     zeros), rounded once: D = round(C + chain). No per-b rounding.
+ *   - fp8_einsum also runs on dg_engine_bgemm, with 2-D operands per group (E4M3 widened to
+ *     BF16 while packing; power-of-two scales folded, others applied per K block exactly as
+ *     dg_engine_gemm does); when the engine declines the scales, the reference runs.
+ * Every path is deterministic: bits depend on neither the thread count nor the call.
  */
 #include "../core/internal.h"
 #include "../core/operand.h"
+#include "../engine/batched.h"
 #include "../reference/ref_einsum.h"
 
 #include <string.h>
@@ -102,6 +118,41 @@ static dg_status check_heads_form(const einsum_form *f, const dg_tensor *a, cons
     return DG_OK;
 }
 
+/* ---- engine dispatch ----------------------------------------------------------------------- */
+
+/* A BF16 [G, MN, K] view as the batched engine's operand (one segment per group). */
+static dg_bview bview_groups(const dg_tensor *v) {
+    return (dg_bview){(const uint16_t *)v->data, v->strides[0], 0, v->strides[1], v->strides[2]};
+}
+
+/* Group 0 of a [G, M, N] view as a 2-D tensor. */
+static dg_tensor slice2(const dg_tensor *v, int64_t g) {
+    dg_tensor t = *v;
+    t.data = (char *)v->data + (size_t)(g * v->strides[0]) * dg_dtype_size(v->dtype);
+    t.ndim = 2;
+    t.shape[0] = v->shape[1], t.shape[1] = v->shape[2];
+    t.strides[0] = v->strides[1], t.strides[1] = v->strides[2];
+    return t;
+}
+
+/* "bmk,bnk->mn": one group, S segments (a, b contiguous [S, M/N, K]; d [M, N]). */
+static dg_status engine_bmk_bnk_mn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                   const dg_tensor *c) {
+    const dg_bgemm p = {1, a->shape[0], a->shape[1], b->shape[1], a->shape[2],
+                        {(const uint16_t *)a->data, 0, a->strides[0], a->strides[1], a->strides[2]},
+                        {(const uint16_t *)b->data, 0, b->strides[0], b->strides[1], b->strides[2]},
+                        d, c, 0, 0, NULL};
+    return dg_engine_bgemm(&p);
+}
+
+/* The head forms on permuted views: va [H, M, K], vb [H, N, K], vd [H, M, N]. */
+static dg_status engine_heads(const dg_tensor *va, const dg_tensor *vb, const dg_tensor *vd) {
+    const dg_tensor d0 = slice2(vd, 0);
+    const dg_bgemm p = {va->shape[0], 1, va->shape[1], vb->shape[1], va->shape[2],
+                        bview_groups(va), bview_groups(vb), &d0, NULL, vd->strides[0], 0, NULL};
+    return dg_engine_bgemm(&p);
+}
+
 dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
                     const dg_tensor *c) {
     dg_api_begin("dg_einsum");
@@ -125,6 +176,8 @@ dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, co
     DG_TRY(dg_check_no_overlap(d, "d", b, "b", false));
 
     if (sum_batch) {
+        if (!dg_use_reference())
+            return engine_bmk_bnk_mn(a, b, d, c);
         dg_ref_einsum_bmk_bnk_mn(a, b, d, c);
         return DG_OK;
     }
@@ -133,6 +186,8 @@ dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, co
     dg_operand oa, ob;
     DG_TRY(dg_operand_init(&oa, "a", &va, 1, &bf16, 1));
     DG_TRY(dg_operand_init(&ob, "b", &vb, 1, &bf16, 1));
+    if (!dg_use_reference())
+        return engine_heads(&va, &vb, &vd);
     dg_ref_bmm(&oa, &ob, &vd, NULL);
     return DG_OK;
 }
@@ -184,6 +239,45 @@ static dg_status check_fp8_output(const einsum_form *f, const dg_tensor *d, cons
     return dg_check_no_overlap(d, "d", c, "c", true);
 }
 
+/* All groups in one dg_engine_bgemm call on 2-D views of each group (data, scales), with
+ * the reference when the engine declines (before anything is written). The operands of every
+ * group have the same shapes, so the caller's checks hold for all groups. */
+static dg_status engine_fp8(const dg_tensor *va, const dg_tensor *vsfa, const dg_tensor *vb, const dg_tensor *vsfb,
+                            const int r[3], const dg_tensor *vd, const dg_tensor *vc, const dg_operand *ga,
+                            const dg_operand *gb) {
+    const int64_t groups = va->shape[0];
+    if (groups == 0 || va->shape[1] == 0 || vb->shape[1] == 0)
+        return DG_OK;
+    const dg_dtype e4m3 = DG_FLOAT8_E4M3;
+    dg_tensor *views = dg_malloc((size_t)groups * 4 * sizeof *views);
+    dg_operand *ops = dg_malloc((size_t)groups * 2 * sizeof *ops);
+    dg_status st = views && ops ? DG_OK : dg_fail(DG_ERR_ALLOC, "out of memory for the fp8 einsum operands");
+    for (int64_t g = 0; st == DG_OK && g < groups; ++g) {
+        dg_tensor *v = views + 4 * g;
+        v[0] = slice2(va, g), v[1] = slice2(vsfa, g), v[2] = slice2(vb, g), v[3] = slice2(vsfb, g);
+        st = dg_operand_init(&ops[2 * g], "a", &v[0], 0, &e4m3, 1);
+        if (st == DG_OK)
+            st = dg_operand_set_scales(&ops[2 * g], "sfa", &v[1], r[0], r[2]);
+        if (st == DG_OK)
+            st = dg_operand_init(&ops[2 * g + 1], "b", &v[2], 0, &e4m3, 1);
+        if (st == DG_OK)
+            st = dg_operand_set_scales(&ops[2 * g + 1], "sfb", &v[3], r[1], r[2]);
+    }
+    if (st == DG_OK) {
+        const dg_tensor d0 = slice2(vd, 0), c0 = vc ? slice2(vc, 0) : d0;
+        const dg_bgemm p = {groups, 1, va->shape[1], vb->shape[1], va->shape[2], {0}, {0}, &d0, vc ? &c0 : NULL,
+                            vd->strides[0], vc ? vc->strides[0] : 0, ops};
+        st = dg_engine_bgemm(&p);
+        if (st == DG_ERR_UNSUPPORTED) {
+            dg_ref_bmm(ga, gb, vd, vc);
+            st = DG_OK;
+        }
+    }
+    dg_free(views);
+    dg_free(ops);
+    return st;
+}
+
 dg_status dg_fp8_einsum(const char *expr, const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
                         const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c, const int *recipe) {
     dg_api_begin("dg_fp8_einsum");
@@ -218,6 +312,8 @@ dg_status dg_fp8_einsum(const char *expr, const dg_tensor *a, const dg_tensor *s
     DG_TRY(dg_operand_init(&ob, "b", &vb, 1, &e4m3, 1));
     DG_TRY(dg_operand_set_scales(&oa, "sfa", &vsfa, r[0], r[2]));
     DG_TRY(dg_operand_set_scales(&ob, "sfb", &vsfb, r[1], r[2]));
+    if (!dg_use_reference())
+        return engine_fp8(&va, &vsfa, &vb, &vsfb, r, &vd, c ? &vc : NULL, &oa, &ob);
     dg_ref_bmm(&oa, &ob, &vd, c ? &vc : NULL);
     return DG_OK;
 }

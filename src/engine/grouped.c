@@ -120,7 +120,7 @@ static dg_status run_items(const gitem *items, int64_t n) {
             continue;
         const dg_status st = dg_engine_gemm(&items[i].job->a, &items[i].b, &items[i].dv, NULL);
         if (st != DG_OK) {
-#pragma omp critical(dg_grouped_fail)
+#pragma omp critical /* unnamed: a named one exports a global symbol */
             if (!failed)
                 failed = 1, first = st;
         }

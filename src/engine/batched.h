@@ -1,0 +1,50 @@
+/*
+ * batched.h - batched and K-segmented BF16 GEMMs on the engine's microkernels (additive to
+ * engine.h; the dense engine itself is unchanged).
+ *
+ *   for each group g < G:   D_g[M, N] = C_g + sum over segments s < S (increasing) of
+ *                                             A_{g,s}[M, K] @ B_{g,s}[N, K]^T
+ *
+ * Operands are BF16 strided views: element (g, s, i, kk) at
+ *   base + g * sg + s * ss + i * si + kk * sk       (elements; any strides, best with si or
+ *                                                     sk == 1, which use the ISA packers)
+ * Outputs: element (g, i, j) of D at d->data + g * dg + i * d->strides[0] + j (d is the 2-D
+ * [M, N] view of group 0 with unit stride along N; C likewise with cg, or NULL, or D itself).
+ *
+ * Accumulation order (engine.h's contract, extended over segments): every D element is one
+ * float32 chain, started at 0, over the k pairs of segment 0 (K padded to even with zeros),
+ * then those of segment 1, ..., then D = round(C + chain). With S = 1 this is exactly the
+ * order of dg_engine_gemm's general path. Threads take whole output tiles of whole groups and
+ * never split the chain, so the bits depend on neither the tiling nor the thread count.
+ * Parallelism covers groups and tiles together: many small per-group GEMMs keep every thread
+ * busy (each thread packs the panels of its own tiles).
+ */
+#ifndef DG_ENGINE_BATCHED_H
+#define DG_ENGINE_BATCHED_H
+
+#include "engine.h"
+
+typedef struct dg_bview {
+    const uint16_t *base;        /* BF16 bits */
+    int64_t sg, ss, si, sk;      /* strides in elements: group, segment, row (M or N), K */
+} dg_bview;
+
+typedef struct dg_bgemm {
+    int64_t groups, segs, m, n, k;
+    dg_bview a, b;
+    const dg_tensor *d;          /* group 0's [M, N] view, FLOAT32 or BFLOAT16, unit stride along N */
+    const dg_tensor *c;          /* NULL, or like d (may be d itself) */
+    int64_t dg, cg;              /* group strides of D and C, in elements */
+    /* NULL: the BF16 views a, b. Else group g's A and B are the 2-D operands ops[2g] and
+     * ops[2g + 1] (any dtype and scales dg_engine_gemm takes; segs must be 1; a and b
+     * unused). Scales follow dg_engine_plan_scales per group: power-of-two ones folded into
+     * the values, others applied per K block (the chain restarts per block, engine.h). */
+    const dg_operand *ops;
+} dg_bgemm;
+
+/* Runs the problem with the current ISA and thread count. DG_ERR_UNSUPPORTED when a group's
+ * operands are outside the engine (dg_engine_plan_scales); that and allocation failure return
+ * before anything is written. */
+dg_status dg_engine_bgemm(const dg_bgemm *p);
+
+#endif /* DG_ENGINE_BATCHED_H */
