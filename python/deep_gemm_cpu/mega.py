@@ -5,7 +5,7 @@ single-process references, bound as deep_gemm_cpu.fp8_fp4_mega_moe_reference and
 deep_gemm_cpu.bf16_mega_moe_reference (every per-rank argument a list of R entries)."""
 
 _WHY = ('DeepGEMM\'s Mega MoE needs a multi-GPU symmetric memory buffer, which deep_gemm_cpu '
-        'does not implement (issue 7); fp8_fp4_mega_moe_reference / bf16_mega_moe_reference compute '
+        'does not implement yet (the fused expert-parallel kernel over MPI is planned); fp8_fp4_mega_moe_reference / bf16_mega_moe_reference compute '
         'the same for R ranks in one process')
 
 

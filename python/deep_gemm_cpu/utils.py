@@ -50,9 +50,9 @@ get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 
 def init_dist(*args, **kwargs):
     raise NotImplementedError('deep_gemm_cpu.utils.init_dist is not implemented: no multi-process '
-                              'distributed setup on CPU (issue 7)')
+                              'distributed setup on CPU (planned with the MPI Mega MoE)')
 
 
 def uneven_all_gather(*args, **kwargs):
     raise NotImplementedError('deep_gemm_cpu.utils.uneven_all_gather is not implemented: no '
-                              'multi-process distributed setup on CPU (issue 7)')
+                              'multi-process distributed setup on CPU (planned with the MPI Mega MoE)')

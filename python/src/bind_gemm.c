@@ -108,7 +108,7 @@ static PyObject *py_fp8_gemm_nt_skip_head_mid(PyObject *self, PyObject *args, Py
 #define DGP_CUBLASLT(L)                                                                          \
     static PyObject *py_cublaslt_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {        \
         return dgp_not_implemented("cublaslt_gemm_" #L,                                          \
-                                   "cuBLASLt GEMMs have no CPU implementation (issue 7); "       \
+                                   "cuBLASLt GEMMs are an NVIDIA library with no CPU counterpart; "       \
                                    "use bf16_gemm_" #L " for BF16 operands");                    \
     }
 DGP_CUBLASLT(nt)
