@@ -130,6 +130,12 @@ static void print_peaks(const bench_peaks *p) {
         printf("  int8  %10.1f GOPS     VPDPBUSD zmm\n", p->int8_gops);
     else
         printf("  int8         n/a          (no AVX512_VNNI)\n");
+    if (p->amx_bf16_gflops > 0) /* printed only where measured; not used by compute_peak */
+        printf("  amx_bf16 %7.1f GFLOPS   TDPBF16PS tiles (not used by kernels yet)\n",
+               p->amx_bf16_gflops);
+    if (p->amx_int8_gops > 0)
+        printf("  amx_int8 %7.1f GOPS     TDPBSSD tiles (not used by kernels yet)\n",
+               p->amx_int8_gops);
     if (p->dram_gbps > 0)
         printf("  dram  %10.1f GB/s     read, %zu MiB buffer\n", p->dram_gbps,
                p->dram_buffer_bytes >> 20);
@@ -270,8 +276,10 @@ static int write_json(const char *path, const bench_peaks *p, const result *rs, 
             dg_isa_name(dg_get_isa()), dg_get_num_sms(),
             dg_get_backend() == DG_BACKEND_REFERENCE ? "reference" : "auto", quick ? "true" : "false");
     fprintf(f, "  \"limits\": {\"bf16_gflops\": %.3f, \"fp32_gflops\": %.3f, \"int8_gops\": %.3f, "
-               "\"dram_gbps\": %.3f},\n  \"cases\": [",
-            p->bf16_gflops, p->fp32_gflops, p->int8_gops, p->dram_gbps);
+               "\"dram_gbps\": %.3f, \"amx_bf16_gflops\": %.3f, \"amx_int8_gops\": %.3f},\n"
+               "  \"cases\": [",
+            p->bf16_gflops, p->fp32_gflops, p->int8_gops, p->dram_gbps, p->amx_bf16_gflops,
+            p->amx_int8_gops);
     for (int i = 0; i < n; ++i) {
         const result *r = &rs[i];
         fprintf(f, "%s\n    {\"name\": ", i ? "," : "");

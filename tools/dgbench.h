@@ -21,6 +21,8 @@ typedef struct bench_peaks {
     double fp32_gflops; /* FMA (AVX-512 or AVX2), all threads */
     double int8_gops;   /* VPDPBUSD, all threads */
     double dram_gbps;   /* streaming read over a buffer much larger than the last-level cache */
+    double amx_bf16_gflops; /* TDPBF16PS tiles, all threads; reference only (no kernel uses AMX) */
+    double amx_int8_gops;   /* TDPBSSD tiles, all threads; reference only */
     const char *fp32_isa; /* "avx512", "avx2" or NULL */
     size_t dram_buffer_bytes;
     int threads;

@@ -5,6 +5,9 @@
  *   FP32   FMA on zmm (32 flops) or ymm (16 flops) registers, whichever the CPU has
  *   INT8   VPDPBUSD on zmm registers: 64 products x 2 = 128 ops per instruction
  *   DRAM   a streaming read over a buffer several times the last-level cache
+ *   AMX    (where the CPU, compiler and kernel allow it) TDPBF16PS / TDPBSSD on tiles, four
+ *          independent accumulator tiles; printed for reference only: no kernel uses AMX yet,
+ *          and no case is rated against it
  * The compute loops keep 12 independent accumulators in registers, enough to cover the
  * latency x throughput of these instructions on current x86 cores, and touch no memory.
  * Each accumulator starts from a different value: identical ones would let the compiler
@@ -31,9 +34,20 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define BENCH_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define BENCH_X86 0
+#endif
+
+/* AMX tile intrinsics inside target("amx-...") functions: GCC 11+, Clang 12+; the
+ * permission request below is Linux-only and x86-64 only. */
+#if BENCH_X86 && defined(__x86_64__) && defined(__linux__) &&                                  \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define BENCH_AMX 1
+#include <sys/syscall.h>
+#else
+#define BENCH_AMX 0
 #endif
 
 /* ---- running one function on all threads ---- */
@@ -171,6 +185,111 @@ __attribute__((target("avx512f,avx512vnni"))) static double loop_int8(long iters
 }
 #endif /* BENCH_X86 */
 
+#if BENCH_AMX
+/* AMX: 8 tile registers of up to 16 rows x 64 bytes. Tiles 0-3 accumulate (fp32 / int32,
+ * 16 x 16), 4-5 are A (16 rows x 32 bf16 or 64 int8), 6-7 are B (16 rows of 16 column pairs
+ * or quads), giving a 2 x 2 block: four independent chains, no loads in the loop.
+ *   TDPBF16PS: C[16x16 fp32] += A[16x32 bf16] B[32x16 bf16]  = 2*16*16*32 = 16384 flops
+ *   TDPBSSD:   C[16x16 int32] += A[16x64 s8]  B[64x16 s8]    = 2*16*16*64 = 32768 ops */
+typedef struct amx_tilecfg {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* The kernel hands out AMX state only after this per-process request (Linux 5.16+). */
+static int amx_request_permission(void) {
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+/* CPUID.(7,0):EDX bit 25; dg_cpu_info has only amx_bf16 (bit 22), which already implies
+ * that the OS saves tile state (XCR0 bits 17-18). */
+static int cpu_has_amx_int8(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    return (d >> 25) & 1;
+}
+
+/* Palette 1, tiles 0-7 all 16 rows x 64 bytes. Static storage on purpose: GCC 12's
+ * _tile_loadconfig and _tile_loadd tell the compiler they read only the first 8 bytes (or
+ * nothing) of their operand, so it drops stores into a local config and rows 0 then make
+ * TILEZERO fault with SIGILL. Data in static storage is in memory whatever the asm says. */
+static const amx_tilecfg amx_cfg = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* A and B tile contents, filled by amx_fill_src before any thread starts: bf16 ~9.8e-4
+ * everywhere (as int8: 0x80, 0x3a), small enough that fp32 sums stay finite. */
+static uint16_t amx_src[16 * 32];
+
+static void amx_fill_src(void) {
+    for (int i = 0; i < 16 * 32; ++i)
+        amx_src[i] = 0x3a80;
+}
+
+/* LDTILECFG is per thread: every loop configures its own tiles and zeroes the accumulators. */
+__attribute__((target("amx-tile"))) static void amx_setup(void) {
+    _tile_loadconfig(&amx_cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, amx_src, 64);
+    _tile_loadd(5, amx_src, 64);
+    _tile_loadd(6, amx_src, 64);
+    _tile_loadd(7, amx_src, 64);
+}
+
+/* Stores the accumulators and releases the tiles; returns a value depending on all four. */
+__attribute__((target("amx-tile"))) static double amx_finish(int is_int) {
+    float c[4][16 * 16];
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    _tile_release();
+    double s = 0;
+    for (int t = 0; t < 4; ++t) {
+        if (is_int) {
+            int32_t v;
+            memcpy(&v, &c[t][0], sizeof v);
+            s += v;
+        } else {
+            s += c[t][0];
+        }
+    }
+    return s;
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) static double loop_amx_bf16(long iters) {
+    amx_setup();
+    for (long it = 0; it < iters; ++it) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    return amx_finish(0);
+}
+
+__attribute__((target("amx-tile,amx-int8"))) static double loop_amx_int8(long iters) {
+    amx_setup();
+    for (long it = 0; it < iters; ++it) {
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+    return amx_finish(1);
+}
+#endif /* BENCH_AMX */
+
 /* Operations per second of `loop` on all threads; `ops_per_iter` counts one loop trip.
  * The iteration count is calibrated on one thread to run about `seconds`; best of 3. */
 static double measure_loop(double (*loop)(long), double ops_per_iter, int threads, double seconds) {
@@ -301,6 +420,14 @@ void bench_measure_peaks(bench_peaks *p, int threads, int quick) {
         }
         if (ci.avx512f && ci.avx512_vnni)
             p->int8_gops = 1e-9 * measure_loop(loop_int8, 12 * 128.0, threads, secs);
+#if BENCH_AMX
+        if (ci.amx_bf16 && amx_request_permission()) {
+            amx_fill_src();
+            p->amx_bf16_gflops = 1e-9 * measure_loop(loop_amx_bf16, 4 * 16384.0, threads, secs);
+            if (cpu_has_amx_int8())
+                p->amx_int8_gops = 1e-9 * measure_loop(loop_amx_int8, 4 * 32768.0, threads, secs);
+        }
+#endif
     }
 #endif
     p->dram_gbps = 1e-9 * measure_dram(threads, quick ? 2 : 4, &p->dram_buffer_bytes);
