@@ -333,6 +333,32 @@ DG_API dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tenso
                                               const dg_tensor *sfb, const dg_tensor *d,
                                               const int head_splits[3], const dg_gemm_options *opts);
 
+/*
+ * Pre-packed B (weights packed once, then reused by every GEMM; decoding skips re-packing).
+ * dg_pack_b takes B as `_nt` does: [N, K], any strides; BF16 with sfb = NULL (opts ignored),
+ * or FLOAT8_E4M3 / packed FP4 with sfb and the recipe (opts, NULL = defaults) exactly as
+ * dg_fp8_fp4_gemm_nt would take them. The packed form is private memory in the engine's panel
+ * format for the ISA level (and kernel) current at packing: NR-row panels, K padded to even,
+ * values as BF16 k pairs (AVX-512 levels) or float32 (AVX2 / portable kernels), FP8/FP4
+ * widened to BF16 exactly, power-of-two (UE8M0) scales folded into the values, other
+ * float32 scales kept per panel and K block (src/engine/engine.h documents the layout). It
+ * does not refer to b/sfb afterwards. A packed B is read-only: GEMMs may share it across
+ * threads. Free it with dg_packed_b_free (NULL is a no-op).
+ * The `_nt_packed` GEMMs give bitwise the D of dg_bf16_gemm_nt / dg_fp8_fp4_gemm_nt on the same
+ * inputs. They fail with DG_ERR_VALUE (nothing written) when dg_set_isa changed the kernel
+ * since packing (pack again), or when opts' recipe for B differs from the packing one; with
+ * DG_ERR_DTYPE when B's dtype does not fit the function; with DG_ERR_UNSUPPORTED under the
+ * reference backend (dg_use_reference) or for scale blocks of odd length.
+ */
+typedef struct dg_packed_b dg_packed_b;
+DG_API dg_status dg_pack_b(const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_options *opts,
+                           dg_packed_b **out);
+DG_API void dg_packed_b_free(dg_packed_b *p);
+DG_API dg_status dg_bf16_gemm_nt_packed(const dg_tensor *a, const dg_packed_b *b, const dg_tensor *d,
+                                        const dg_tensor *c);
+DG_API dg_status dg_fp8_fp4_gemm_nt_packed(const dg_tensor *a, const dg_tensor *sfa, const dg_packed_b *b,
+                                           const dg_tensor *d, const dg_tensor *c, const dg_gemm_options *opts);
+
 /* @@SECTION grouped-gemm: m-grouped contiguous/masked, k-grouped (SPEC 4) @@ */
 
 /*

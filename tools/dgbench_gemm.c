@@ -6,6 +6,10 @@
  *   fp8_nt_ue8m0   A, B E4M3 with 1x128 scales packed as UE8M0 (int32); D BF16
  *   fp8_fp4_nt     A E4M3 with 1x128 scales, B packed FP4 with 1x32 UE8M0-valued float32
  *                  scales (DeepGEMM's FP8 x FP4 quant config (128, 32)); D BF16
+ *   *_nt_prepacked the same with B pre-packed by dg_pack_b at setup (decoding: the weights are
+ *                  packed once); one packed copy per B copy, rotated like B. Bytes still count
+ *                  B as stored (its GB/s is "GB/s of B"); the packed panels are the engine's
+ *                  format (BF16 pairs on AVX-512 levels, float32 on AVX2 / portable kernels).
  *
  * Large M (4096) is compute-bound: its limit is the BF16 dot-product peak (or FP32 FMA where
  * that is faster; see compute_peak in dgbench.c). Small M (1, 16, 64: decoding) is bound by
@@ -33,13 +37,15 @@ typedef struct gemm_params {
     gemm_kind kind;
     int layout;
     int64_t m, n, k, m_quick;
+    int prepacked; /* B packed once at setup (dg_pack_b), nt only */
 } gemm_params;
 
 typedef struct gemm_state {
     const gemm_params *p;
     int64_t m, n, k;
     dg_tensor a, sfa, b[B_COPIES_MAX], sfb, d, sample;
-    int nb, next_b, nsample;
+    dg_packed_b *pb[B_COPIES_MAX];
+    int nb, next_b, nsample, npb;
     int64_t rows[SAMPLE_MAX];
     dg_gemm_options opts;
 } gemm_state;
@@ -52,6 +58,8 @@ static void gemm_free(void *s) {
     bench_tensor_free(&st->sfa);
     for (int i = 0; i < st->nb; ++i)
         bench_tensor_free(&st->b[i]);
+    for (int i = 0; i < st->npb; ++i)
+        dg_packed_b_free(st->pb[i]);
     bench_tensor_free(&st->sfb);
     bench_tensor_free(&st->d);
     bench_tensor_free(&st->sample);
@@ -176,6 +184,18 @@ static int gemm_alloc_io(gemm_state *st, const gemm_params *p, float *x) {
     return st->d.data && st->sample.data ? 0 : -1;
 }
 
+/* Packs every B copy, then keeps only b[0] (the reference backend's sample rows use it). */
+static int prepack(gemm_state *st) {
+    const dg_tensor *sfb = st->sfb.data ? &st->sfb : NULL;
+    for (int i = 0; i < st->nb; ++i, ++st->npb)
+        if (dg_pack_b(&st->b[i], sfb, &st->opts, &st->pb[i]) != DG_OK)
+            return -1;
+    for (int i = 1; i < st->nb; ++i)
+        bench_tensor_free(&st->b[i]);
+    st->nb = 1;
+    return 0;
+}
+
 static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
     const gemm_params *p = c->params;
     gemm_state *st = bench_alloc(sizeof *st);
@@ -189,8 +209,10 @@ static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
         st->opts.recipe_b[0] = 1, st->opts.recipe_b[1] = 32;
     }
     float *x = bench_alloc_uninit((size_t)((st->m > st->n ? st->m : st->n) * st->k) * sizeof(float));
-    const int rc = x ? gemm_alloc_io(st, p, x) : -1;
+    int rc = x ? gemm_alloc_io(st, p, x) : -1;
     bench_free(x);
+    if (rc == 0 && p->prepacked)
+        rc = prepack(st);
     if (rc != 0) {
         gemm_free(st);
         return -1;
@@ -227,8 +249,9 @@ static dg_status call(const gemm_state *st, const dg_tensor *a, const dg_tensor 
 
 static dg_status gemm_run(void *s) {
     gemm_state *st = s;
-    const dg_tensor *b = &st->b[st->next_b];
-    st->next_b = (st->next_b + 1) % st->nb;
+    const int nrot = st->npb ? st->npb : st->nb, ib = st->next_b;
+    const dg_tensor *b = &st->b[st->npb ? 0 : ib];
+    st->next_b = (st->next_b + 1) % nrot;
     const int64_t es = 2; /* D is BF16 */
     if (dg_get_backend() == DG_BACKEND_REFERENCE) { /* sample rows only (see top) */
         for (int i = 0; i < st->nsample; ++i) {
@@ -249,7 +272,9 @@ static dg_status gemm_run(void *s) {
         }
         return DG_OK;
     }
-    const dg_status stt = call(st, &st->a, &st->sfa, b, &st->d);
+    const dg_status stt = !st->npb                        ? call(st, &st->a, &st->sfa, b, &st->d)
+                          : st->p->kind == GEMM_BF16 ? dg_bf16_gemm_nt_packed(&st->a, st->pb[ib], &st->d, NULL)
+                          : dg_fp8_fp4_gemm_nt_packed(&st->a, &st->sfa, st->pb[ib], &st->d, NULL, &st->opts);
     for (int i = 0; i < st->nsample && stt == DG_OK; ++i)
         memcpy((char *)st->sample.data + i * st->sample.strides[0] * es,
                (char *)st->d.data + st->rows[i] * st->d.strides[0] * es, (size_t)(st->n * es));
@@ -257,7 +282,8 @@ static dg_status gemm_run(void *s) {
 }
 
 /* DeepSeek's (N, K) shapes from DeepGEMM's tests (SPEC 3). */
-#define SHAPE(kind, layout, m, n, k) {kind, layout, m, n, k, m < 64 ? m : 64}
+#define SHAPE(kind, layout, m, n, k) {kind, layout, m, n, k, m < 64 ? m : 64, 0}
+#define PACKED(kind, m, n, k) {kind, LAYOUT_NT, m, n, k, m, 1}
 static const gemm_params P[] = {
     SHAPE(GEMM_BF16, LAYOUT_NT, 4096, 2112, 7168),     SHAPE(GEMM_BF16, LAYOUT_NT, 4096, 24576, 1536),
     SHAPE(GEMM_BF16, LAYOUT_NT, 4096, 7168, 2048),     SHAPE(GEMM_BF16, LAYOUT_NN, 4096, 2112, 7168),
@@ -267,8 +293,11 @@ static const gemm_params P[] = {
     SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 4096, 7168, 2048), SHAPE(GEMM_FP8_UE8M0, LAYOUT_NT, 4096, 2112, 7168),
     SHAPE(GEMM_FP8_FP4, LAYOUT_NT, 4096, 2112, 7168),  SHAPE(GEMM_FP8_FP4, LAYOUT_NT, 1, 7168, 2048),
     SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 16, 2112, 7168),
+    PACKED(GEMM_BF16, 1, 2112, 7168),                  PACKED(GEMM_BF16, 16, 2112, 7168),
+    PACKED(GEMM_BF16, 64, 2112, 7168),                 PACKED(GEMM_FP8_1D2D, 16, 2112, 7168),
 };
 #undef SHAPE
+#undef PACKED
 
 #define CASE(name, i) {name, BENCH_LIMIT_BF16, &P[i], gemm_setup, gemm_run, gemm_free}
 static const bench_case CASES[] = {
@@ -280,6 +309,10 @@ static const bench_case CASES[] = {
     CASE("gemm/fp8_nt_1d2d/n7168_k2048", 10),   CASE("gemm/fp8_nt_ue8m0/n2112_k7168", 11),
     CASE("gemm/fp8_fp4_nt/n2112_k7168", 12),    CASE("gemm/fp8_fp4_nt/m1_n7168_k2048", 13),
     CASE("gemm/fp8_nt_1d2d/m16_n2112_k7168", 14),
+    CASE("gemm/bf16_nt_prepacked/m1_n2112_k7168", 15),
+    CASE("gemm/bf16_nt_prepacked/m16_n2112_k7168", 16),
+    CASE("gemm/bf16_nt_prepacked/m64_n2112_k7168", 17),
+    CASE("gemm/fp8_nt_1d2d_prepacked/m16_n2112_k7168", 18),
 };
 #undef CASE
 

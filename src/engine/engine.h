@@ -177,4 +177,17 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
  */
 dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c);
 
+/* The large-M tile loop on packed A (MR panels) and B (NR panels) of configuration cfg. */
+dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, const dg_packed *pb,
+                               const dg_tensor *d, const dg_tensor *c);
+
+/* ---- Pre-packed B (prepack.c, public as dg_packed_b): a dg_packed of NR-row panels (the
+ * format above) for the configuration current when packing (its `cfg` is recorded; a GEMM
+ * under another configuration fails with DG_ERR_VALUE). Panels are DG_PACK_BF16 on
+ * configurations with a small-M path (AVX-512 levels: half the bytes for decoding; widened to
+ * float32 per K slice, or per call for large M on a float32 kernel), else the kernel's format.
+ * Scales are folded exactly as dg_engine_plan_scales would fold them (UE8M0 / power-of-two B
+ * scales), otherwise kept as float S[kb][NR] per panel at B's own gran_k (re-gridded per call
+ * to gcd with A's gran_k). The panels live in memory of their own, not the workspace pool. */
+
 #endif /* DG_ENGINE_ENGINE_H */

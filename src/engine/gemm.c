@@ -151,6 +151,13 @@ static dg_status run_tiles(tile_job *j) {
     return DG_OK;
 }
 
+/* The tile loop over operands packed by the caller (prepack.c: a pre-packed B). */
+dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, const dg_packed *pb,
+                               const dg_tensor *d, const dg_tensor *c) {
+    tile_job j = {cfg, pa, pb, d, c, pa->mn, pb->mn, 0, 0};
+    return run_tiles(&j);
+}
+
 dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c) {
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
     dg_scale_plan plan;

@@ -1,0 +1,252 @@
+/*
+ * prepack.c - B (the weight) packed once into the engine's NR-row panels, and the GEMM on it.
+ *
+ * The packed values are exactly those dg_engine_gemm packs per call (same packer, same
+ * configuration, same folding decision), so the large-M path runs the same tile loop on them
+ * (dg_engine_run_packed) and the small-M path runs the same kernels per K slice as smallm.c.
+ * Per element the operation order is therefore the unpacked call's (engine.h), and D is
+ * bitwise the same.
+ * Panel format: where the configuration has a small-M path (AVX-512 levels) the panels are
+ * always DG_PACK_BF16, even when its large-M kernel takes DG_PACK_F32: decoding is bound by
+ * reading B, and BF16 pairs are half the bytes. The small-M path widens each K slice to
+ * float32 in L1 (exact); a large-M call on a float32 kernel widens the whole B once per call
+ * (O(N K), as the unpacked call's own packing). Elsewhere the panels are the kernel's format.
+ */
+#include "prepack.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define PP_SMALL_KC 128 /* the K slice of the small-M path (smallm.c uses the same) */
+
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
+/*
+ * Moves the panels out of the workspace pool (workspace.c) into memory of their own: a packed
+ * B lives for the program, and holding a pool slot would make every later GEMM allocate (and
+ * the kernel zero) fresh pages for its own panels. Freed by dg_engine_packed_free (dg_ws_put
+ * frees blocks that are not the pool's).
+ */
+static dg_status own_memory(dg_packed *pk) {
+    const size_t huge = (size_t)2 << 20, es = pk->fmt == DG_PACK_F32 ? 4 : 2;
+    const size_t bytes = (size_t)(pk->panels * pk->kp * pk->r) * es + 64;
+    const size_t align = bytes >= 2 * huge ? huge : 64, cap = (bytes + align - 1) / align * align;
+    void *own = aligned_alloc(align, cap);
+    if (!own) {
+        dg_engine_packed_free(pk);
+        return dg_fail(DG_ERR_ALLOC, "out of memory for a packed B of %zu bytes", bytes);
+    }
+#ifdef MADV_HUGEPAGE
+    if (align == huge)
+        madvise(own, cap, MADV_HUGEPAGE);
+#endif
+    memcpy(own, pk->data, bytes);
+    dg_ws_put(pk->data);
+    pk->data = own;
+    return DG_OK;
+}
+
+dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    dg_operand none; /* an unscaled A: the plan then says only how B's scales are applied */
+    memset(&none, 0, sizeof none);
+    none.groups = 1, none.fp4_dim = -1;
+    dg_scale_plan plan;
+    DG_CHECK(dg_engine_plan_scales(&none, b, &plan), DG_ERR_UNSUPPORTED,
+             "argument 'b': scale blocks of odd length (gran_k = %d) cannot be pre-packed", b->gran_k);
+    out->cfg = cfg;
+    out->fold_b = plan.fold_b;
+    out->n = b->mn, out->k = b->k;
+    const dg_pack_fmt fmt = cfg->pack_bf16 && cfg->ukr_small[0] ? DG_PACK_BF16 : cfg->fmt;
+    DG_TRY(dg_engine_pack(b, plan.fold_b, plan.gblk, fmt, cfg->nr, cfg, &out->pk));
+    return own_memory(&out->pk);
+}
+
+/* A view of pb whose kept scales are re-gridded to blocks of gblk (a divisor of pb->gblk). */
+static dg_status regrid(const dg_packed *pb, int gblk, dg_packed *view) {
+    *view = *pb;
+    if (!pb->scales || pb->gblk == gblk)
+        return DG_OK;
+    view->gblk = gblk;
+    view->nkb = dg_ceil_div(pb->k, gblk);
+    view->scales = dg_malloc((size_t)(pb->panels * view->nkb * pb->r) * sizeof(float) + 4);
+    DG_CHECK(view->scales != NULL, DG_ERR_ALLOC, "out of memory re-gridding the scales of 'b'");
+    for (int64_t p = 0; p < pb->panels; ++p)
+        for (int64_t kb = 0; kb < view->nkb; ++kb)
+            memcpy(view->scales + (p * view->nkb + kb) * pb->r,
+                   pb->scales + (p * pb->nkb + kb * gblk / pb->gblk) * pb->r, (size_t)pb->r * sizeof(float));
+    return DG_OK;
+}
+
+/* ---- small M (mirrors smallm.c with B read from its panels) --------------------------------- */
+
+typedef struct pp_job {
+    const dg_engine_cfg *cfg;
+    const dg_packed *pa, *pb;
+    dg_ukr_fn ukr;
+    int mr, gblk;
+    int64_t slice;
+    const float *ones;
+} pp_job;
+
+/* BF16 pair panel rows (r, k) for k pairs [0, pairs) -> float32 [2 * pairs][r] (exact). The
+ * word (k pair q, row i) holds k = 2q in its low half, 2q + 1 in its high half. BF16 panels
+ * with float32 kernels only occur on AVX-512 configurations (dg_engine_prepack_b). */
+static void widen_pairs(const uint32_t *src, int64_t pairs, int r, uint32_t *dst) {
+#if defined(__x86_64__) || defined(_M_X64)
+    if (dg_get_isa() >= DG_ISA_AVX512) {
+        dg_widen_pairs_avx512(src, pairs, r, dst);
+        return;
+    }
+#endif
+    for (int64_t q = 0; q < pairs; ++q) {
+        const uint32_t *s = src + q * r;
+        uint32_t *lo = dst + 2 * q * r, *hi = lo + r;
+        for (int i = 0; i < r; ++i) {
+            lo[i] = s[i] << 16;
+            hi[i] = s[i] & 0xffff0000u;
+        }
+    }
+}
+
+/* B panel jb, k in [k0, k0 + kc), as float32 [kc][NR]: in place for F32 panels. */
+static const float *slice_b(const pp_job *j, int64_t jb, int64_t k0, int64_t kc, float *bbuf) {
+    const dg_packed *pb = j->pb;
+    const int nr = pb->r;
+    if (pb->fmt == DG_PACK_F32)
+        return (const float *)pb->data + jb * pb->kp * nr + k0 * nr;
+    /* k0 and kc are even (kp is even, slices are multiples of 2) */
+    widen_pairs((const uint32_t *)pb->data + jb * (pb->kp / 2) * nr + (k0 / 2) * nr, kc / 2, nr, (uint32_t *)bbuf);
+    return bbuf;
+}
+
+/* A float32-panel copy of BF16-pair panels (for a large-M call on a float32 kernel). */
+static dg_status widen_all(const dg_packed *pb, dg_packed *out) {
+    *out = *pb;
+    out->fmt = DG_PACK_F32;
+    out->data = dg_ws_get((size_t)(pb->panels * pb->kp * pb->r) * sizeof(float) + 64);
+    DG_CHECK(out->data != NULL, DG_ERR_ALLOC, "out of memory widening the packed 'b'");
+#pragma omp parallel for schedule(static) num_threads(dg_num_threads())
+    for (int64_t p = 0; p < pb->panels; ++p)
+        widen_pairs((const uint32_t *)pb->data + p * (pb->kp / 2) * pb->r, pb->kp / 2, pb->r,
+                    (uint32_t *)out->data + p * pb->kp * pb->r);
+    return DG_OK;
+}
+
+static void pp_block(const pp_job *j, int64_t jb, float *bbuf, float *cbuf) {
+    const dg_packed *pa = j->pa, *pb = j->pb;
+    const int nr = pb->r, mr = j->mr, gblk = j->gblk;
+    const int64_t kp = pa->kp;
+    if (gblk || kp == 0)
+        memset(cbuf, 0, (size_t)(pa->panels * mr * nr) * sizeof(float));
+    for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
+        const int64_t kc = kp - k0 < j->slice ? kp - k0 : j->slice;
+        const float *bs = slice_b(j, jb, k0, kc, bbuf);
+        for (int64_t ir = 0; ir < pa->panels; ++ir) {
+            const float *ap = (const float *)pa->data + ir * kp * mr;
+            if (!gblk) {
+                j->ukr(kc, ap + k0 * mr, bs, cbuf + ir * mr * nr, nr, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL,
+                       NULL);
+                continue;
+            }
+            for (int64_t kb0 = k0; kb0 < k0 + kc; kb0 += gblk) { /* one scale epilogue per block */
+                const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
+                const float *sbp = pb->scales ? pb->scales + (jb * pb->nkb + kb0 / gblk) * nr : j->ones;
+                const float *sap = pa->scales ? pa->scales + (ir * pa->nkb + kb0 / gblk) * mr : j->ones;
+                j->ukr(kb1 - kb0, ap + kb0 * mr, bs + (kb0 - k0) * nr, cbuf + ir * mr * nr, nr, DG_UKR_SCALE, sap,
+                       sbp);
+            }
+        }
+    }
+}
+
+static dg_status pp_small(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk, const dg_packed *pb,
+                          const dg_tensor *d, const dg_tensor *c) {
+    static const int kMr[4] = {1, 2, 4, 8};
+    int which = 3;
+    while (which > 0 && kMr[which - 1] >= a->mn)
+        --which;
+    pp_job j = {cfg, NULL, pb, cfg->ukr_small[which], kMr[which], gblk, PP_SMALL_KC, NULL};
+    if (gblk)
+        j.slice = gblk * (PP_SMALL_KC / gblk > 0 ? PP_SMALL_KC / gblk : 1);
+    dg_packed pa;
+    DG_TRY(dg_engine_pack(a, fold_a, gblk, DG_PACK_F32, j.mr, cfg, &pa));
+    j.pa = &pa;
+    const int nr = pb->r;
+    const int64_t n = pb->mn, blocks = pb->panels, mpad = pa.panels * j.mr;
+    const int threads = (int)(blocks < dg_num_threads() ? blocks : dg_num_threads());
+    const int64_t per_thread = dg_align(j.slice * nr + mpad * nr + nr + 8, 16);
+    float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
+    if (!mem) {
+        dg_engine_packed_free(&pa);
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the small-M GEMM buffers");
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *bbuf = mem + tid * per_thread, *cbuf = bbuf + j.slice * nr, *ones = cbuf + mpad * nr;
+        pp_job jt = j;
+        for (int s = 0; s < nr + 8; ++s)
+            ones[s] = 1.0f;
+        jt.ones = ones;
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t jb = 0; jb < blocks; ++jb) {
+            const int64_t n0 = jb * nr, cols = n - n0 < nr ? n - n0 : nr;
+            pp_block(&jt, jb, bbuf, cbuf);
+            for (int64_t i = 0; i < a->mn; ++i)
+                dg_engine_store_row(d, c, i, n0, cols, cbuf + i * nr);
+        }
+    }
+    dg_free(mem);
+    dg_engine_packed_free(&pa);
+    return DG_OK;
+}
+
+/* ---- the GEMM ------------------------------------------------------------------------------ */
+
+dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b *b, const dg_tensor *d,
+                                   const dg_tensor *c) {
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    DG_CHECK(cfg == b->cfg, DG_ERR_VALUE,
+             "argument 'b' was packed for the '%s' kernel, but the current ISA runs '%s' (dg_set_isa "
+             "changed it since); pack B again",
+             b->cfg->name, cfg->name);
+    /* The scale plan dg_engine_plan_scales makes for this pair (B's part fixed at packing). */
+    const int fold_a = !a->sf || a->sf_packed;
+    int gblk = fold_a ? 0 : a->gran_k;
+    if (b->pk.scales)
+        gblk = gblk ? gcd(gblk, b->pk.gblk) : b->pk.gblk;
+    DG_CHECK(gblk % 2 == 0, DG_ERR_UNSUPPORTED,
+             "scale blocks of odd length (gran_k %d) are outside the engine; use the unpacked GEMM", gblk);
+    dg_packed pb;
+    DG_TRY(regrid(&b->pk, gblk, &pb));
+    dg_operand ob;
+    memset(&ob, 0, sizeof ob);
+    ob.mn = b->n, ob.k = b->k, ob.groups = 1, ob.fp4_dim = -1;
+    dg_status st;
+    if (dg_engine_small_applies(cfg, a, &ob)) {
+        st = pp_small(cfg, a, fold_a, gblk, &pb, d, c);
+    } else {
+        dg_packed pa, wide = pb;
+        st = pb.fmt != cfg->fmt ? widen_all(&pb, &wide) : DG_OK;
+        if (st == DG_OK)
+            st = dg_engine_pack(a, fold_a, gblk, cfg->fmt, cfg->mr, cfg, &pa);
+        if (st == DG_OK) {
+            st = dg_engine_run_packed(cfg, &pa, &wide, d, c);
+            dg_engine_packed_free(&pa);
+        }
+        if (wide.data != pb.data)
+            dg_ws_put(wide.data);
+    }
+    if (pb.scales != b->pk.scales)
+        dg_free(pb.scales);
+    return st;
+}

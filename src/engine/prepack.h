@@ -1,0 +1,38 @@
+/*
+ * prepack.h - a weight operand B packed once into the engine's panels (format: engine.h,
+ * "Packed panels" and "Pre-packed B"), and the GEMM that takes it (prepack.c). The public
+ * handle dg_packed_b (include/deepgemm.h) is this struct.
+ */
+#ifndef DG_ENGINE_PREPACK_H
+#define DG_ENGINE_PREPACK_H
+
+#include "engine.h"
+
+#define DG_PACKED_B_MAGIC 0x44475042u /* "DGPB": catches a stray pointer or a double free */
+
+struct dg_packed_b {
+    uint32_t magic;
+    const dg_engine_cfg *cfg; /* the configuration (ISA, kernel, panel format) packed for */
+    dg_dtype dtype;           /* B's dtype: BF16, E4M3 or FP4 */
+    dg_dtype sf_dtype;        /* FLOAT32 or INT32 (packed UE8M0); unused for BF16 */
+    int gran_b[2];            /* B's resolved recipe (gran_mn, gran_k); 0 for BF16 */
+    int fold_b;               /* B's scales are folded into the panel values */
+    int64_t n, k;             /* logical B [N, K] */
+    dg_packed pk;             /* NR-row panels; pk.gblk = gran_b[1] when scales are kept */
+};
+
+/* Packs operand b (its scales, if any, at gran (gran_mn, gran_k) already attached) for the
+ * current configuration into out (fields above). */
+dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out);
+
+/* D = C + A @ B^T with B pre-packed. DG_ERR_VALUE when the current configuration is not the
+ * one B was packed for; DG_ERR_UNSUPPORTED (nothing written) when the unpacked call would not
+ * run the engine for this pair (scale blocks of odd length), so that results could differ. */
+dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b *b, const dg_tensor *d,
+                                   const dg_tensor *c);
+
+/* BF16-pair panel words [pairs][r] -> float32 panel [2 * pairs][r] (src/kernels/avx512/;
+ * x86-64 only, called only on AVX-512 configurations). */
+void dg_widen_pairs_avx512(const uint32_t *src, int64_t pairs, int r, uint32_t *dst);
+
+#endif /* DG_ENGINE_PREPACK_H */

@@ -1,0 +1,268 @@
+/*
+ * test_gemm_packed.c - pre-packed B (dg_pack_b, dg_*_gemm_nt_packed): on every ISA level this
+ * CPU runs (AVX-512 BF16 with both kernels), D from the packed call is bitwise D from the
+ * unpacked `_nt` call on the same inputs, for M = 1, 16, 64, 300 (small-M and large-M paths),
+ * N and K tails, K- and MN-major B, BF16 / FP8 float scales (1D2D and 1D1D, A's gran_k finer
+ * than B's) / UE8M0 / FP8 x FP4 / FP4 x FP4, BF16 and FP32 D, C separate and in place; one
+ * packed B serves several A. D is also checked against the naive formula (loose bound), so
+ * that "both wrong in the same way" cannot pass. Bad inputs fail, name the argument, and
+ * leave D untouched; a packed B used after dg_set_isa changed the kernel fails with
+ * DG_ERR_VALUE.
+ */
+#include "test_gemm_dense_util.h"
+
+#include "engine/engine.h"
+
+typedef struct pcase {
+    const char *name;
+    dg_dtype da, db;
+    int gran_a[2], gran_b[2], packed; /* packed: UE8M0 int32 scales for both */
+    int64_t n, k;
+    int b_mn_major;
+} pcase;
+
+static dg_gemm_options opts_of(const pcase *e) {
+    dg_gemm_options o = dg_gemm_options_default();
+    o.recipe_a[0] = e->gran_a[0], o.recipe_a[1] = e->gran_a[1];
+    o.recipe_b[0] = e->gran_b[0], o.recipe_b[1] = e->gran_b[1];
+    return o;
+}
+
+static dg_tensor clone(const dg_tensor *t) {
+    dg_tensor r = *t;
+    const size_t bytes = (size_t)(t->shape[0] * t->strides[0] + 1) * dg_dtype_size(t->dtype);
+    r.data = malloc(bytes);
+    memcpy(r.data, t->data, bytes);
+    return r;
+}
+
+static int same_span(const dg_tensor *x, const dg_tensor *y) {
+    const size_t bytes = (size_t)(x->shape[0] * x->strides[0] + 1) * dg_dtype_size(x->dtype);
+    return memcmp(x->data, y->data, bytes) == 0;
+}
+
+static dg_status unpacked(const pcase *e, const top *a, const top *b, const dg_tensor *d, const dg_tensor *c) {
+    const dg_gemm_options o = opts_of(e);
+    if (e->da == DG_BFLOAT16)
+        return dg_bf16_gemm_nt(&a->t, &b->t, d, c);
+    return dg_fp8_fp4_gemm_nt(&a->t, &a->sf, &b->t, &b->sf, d, c, &o);
+}
+
+static dg_status packed(const pcase *e, const top *a, const dg_packed_b *pb, const dg_tensor *d,
+                        const dg_tensor *c) {
+    const dg_gemm_options o = opts_of(e);
+    if (e->da == DG_BFLOAT16)
+        return dg_bf16_gemm_nt_packed(&a->t, pb, d, c);
+    return dg_fp8_fp4_gemm_nt_packed(&a->t, &a->sf, pb, d, c, &o);
+}
+
+static dg_status pack(const pcase *e, const top *b, dg_packed_b **out) {
+    const dg_gemm_options o = opts_of(e);
+    if (e->db == DG_BFLOAT16)
+        return dg_pack_b(&b->t, NULL, NULL, out);
+    return dg_pack_b(&b->t, &b->sf, &o, out);
+}
+
+/* Elements within a loose bound of the naive formula (the engine's own tests are exact). */
+static int64_t count_far(const top *a, const top *b, const dg_tensor *d, const dg_tensor *c) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < a->mn; ++i)
+        for (int64_t j = 0; j < b->mn; ++j) {
+            double ex = c ? tg_get(c, i, j) : 0.0, mag = c ? fabs(tg_get(c, i, j)) : 0.0;
+            for (int64_t kk = 0; kk < a->k; ++kk) {
+                const double p = (double)a->val[i * a->k + kk] * b->val[j * b->k + kk];
+                ex += p, mag += fabs(p);
+            }
+            const double got = tg_get(d, i, j);
+            bad += !(fabs(got - ex) <= 1e-2 * mag + 1e-6);
+        }
+    return bad;
+}
+
+/* One case on the current ISA: pack B once, then each M (and C mode) against the unpacked call. */
+static void run_case(const pcase *e, const char *isa_name, tu_rng *r) {
+    const int64_t ms[4] = {1, 16, 64, 300};
+    top b = top_make(r, e->db, e->n, e->k, e->b_mn_major, e->gran_b[0], e->gran_b[1], e->packed, 0);
+    dg_packed_b *pb = NULL;
+    TU_CHECK_OK(pack(e, &b, &pb));
+    for (int mi = 0; mi < 4 && pb; ++mi) {
+        const int64_t m = ms[mi];
+        top a = top_make(r, e->da, m, e->k, 0, e->gran_a[0], e->gran_a[1], e->packed, 0);
+        const dg_dtype out = mi % 2 ? DG_BFLOAT16 : DG_FLOAT32;
+        dg_tensor c0 = tg_out(r, out, m, e->n, 3, 1), d0 = tg_out(r, out, m, e->n, 3, 0);
+        for (int cmode = 0; cmode < 3; ++cmode) { /* none, separate, in place */
+            dg_tensor du = clone(cmode == 2 ? &c0 : &d0), dp = clone(cmode == 2 ? &c0 : &d0);
+            const dg_tensor *cu = cmode == 1 ? &c0 : cmode == 2 ? &du : NULL;
+            const dg_tensor *cp = cmode == 1 ? &c0 : cmode == 2 ? &dp : NULL;
+            TU_CHECK_OK(unpacked(e, &a, &b, &du, cu));
+            TU_CHECK_OK(packed(e, &a, pb, &dp, cp));
+            TU_CHECK(same_span(&du, &dp), "%s [%s] M=%lld cmode %d: packed differs bitwise from unpacked",
+                     e->name, isa_name, (long long)m, cmode);
+            if (cmode == 1) {
+                const int64_t far = count_far(&a, &b, &dp, &c0);
+                TU_CHECK(far == 0, "%s [%s] M=%lld: %lld elements far from the naive formula", e->name,
+                         isa_name, (long long)m, (long long)far);
+            }
+            free(du.data);
+            free(dp.data);
+        }
+        free(c0.data);
+        free(d0.data);
+        top_free(&a);
+    }
+    dg_packed_b_free(pb);
+    top_free(&b);
+}
+
+static const pcase kCases[] = {
+    {"bf16", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 70, 257, 0},
+    {"bf16 B mn-major", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 33, 130, 1},
+    {"fp8 1D2D float", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {128, 128}, 0, 70, 300, 0},
+    {"fp8 1D1D float", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 0, 45, 257, 0},
+    {"fp8 A gran_k 64, B 128 (regrid)", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 64}, {1, 128}, 0, 40, 300, 0},
+    {"fp8 float B mn-major", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {128, 128}, 0, 64, 200, 1},
+    {"fp8 ue8m0", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 1, 70, 300, 0},
+    {"fp8 x fp4 ue8m0/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 70, 300, 0},
+    {"fp4 x fp4 ue8m0/32", DG_FP4_E2M1X2, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 38, 160, 0},
+};
+
+static void test_equivalence(void) {
+    tu_rng r = {0x5eed1234};
+    const dg_isa best = dg_get_isa();
+    for (int v = DG_ISA_GENERIC; v <= (int)best + (best == DG_ISA_AVX512_BF16); ++v) {
+        const int isa = v > DG_ISA_AVX512_BF16 ? DG_ISA_AVX512_BF16 : v;
+        TU_CHECK_OK(dg_set_isa((dg_isa)isa));
+        dg_engine_set_dpbf16(v > DG_ISA_AVX512_BF16 ? 0 : 1);
+        const char *name = dg_engine_config((dg_isa)isa)->name;
+        for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; ++i)
+            run_case(&kCases[i], name, &r);
+    }
+    TU_CHECK_OK(dg_set_isa(best));
+    dg_engine_set_dpbf16(-1);
+}
+
+/* Bitwise the same for any thread count (the order of the K reduction never depends on it). */
+static void test_threads(void) {
+    tu_rng r = {77};
+    const pcase *e = &kCases[2];
+    top b = top_make(&r, e->db, 96, 384, 0, 128, 128, 0, 0), a = top_make(&r, e->da, 100, 384, 0, 1, 128, 0, 0);
+    dg_packed_b *pb = NULL;
+    TU_CHECK_OK(pack(e, &b, &pb));
+    dg_tensor d0 = tg_out(&r, DG_FLOAT32, 100, 96, 0, 0), d1 = clone(&d0), d2 = clone(&d0);
+    const int sms = dg_get_num_sms();
+    TU_CHECK_OK(dg_set_num_sms(1));
+    TU_CHECK_OK(packed(e, &a, pb, &d1, NULL));
+    TU_CHECK_OK(dg_set_num_sms(3));
+    TU_CHECK_OK(packed(e, &a, pb, &d2, NULL));
+    TU_CHECK_OK(dg_set_num_sms(sms));
+    TU_CHECK(same_span(&d1, &d2), "1 thread and 3 threads differ");
+    dg_packed_b_free(pb);
+    free(d0.data), free(d1.data), free(d2.data);
+    top_free(&a), top_free(&b);
+}
+
+/* A failing call: the wanted status, a message naming `arg`, and D (and C) untouched. */
+#define EXPECT_FAIL(expr, want, arg, dt)                                                                   \
+    do {                                                                                                   \
+        void *snap_ = tu_snapshot(dt);                                                                     \
+        TU_CHECK_STATUS(expr, want);                                                                       \
+        TU_CHECK(strstr(dg_last_error(), arg) != NULL, "message '%s' should name %s", dg_last_error(), arg); \
+        TU_CHECK(tu_unchanged(dt, snap_), "%s wrote D on failure", #expr);                                 \
+        free(snap_);                                                                                       \
+    } while (0)
+
+static void test_bad(void) {
+    tu_rng r = {99};
+    const pcase *f8 = &kCases[2], *bf = &kCases[0], *ue = &kCases[6];
+    top a8 = top_make(&r, DG_FLOAT8_E4M3, 5, 256, 0, 1, 128, 0, 0);
+    top b8 = top_make(&r, DG_FLOAT8_E4M3, 40, 256, 0, 128, 128, 0, 0);
+    top a16 = top_make(&r, DG_BFLOAT16, 5, 256, 0, 0, 0, 0, 0);
+    top b16 = top_make(&r, DG_BFLOAT16, 40, 256, 0, 0, 0, 0, 0);
+    top a16k = top_make(&r, DG_BFLOAT16, 5, 254, 0, 0, 0, 0, 0);
+    top bue = top_make(&r, DG_FLOAT8_E4M3, 40, 256, 0, 1, 128, 1, 0);
+    dg_tensor d = tg_out(&r, DG_FLOAT32, 5, 40, 2, 1), dsmall = tg_out(&r, DG_FLOAT32, 5, 39, 0, 1);
+    const dg_gemm_options o8 = opts_of(f8);
+    dg_packed_b *p8 = NULL, *p16 = NULL, *pue = NULL, *untouched = (dg_packed_b *)&r;
+    TU_CHECK_OK(pack(f8, &b8, &p8));
+    TU_CHECK_OK(pack(bf, &b16, &p16));
+    TU_CHECK_OK(pack(ue, &bue, &pue));
+
+    /* dg_pack_b: nothing written to *out on failure */
+    dg_packed_b *out = untouched;
+    TU_CHECK_STATUS(dg_pack_b(&b8.t, &b8.sf, &o8, NULL), DG_ERR_NULL_POINTER);
+    TU_CHECK(strstr(dg_last_error(), "'out'") != NULL, "names out: %s", dg_last_error());
+    TU_CHECK_STATUS(dg_pack_b(NULL, &b8.sf, &o8, &out), DG_ERR_NULL_POINTER);
+    TU_CHECK_STATUS(dg_pack_b(&b8.t, NULL, &o8, &out), DG_ERR_NULL_POINTER);
+    TU_CHECK(strstr(dg_last_error(), "'sfb'") != NULL, "names sfb: %s", dg_last_error());
+    TU_CHECK_STATUS(dg_pack_b(&b16.t, &b8.sf, NULL, &out), DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "'sfb'") != NULL, "names sfb: %s", dg_last_error());
+    dg_tensor bad_dt = b16.t;
+    bad_dt.dtype = DG_FLOAT32;
+    TU_CHECK_STATUS(dg_pack_b(&bad_dt, NULL, NULL, &out), DG_ERR_DTYPE);
+    TU_CHECK(out == untouched, "dg_pack_b wrote *out on failure");
+
+    /* BF16 packed GEMM */
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(NULL, p16, &d, NULL), DG_ERR_NULL_POINTER, "'a'", &d);
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, NULL, &d, NULL), DG_ERR_NULL_POINTER, "'b'", &d);
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, p16, NULL, NULL), DG_ERR_NULL_POINTER, "'d'", &d);
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16k.t, p16, &d, NULL), DG_ERR_SHAPE, "'b'", &d);
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, p8, &d, NULL), DG_ERR_DTYPE, "'b'", &d);
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a8.t, p16, &d, NULL), DG_ERR_DTYPE, "'a'", &d);
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, p16, &dsmall, NULL), DG_ERR_SHAPE, "'d'", &dsmall);
+    dg_tensor dbf = d;
+    dbf.dtype = DG_BFLOAT16;
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, p16, &d, &dbf), DG_ERR_DTYPE, "'c'", &d);
+
+    /* FP8 packed GEMM */
+    EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a8.t, NULL, p8, &d, NULL, &o8), DG_ERR_NULL_POINTER, "'sfa'", &d);
+    EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a8.t, &a8.sf, NULL, &d, NULL, &o8), DG_ERR_NULL_POINTER, "'b'", &d);
+    EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a8.t, &a8.sf, p16, &d, NULL, &o8), DG_ERR_DTYPE, "'b'", &d);
+    EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a16.t, &a8.sf, p8, &d, NULL, &o8), DG_ERR_DTYPE, "'a'", &d);
+    top a8k = top_make(&r, DG_FLOAT8_E4M3, 5, 384, 0, 1, 128, 0, 0);
+    EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a8k.t, &a8k.sf, p8, &d, NULL, &o8), DG_ERR_SHAPE, "'b'", &d);
+    top_free(&a8k);
+    /* B packed with recipe (128, 128); the call says (1, 128) for B */
+    const dg_gemm_options o11 = opts_of(&kCases[3]);
+    EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a8.t, &a8.sf, p8, &d, NULL, &o11), DG_ERR_VALUE, "'opts'", &d);
+    /* packed with UE8M0 (default recipe (1, 1, 128)); NULL opts resolves the same: accepted */
+    top aue = top_make(&r, DG_FLOAT8_E4M3, 5, 256, 0, 1, 128, 1, 0);
+    dg_tensor dd = tg_out(&r, DG_FLOAT32, 5, 40, 0, 0), du = clone(&dd);
+    TU_CHECK_OK(dg_fp8_fp4_gemm_nt_packed(&aue.t, &aue.sf, pue, &dd, NULL, NULL));
+    TU_CHECK_OK(dg_fp8_fp4_gemm_nt(&aue.t, &aue.sf, &bue.t, &bue.sf, &du, NULL, NULL));
+    TU_CHECK(same_span(&dd, &du), "UE8M0 default recipe: packed differs from unpacked");
+    /* a 1D2D recipe call on the UE8M0-packed B */
+    EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a8.t, &a8.sf, pue, &d, NULL, &o8), DG_ERR_VALUE, "'opts'", &d);
+    free(dd.data), free(du.data);
+    top_free(&aue);
+
+    /* the reference backend cannot run a packed B */
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
+    EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, p16, &d, NULL), DG_ERR_UNSUPPORTED, "reference", &d);
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_AUTO));
+
+    /* a packed B used after dg_set_isa changed the kernel */
+    const dg_isa best = dg_get_isa();
+    if (best != DG_ISA_GENERIC) {
+        TU_CHECK_OK(dg_set_isa(DG_ISA_GENERIC));
+        EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, p16, &d, NULL), DG_ERR_VALUE, "'b'", &d);
+        EXPECT_FAIL(dg_fp8_fp4_gemm_nt_packed(&a8.t, &a8.sf, p8, &d, NULL, &o8), DG_ERR_VALUE, "dg_set_isa", &d);
+        TU_CHECK_OK(dg_set_isa(best));
+        TU_CHECK_OK(dg_bf16_gemm_nt_packed(&a16.t, p16, &d, NULL)); /* back on its kernel: fine */
+    }
+    if (best == DG_ISA_AVX512_BF16) { /* the other kernel at the same level */
+        dg_engine_set_dpbf16(dg_engine_config(best)->fmt == DG_PACK_BF16 ? 0 : 1);
+        EXPECT_FAIL(dg_bf16_gemm_nt_packed(&a16.t, p16, &d, NULL), DG_ERR_VALUE, "'b'", &d);
+        dg_engine_set_dpbf16(-1);
+    }
+    dg_packed_b_free(NULL);
+    dg_packed_b_free(p8), dg_packed_b_free(p16), dg_packed_b_free(pue);
+    free(d.data), free(dsmall.data);
+    top_free(&a8), top_free(&b8), top_free(&a16), top_free(&b16), top_free(&a16k), top_free(&bue);
+}
+
+int main(void) {
+    test_equivalence();
+    test_threads();
+    test_bad();
+    return tu_finish();
+}
