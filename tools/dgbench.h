@@ -30,6 +30,8 @@ typedef struct bench_peaks {
 
 /* Measures every limit this CPU has on `threads` threads; takes a few seconds. */
 void bench_measure_peaks(bench_peaks *p, int threads, int quick);
+/* Size of the last-level cache as the OS reports it (0 if unknown). */
+size_t bench_llc_bytes(void);
 
 /* Which compute limit a case is measured against; memory traffic is always compared with
  * dram_gbps as well and the larger of the two lower bounds on time is the case's limit. */

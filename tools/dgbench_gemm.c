@@ -31,7 +31,7 @@
 typedef enum gemm_kind { GEMM_BF16, GEMM_FP8_1D2D, GEMM_FP8_UE8M0, GEMM_FP8_FP4 } gemm_kind;
 enum { LAYOUT_NT, LAYOUT_NN, LAYOUT_TN, LAYOUT_TT };
 #define SAMPLE_MAX 4
-#define B_COPIES_MAX 8
+#define B_COPIES_MAX 320 /* enough for the smallest B (FP4, 7 MiB) against a 1 GiB rotation */
 
 typedef struct gemm_params {
     gemm_kind kind;
@@ -131,12 +131,19 @@ static int quantize(const float *x, int64_t rows, int64_t cols, gemm_kind kind, 
     return sf->data ? 0 : -1;
 }
 
-/* Enough copies of B that rotating through them overflows a 32 MiB-class last-level cache
- * twice over (small M only; large M reads B many times per run anyway). */
+/* Enough copies of B that rotating through them overflows the last-level cache twice over
+ * (small M only; large M reads B many times per run anyway). The cache size is what the OS
+ * reports (32 MiB assumed when unknown); the copies are capped at 2 GiB in all. */
 static int b_copies(int64_t m, double b_bytes) {
     if (m > 64)
         return 1;
-    int nb = (int)(96.0 * 1024 * 1024 / b_bytes) + 1;
+    size_t llc = bench_llc_bytes();
+    if (llc == 0)
+        llc = (size_t)32 << 20;
+    double want = 2.0 * (double)llc;
+    if (want > 2.0 * 1024 * 1024 * 1024)
+        want = 2.0 * 1024 * 1024 * 1024;
+    const int nb = (int)(want / b_bytes) + 1;
     return nb < 2 ? 2 : nb > B_COPIES_MAX ? B_COPIES_MAX : nb;
 }
 

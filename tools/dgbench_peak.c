@@ -353,8 +353,8 @@ static void stream_read(int tid, int nthreads, void *p) {
         a->sink = s0;
 }
 
-/* max(1 GiB, 4 x last-level cache), at most 4 GiB and a quarter of physical memory. */
-static size_t dram_buffer_size(void) {
+/* The largest cache the kernel reports for cpu0 (the last level), 0 if unknown. */
+size_t bench_llc_bytes(void) {
     size_t llc = 0;
     for (int idx = 0; idx < 8; ++idx) {
         char path[96];
@@ -371,6 +371,12 @@ static size_t dram_buffer_size(void) {
         }
         fclose(f);
     }
+    return llc;
+}
+
+/* max(1 GiB, 4 x last-level cache), at most 4 GiB and a quarter of physical memory. */
+static size_t dram_buffer_size(void) {
+    const size_t llc = bench_llc_bytes();
     size_t want = (size_t)1 << 30;
     if (4 * llc > want)
         want = 4 * llc;
