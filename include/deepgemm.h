@@ -124,7 +124,8 @@ typedef enum dg_isa {
     DG_ISA_GENERIC = 0,    /* portable C */
     DG_ISA_AVX2 = 1,       /* AVX2 + FMA */
     DG_ISA_AVX512 = 2,     /* AVX-512 F/BW/VL */
-    DG_ISA_AVX512_BF16 = 3 /* AVX-512 with VDPBF16PS and VNNI */
+    DG_ISA_AVX512_BF16 = 3, /* AVX-512 with VDPBF16PS and VNNI */
+    DG_ISA_AMX = 4          /* the above plus AMX tiles (BF16 and INT8), granted by the OS */
 } dg_isa;
 
 typedef struct dg_cpu_info {
@@ -133,12 +134,14 @@ typedef struct dg_cpu_info {
     int logical_cores;
     int avx2, fma, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni, amx_bf16;
     dg_isa best_isa;       /* the best level this CPU and this build support */
+    int amx_int8;          /* AMX INT8 tiles (TDPBSSD and relatives) */
+    int amx_usable;        /* the OS granted this process tile state (Linux: arch_prctl) */
 } dg_cpu_info;
 
 DG_API dg_status dg_get_cpu_info(dg_cpu_info *out);
 DG_API const char *dg_isa_name(dg_isa isa);
 /* The ISA level kernels use: the best available unless DG_ISA (generic, avx2, avx512,
- * avx512_bf16) or dg_set_isa asks for a lower one. Asking for a level the CPU lacks fails. */
+ * avx512_bf16, amx) or dg_set_isa asks for a lower one. Asking for a level the CPU lacks fails. */
 DG_API dg_isa dg_get_isa(void);
 DG_API dg_status dg_set_isa(dg_isa isa);
 
@@ -417,6 +420,41 @@ DG_API dg_status dg_m_grouped_fp8_gemm_nt_masked(const dg_tensor *a, const dg_te
                                                  const dg_tensor *sfb, const dg_tensor *d,
                                                  const dg_tensor *masked_m, int expected_m,
                                                  const dg_gemm_options *opts);
+
+/*
+ * Pre-packed grouped weights (MoE experts packed once; decoding then only streams them).
+ * dg_pack_b_grouped takes b [G, N, K] (any strides) as the m-grouped `_nt` GEMMs do: BF16 with
+ * sfb = NULL (opts ignored), or FLOAT8_E4M3 / packed FP4 with sfb [G, ...] and the recipe
+ * (opts, NULL = defaults). The result is one dg_packed_b holding G dense packed B's (each as
+ * dg_pack_b packs that group, for the current ISA); it does not refer to b/sfb afterwards, is
+ * read-only, and is freed with dg_packed_b_free. G, N, K > 0.
+ * The `_packed` m-grouped GEMMs take it in place of b/sfb, with every other argument and rule
+ * of the unpacked `_nt` call (a K-major; a's groups / K and d's N must match the packed G, K,
+ * N; FP8 entries cover FP8 x FP8 and FP8/FP4 x FP4 as the `fp8_fp4` ones do). D is bitwise the
+ * unpacked call's on the same inputs. They fail, nothing written, with DG_ERR_VALUE when
+ * dg_set_isa changed the kernel since packing or opts' recipe for B differs from the packing
+ * one, DG_ERR_DTYPE when B's dtype does not fit, DG_ERR_VALUE for a dense packed B, and
+ * DG_ERR_UNSUPPORTED under the reference backend or for scale blocks the packed engine cannot
+ * run (odd lengths; on AMX, not multiples of 32). Decoding-sized groups (<= 64 rows) are
+ * scheduled as column chunks of all groups in one parallel loop; empty groups cost nothing.
+ * The dense `_nt_packed` GEMMs do not take a grouped object.
+ */
+DG_API dg_status dg_pack_b_grouped(const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_options *opts,
+                                   dg_packed_b **out);
+DG_API dg_status dg_m_grouped_bf16_gemm_nt_masked_packed(const dg_tensor *a, const dg_packed_b *b,
+                                                         const dg_tensor *d, const dg_tensor *masked_m,
+                                                         int expected_m, const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_fp4_gemm_nt_masked_packed(const dg_tensor *a, const dg_tensor *sfa,
+                                                            const dg_packed_b *b, const dg_tensor *d,
+                                                            const dg_tensor *masked_m, int expected_m,
+                                                            const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_bf16_gemm_nt_contiguous_packed(const dg_tensor *a, const dg_packed_b *b,
+                                                             const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                             const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp8_fp4_gemm_nt_contiguous_packed(const dg_tensor *a, const dg_tensor *sfa,
+                                                                const dg_packed_b *b, const dg_tensor *d,
+                                                                const dg_tensor *grouped_layout,
+                                                                const dg_gemm_options *opts);
 
 /*
  * k-grouped GEMMs (MoE weight gradients): D[g] = C[g] + A_g^T B_g, d and c FLOAT32 [G, M, N]

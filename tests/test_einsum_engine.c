@@ -2,7 +2,8 @@
  * test_einsum_engine.c - dg_einsum / dg_fp8_einsum on the engine (src/engine/batched.c and
  * per-group dg_engine_gemm) against the reference backend: every form, odd shapes, strided
  * views, C accumulation, each ISA level and kernel, and bitwise determinism across thread
- * counts and calls.
+ * counts and calls; at every variant, each einsum equals the dense GEMM of the same views bit
+ * for bit (the engine's one order per configuration: AMX has its own, engine.h).
  *
  * Tolerances. The reference sums exactly (double) and rounds once; the engine accumulates in
  * float32. Element-wise: |engine - reference| <= (T + 4) * 2^-24 * sum|a*b| + |C| * 2^-23
@@ -12,6 +13,7 @@
  * may round to the neighbouring BF16 value; DeepGEMM's own tests allow 1e-5 for bmk,bnk->mn).
  */
 #include "test_util.h"
+#include "engine/batched.h"
 #include "engine/engine.h"
 
 #include <math.h>
@@ -114,6 +116,7 @@ static void reset_variant(void) {
 }
 
 static const variant kVariants[] = {
+    {DG_ISA_AMX, -1, 2},        {DG_ISA_AMX, -1, 1},
     {DG_ISA_AVX512_BF16, 0, 2}, {DG_ISA_AVX512_BF16, 0, 1}, {DG_ISA_AVX512_BF16, 1, 2},
     {DG_ISA_AVX512, 0, 1},      {DG_ISA_AVX2, 0, 1},        {DG_ISA_GENERIC, 0, 1},
 }; /* the lower levels on one thread keep the test short on a busy 2-core machine */
@@ -121,15 +124,19 @@ static const variant kVariants[] = {
 
 /* A call on one output tensor, fixed inputs. */
 typedef dg_status (*call_fn)(const void *ctx, const dg_tensor *d, bool abs_inputs);
+/* Checks d (the call's result under the current variant) against the dense GEMMs of the same
+ * views under that variant; NULL: no dense equivalent. */
+typedef void (*dense_fn)(const void *ctx, const dg_tensor *d, const char *what);
 
 /*
  * Runs `call` on the reference (into ref), on |inputs| (into sumabs), then on every variant
  * (into d, starting from the initial bytes of dfull each time since C may be D): compares each
- * with the reference, and requires the same bits across ISA levels, kernels, thread counts
- * and repeated calls (the data holds no denormals).
+ * with the reference and with `dense`, and requires the same bits across ISA levels below
+ * AMX, kernels, thread counts and repeated calls (the data holds no denormals), and likewise
+ * across the AMX variants (TDPBF16PS has its own order).
  */
 static void check_all(const char *what, call_fn call, const void *ctx, dg_tensor *dfull, const dg_tensor *d,
-                      const float *c_abs, int64_t terms) {
+                      const float *c_abs, int64_t terms, dense_fn dense) {
     dg_tensor rfull = tu_alloc(dfull->dtype, dfull->ndim, dfull->shape);
     dg_tensor sfull = tu_alloc(dfull->dtype, dfull->ndim, dfull->shape);
     void *init = tu_snapshot(dfull);
@@ -143,33 +150,38 @@ static void check_all(const char *what, call_fn call, const void *ctx, dg_tensor
     TU_CHECK_OK(call(ctx, &ref, false));
     TU_CHECK_OK(call(ctx, &sum, true));
     TU_CHECK_OK(dg_set_backend(DG_BACKEND_AUTO));
-    dg_tensor first = tu_alloc(dfull->dtype, dfull->ndim, dfull->shape);
-    bool have_first = false;
+    dg_tensor first[2] = {tu_alloc(dfull->dtype, dfull->ndim, dfull->shape),
+                          tu_alloc(dfull->dtype, dfull->ndim, dfull->shape)};
+    bool have_first[2] = {false, false};
     for (int v = 0; v < NVARIANTS; ++v) {
         if (!set_variant(kVariants[v]))
             continue;
         char w[160];
         snprintf(w, sizeof w, "%s [isa %d dpbf16 %d threads %d]", what, (int)kVariants[v].isa, kVariants[v].dpbf16,
                  kVariants[v].threads);
+        const int fam = kVariants[v].isa == DG_ISA_AMX;
         for (int rep = 0; rep < 2; ++rep) { /* twice: repeated calls give the same bits */
             memcpy(dfull->data, init, nbytes);
             TU_CHECK_OK(call(ctx, d, false));
             if (rep == 0)
                 compare(w, d, &ref, &sum, c_abs, terms);
-            /* Every variant, thread count and call: one set of bits (engine.h: the order is the
-             * same for every kernel; VDPBF16PS differs only on denormals, absent here). */
-            if (!have_first) {
-                memcpy(first.data, dfull->data, nbytes);
-                have_first = true;
+            if (rep == 0 && dense)
+                dense(ctx, d, w);
+            /* Every variant of a family, thread count and call: one set of bits (engine.h: the
+             * order is the same for every kernel; VDPBF16PS differs only on denormals, absent
+             * here). */
+            if (!have_first[fam]) {
+                memcpy(first[fam].data, dfull->data, nbytes);
+                have_first[fam] = true;
             } else {
-                TU_CHECK(memcmp(first.data, dfull->data, nbytes) == 0, "%s rep %d: the same bits as the first run", w,
-                         rep);
+                TU_CHECK(memcmp(first[fam].data, dfull->data, nbytes) == 0, "%s rep %d: the same bits as the first run",
+                         w, rep);
             }
         }
     }
     reset_variant();
     free(init);
-    tu_free(&rfull), tu_free(&sfull), tu_free(&first);
+    tu_free(&rfull), tu_free(&sfull), tu_free(&first[0]), tu_free(&first[1]);
 }
 
 /* ---- 'bmk,bnk->mn' ------------------------------------------------------------------------ */
@@ -178,6 +190,7 @@ typedef struct bmk_ctx {
     dg_tensor a, b, aa, ab; /* inputs and their |.| copies */
     const dg_tensor *c;     /* NULL, a separate C, or (in_place) D itself */
     bool in_place;
+    const dg_tensor *c0;    /* the C of modes 1 and 2 (for the dense GEMM) */
 } bmk_ctx;
 
 /* abs_in: the operands with their signs cleared and no C, giving sum|a*b| for the bound. */
@@ -185,6 +198,20 @@ static dg_status bmk_call(const void *p, const dg_tensor *d, bool abs_in) {
     const bmk_ctx *x = p;
     const dg_tensor *c = abs_in ? NULL : x->in_place ? d : x->c; /* sum|a*b| leaves C out */
     return dg_einsum("bmk,bnk->mn", abs_in ? &x->aa : &x->a, abs_in ? &x->ab : &x->b, d, c);
+}
+
+/* One segment (S = 1): the dense engine GEMM with the same C, bit for bit. */
+static void bmk_dense(const void *p, const dg_tensor *d, const char *what) {
+    const bmk_ctx *x = p;
+    const int64_t m = x->a.shape[1], n = x->b.shape[1], k = x->a.shape[2];
+    if (x->a.shape[0] != 1 || m == 0 || n == 0)
+        return;
+    dg_tensor g = tu_alloc2(d->dtype, m, n);
+    const dg_tensor a2 = dg_tensor_2d(x->a.data, DG_BFLOAT16, m, k), b2 = dg_tensor_2d(x->b.data, DG_BFLOAT16, n, k);
+    TU_CHECK_OK(dg_bf16_gemm_nt(&a2, &b2, &g, x->c || x->in_place ? x->c0 : NULL));
+    TU_CHECK(memcmp(g.data, d->data, (size_t)(m * n) * dg_dtype_size(d->dtype)) == 0, "%s: equals dg_bf16_gemm_nt",
+             what);
+    tu_free(&g);
 }
 
 static void run_bmk(tu_rng *r, int64_t s, int64_t m, int64_t n, int64_t k) {
@@ -201,6 +228,7 @@ static void run_bmk(tu_rng *r, int64_t s, int64_t m, int64_t n, int64_t k) {
         cabs[i] = fabsf(((float *)c.data)[i]);
     }
     char what[160];
+    x.c0 = &c;
     for (int mode = 0; mode < 4; ++mode) { /* 0: f32 no C, 1: f32 separate C, 2: f32 C == D, 3: bf16 */
         dg_tensor d = tu_alloc2(mode == 3 ? DG_BFLOAT16 : DG_FLOAT32, m, n);
         if (mode == 2)
@@ -209,14 +237,7 @@ static void run_bmk(tu_rng *r, int64_t s, int64_t m, int64_t n, int64_t k) {
         x.in_place = mode == 2;
         snprintf(what, sizeof what, "bmk,bnk->mn S=%lld M=%lld N=%lld K=%lld mode %d", (long long)s, (long long)m,
                  (long long)n, (long long)k, mode);
-        check_all(what, bmk_call, &x, &d, &d, mode == 1 || mode == 2 ? cabs : NULL, s * (k + 1));
-        if (s == 1 && mode == 0) { /* one segment: the dense engine GEMM, bit for bit */
-            dg_tensor g = tu_alloc2(DG_FLOAT32, m, n);
-            const dg_tensor a2 = dg_tensor_2d(x.a.data, DG_BFLOAT16, m, k), b2 = dg_tensor_2d(x.b.data, DG_BFLOAT16, n, k);
-            TU_CHECK_OK(dg_bf16_gemm_nt(&a2, &b2, &g, NULL));
-            TU_CHECK(memcmp(g.data, d.data, (size_t)(m * n) * 4) == 0, "%s: equals dg_bf16_gemm_nt", what);
-            tu_free(&g);
-        }
+        check_all(what, bmk_call, &x, &d, &d, mode == 1 || mode == 2 ? cabs : NULL, s * (k + 1), bmk_dense);
         if (k == 0 || s == 0) /* nothing to sum: D = C exactly */
             TU_CHECK(mode != 2 || memcmp(d.data, c.data, (size_t)(m * n) * 4) == 0, "%s: D = C", what);
         tu_free(&d);
@@ -237,10 +258,38 @@ static dg_status heads_call(const void *p, const dg_tensor *d, bool abs_in) {
     return dg_einsum(h->expr, abs_in ? &h->ax : &h->x, abs_in ? &h->ay : &h->y, d, NULL);
 }
 
+/* Each head is the dense engine GEMM of its 2-D views, bit for bit (the same order). */
+static void heads_dense(const void *p, const dg_tensor *z, const char *what) {
+    const heads_ctx *c = p;
+    const bool bhd_out = strcmp(c->expr, "bhr,hdr->bhd") == 0;
+    const int64_t bb = c->x.shape[0], h = c->x.shape[1], xk = c->x.shape[2], dd = c->y.shape[1], rr = c->y.shape[2];
+    const int64_t zn = z->shape[2];
+    dg_tensor g = tu_alloc2(DG_BFLOAT16, bb, zn);
+    int head_bad = 0;
+    for (int64_t hh = 0; hh < h; ++hh) {
+        dg_tensor ah = dg_tensor_2d((uint16_t *)c->x.data + hh * c->x.strides[1], DG_BFLOAT16, bb, xk);
+        ah.strides[0] = c->x.strides[0];
+        dg_tensor bh = dg_tensor_2d((uint16_t *)c->y.data + hh * c->y.strides[0], DG_BFLOAT16, bhd_out ? dd : rr,
+                                    bhd_out ? rr : dd);
+        if (bhd_out)
+            bh.strides[0] = c->y.strides[1];
+        else
+            bh.strides[0] = 1, bh.strides[1] = c->y.strides[1];
+        TU_CHECK_OK(dg_bf16_gemm_nt(&ah, &bh, &g, NULL));
+        for (int64_t i = 0; i < bb; ++i)
+            head_bad += memcmp((uint16_t *)g.data + i * zn, (uint16_t *)z->data + i * z->strides[0] + hh * z->strides[1],
+                               (size_t)zn * 2) != 0;
+    }
+    TU_CHECK(head_bad == 0, "%s: every head equals dg_bf16_gemm_nt on its views (%d rows differ)", what, head_bad);
+    tu_free(&g);
+}
+
 /* x [B, H, X] inside [B, H, X + xpad], y [H, D, R] inside [H, D, R + ypad], z inside
  * [B, H, Z + zpad] filled with a sentinel that must survive. */
+/* big: an output past the engine's streaming threshold (batched.c: non-temporal stores), too
+ * large for the reference here: only the dense-GEMM equality, on the fast variants. */
 static void run_heads(tu_rng *r, bool bhd_out, int64_t bb, int64_t h, int64_t rr, int64_t dd, int64_t xpad,
-                      int64_t ypad, int64_t zpad) {
+                      int64_t ypad, int64_t zpad, bool big) {
     const int64_t xk = bhd_out ? rr : dd, zn = bhd_out ? dd : rr;
     heads_ctx c = {.expr = bhd_out ? "bhr,hdr->bhd" : "bhd,hdr->bhr"};
     dg_tensor xf, yf, axf, ayf;
@@ -255,26 +304,16 @@ static void run_heads(tu_rng *r, bool bhd_out, int64_t bb, int64_t h, int64_t rr
     char what[160];
     snprintf(what, sizeof what, "%s B=%lld H=%lld R=%lld D=%lld pads %lld/%lld/%lld", c.expr, (long long)bb,
              (long long)h, (long long)rr, (long long)dd, (long long)xpad, (long long)ypad, (long long)zpad);
-    check_all(what, heads_call, &c, &zf, &z, NULL, xk);
-    /* Each head is the dense engine GEMM of its 2-D views, bit for bit (the same order). */
-    dg_tensor g = tu_alloc2(DG_BFLOAT16, bb, zn);
-    int head_bad = 0;
-    for (int64_t hh = 0; hh < h; ++hh) {
-        dg_tensor ah = dg_tensor_2d((uint16_t *)c.x.data + hh * xf.strides[1], DG_BFLOAT16, bb, xk);
-        ah.strides[0] = xf.strides[0];
-        dg_tensor bh = dg_tensor_2d((uint16_t *)c.y.data + hh * yf.strides[0], DG_BFLOAT16, bhd_out ? dd : rr,
-                                    bhd_out ? rr : dd);
-        if (bhd_out)
-            bh.strides[0] = yf.strides[1];
-        else
-            bh.strides[0] = 1, bh.strides[1] = yf.strides[1];
-        TU_CHECK_OK(dg_bf16_gemm_nt(&ah, &bh, &g, NULL));
-        for (int64_t i = 0; i < bb; ++i)
-            head_bad += memcmp((uint16_t *)g.data + i * zn, (uint16_t *)zf.data + (i * h + hh) * (zn + zpad),
-                               (size_t)zn * 2) != 0;
+    if (!big)
+        check_all(what, heads_call, &c, &zf, &z, NULL, xk, heads_dense);
+    static const int kBig[] = {0, 2, 4, 6}; /* AMX, both AVX-512 BF16 kernels, AVX2 (SSE2 stores) */
+    for (int v = 0; big && v < 4; ++v) {
+        if (!set_variant(kVariants[kBig[v]]))
+            continue;
+        TU_CHECK_OK(heads_call(&c, &z, false));
+        heads_dense(&c, &z, what);
     }
-    TU_CHECK(head_bad == 0, "%s: every head equals dg_bf16_gemm_nt on its views (%d rows differ)", what, head_bad);
-    tu_free(&g);
+    reset_variant();
     int pad_bad = 0;
     for (int64_t i = 0; i < bb * h; ++i)
         for (int64_t p = 0; p < zpad; ++p)
@@ -291,6 +330,7 @@ typedef struct fp8_ctx {
     const char *expr;
     dg_tensor x, sx, y, sy, ax, ay;
     const int *recipe;
+    int recipe_k[3]; /* 'bhr,hdr->bhd' with a K granularity other than 128 */
     bool with_c;
 } fp8_ctx;
 
@@ -300,8 +340,41 @@ static dg_status fp8_call(const void *p, const dg_tensor *d, bool abs_in) {
                          f->with_c && !abs_in ? d : NULL, f->recipe);
 }
 
-static void run_fp8(tu_rng *r, fp8_form form, int64_t bb, int64_t h, int64_t dd, int64_t rr, bool pow2,
-                    bool packed_sfa, dg_dtype out, bool with_c) {
+/* 'bhr,hdr->bhd' without C: each head equals dg_fp8_gemm_nt on its 2-D views bit for bit
+ * (the same configuration and order per group, AMX included). */
+static void fp8_dense(const void *p, const dg_tensor *z, const char *what) {
+    const fp8_ctx *f = p;
+    if (f->with_c || strcmp(f->expr, "bhr,hdr->bhd") != 0)
+        return;
+    const int64_t bb = f->x.shape[0], h = f->x.shape[1], rr = f->x.shape[2], dd = f->y.shape[1];
+    dg_gemm_options o = dg_gemm_options_default();
+    for (int i = 0; i < 3; ++i)
+        o.recipe[i] = f->recipe ? f->recipe[i] : i == 0 ? 1 : 128;
+    dg_tensor g = tu_alloc2(z->dtype, bb, dd);
+    const size_t es = dg_dtype_size(z->dtype), ss = dg_dtype_size(f->sx.dtype);
+    int bad = 0;
+    for (int64_t hh = 0; hh < h; ++hh) {
+        dg_tensor a = dg_tensor_2d((uint8_t *)f->x.data + hh * f->x.strides[1], DG_FLOAT8_E4M3, bb, rr);
+        dg_tensor sa = dg_tensor_2d((char *)f->sx.data + hh * f->sx.strides[1] * ss, f->sx.dtype, bb, f->sx.shape[2]);
+        dg_tensor b = dg_tensor_2d((uint8_t *)f->y.data + hh * f->y.strides[0], DG_FLOAT8_E4M3, dd, rr);
+        dg_tensor sb = dg_tensor_2d((float *)f->sy.data + hh * f->sy.strides[0], DG_FLOAT32, f->sy.shape[1],
+                                    f->sy.shape[2]);
+        a.strides[0] = f->x.strides[0], sa.strides[0] = f->sx.strides[0];
+        b.strides[0] = f->y.strides[1], sb.strides[0] = f->sy.strides[1];
+        TU_CHECK_OK(dg_fp8_gemm_nt(&a, &sa, &b, &sb, &g, NULL, &o));
+        for (int64_t i = 0; i < bb; ++i)
+            bad += memcmp((char *)g.data + (size_t)(i * dd) * es,
+                          (char *)z->data + (size_t)(i * z->strides[0] + hh * z->strides[1]) * es, (size_t)dd * es) != 0;
+    }
+    TU_CHECK(bad == 0, "%s: every head equals dg_fp8_gemm_nt on its views (%d rows differ)", what, bad);
+    tu_free(&g);
+}
+
+/* gk: K granularity of the scales ('bhr,hdr->bhd' only; 128 otherwise). mixed: head 0's y
+ * scales are powers of two (folded: no K blocks), the others' not, so with gk = 16 the heads
+ * run on different configurations (AMX and its fallback). */
+static void run_fp8_k(tu_rng *r, fp8_form form, int64_t bb, int64_t h, int64_t dd, int64_t rr, bool pow2,
+                      bool packed_sfa, dg_dtype out, bool with_c, int gk, bool mixed) {
     static const char *const exprs[3] = {"bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr"};
     static const int recipe_hdr[3] = {1, 1, 128};
     fp8_ctx f = {.expr = exprs[form]};
@@ -310,10 +383,16 @@ static void run_fp8(tu_rng *r, fp8_form form, int64_t bb, int64_t h, int64_t dd,
     const dg_dtype sxt = packed_sfa ? DG_INT32 : DG_FLOAT32;
     if (form == F_BHR_HDR_BHD) {
         f.x = rand_view(r, DG_FLOAT8_E4M3, bb, h, rr, 0, false, &xf);
-        f.sx = rand_view(r, sxt, bb, h, cdiv(rr, packed_sfa ? 512 : 128), 0, pow2, &sxf);
+        f.sx = rand_view(r, sxt, bb, h, cdiv(rr, packed_sfa ? 4 * gk : gk), 0, pow2, &sxf);
         f.y = rand_view(r, DG_FLOAT8_E4M3, h, dd, rr, 0, false, &yf);
-        f.sy = rand_view(r, DG_FLOAT32, h, cdiv(dd, 128), cdiv(rr, 128), 0, pow2, &syf);
+        f.sy = rand_view(r, DG_FLOAT32, h, cdiv(dd, 128), cdiv(rr, gk), 0, pow2, &syf);
+        for (int64_t i = 0; mixed && i < f.sy.shape[1] * f.sy.shape[2]; ++i)
+            ((float *)f.sy.data)[i] = ldexpf(1.0f, (int)(i % 7) - 3);
         zs[0] = bb, zs[1] = h, zs[2] = dd, terms = rr;
+        if (gk != 128) {
+            f.recipe_k[0] = 1, f.recipe_k[1] = 128, f.recipe_k[2] = gk;
+            f.recipe = f.recipe_k;
+        }
     } else if (form == F_BHD_HDR_BHR) {
         f.x = rand_view(r, DG_FLOAT8_E4M3, bb, h, dd, 0, false, &xf);
         f.sx = rand_view(r, sxt, bb, h, cdiv(dd, packed_sfa ? 512 : 128), 0, pow2, &sxf);
@@ -343,11 +422,56 @@ static void run_fp8(tu_rng *r, fp8_form form, int64_t bb, int64_t h, int64_t dd,
         cabs[i] = fabsf(v);
     }
     char what[200];
-    snprintf(what, sizeof what, "fp8 %s B=%lld H=%lld D=%lld R=%lld pow2 %d packed %d out %s c %d", f.expr,
-             (long long)bb, (long long)h, (long long)dd, (long long)rr, pow2, packed_sfa, dg_dtype_name(out), with_c);
-    check_all(what, fp8_call, &f, &z, &z, with_c ? cabs : NULL, terms);
+    snprintf(what, sizeof what, "fp8 %s B=%lld H=%lld D=%lld R=%lld pow2 %d packed %d out %s c %d gk %d mixed %d",
+             f.expr, (long long)bb, (long long)h, (long long)dd, (long long)rr, pow2, packed_sfa, dg_dtype_name(out),
+             with_c, gk, mixed);
+    check_all(what, fp8_call, &f, &z, &z, with_c ? cabs : NULL, terms, fp8_dense);
     free(cabs);
     tu_free(&xf), tu_free(&yf), tu_free(&sxf), tu_free(&syf), tu_free(&axf), tu_free(&ayf), tu_free(&z);
+}
+
+static void run_fp8(tu_rng *r, fp8_form form, int64_t bb, int64_t h, int64_t dd, int64_t rr, bool pow2,
+                    bool packed_sfa, dg_dtype out, bool with_c) {
+    run_fp8_k(r, form, bb, h, dd, rr, pow2, packed_sfa, out, with_c, 128, false);
+}
+
+/* ---- the batched engine's packing paths ------------------------------------------------- */
+
+/* dg_engine_bgemm (G groups, S segments) with A MN-major and B strided along both axes
+ * (portable packing; MN-major B packing) equals the same problem on K-major copies (the ISA
+ * packers), bit for bit, on every variant: packing moves values, never the order. */
+static void run_layouts(tu_rng *r, int64_t g, int64_t s, int64_t m, int64_t n, int64_t k) {
+    uint16_t *ak = malloc((size_t)(g * s * m * k) * 2 + 2), *am = malloc((size_t)(g * s * m * k) * 2 + 2);
+    uint16_t *bk = malloc((size_t)(g * s * n * k) * 2 + 2), *bw = malloc((size_t)(g * s * n * k) * 4 + 2);
+    for (int64_t q = 0; q < g * s; ++q) /* ak [q][m][k], am [q][k][m]; bk [q][n][k], bw [q][k][n][2] */
+        for (int64_t i = 0; i < m * k; ++i)
+            ak[q * m * k + i] = am[q * m * k + (i % k) * m + i / k] = dg_float_to_bf16((float)tu_normal(r));
+    for (int64_t q = 0; q < g * s; ++q)
+        for (int64_t i = 0; i < n * k; ++i) {
+            bk[q * n * k + i] = bw[2 * (q * n * k + (i % k) * n + i / k)] = dg_float_to_bf16((float)tu_normal(r));
+            bw[2 * (q * n * k + (i % k) * n + i / k) + 1] = 0x7fc0; /* a NaN that must never be read */
+        }
+    dg_tensor d0 = tu_alloc2(DG_FLOAT32, g * m, n), d1 = tu_alloc2(DG_FLOAT32, g * m, n);
+    dg_tensor v0 = d0, v1 = d1;
+    v0.shape[0] = v1.shape[0] = m;
+    const dg_bgemm pk = {g, s, m, n, k, {ak, s * m * k, m * k, k, 1}, {bk, s * n * k, n * k, k, 1}, &v0, NULL, m * n,
+                         0, NULL};
+    const dg_bgemm pm = {g, s, m, n, k, {am, s * m * k, m * k, 1, m}, {bw, 2 * s * n * k, 2 * n * k, 2, 2 * n}, &v1,
+                         NULL, m * n, 0, NULL};
+    char what[160];
+    for (int v = 0; v < NVARIANTS; ++v) {
+        if (!set_variant(kVariants[v]))
+            continue;
+        snprintf(what, sizeof what, "bgemm layouts G=%lld S=%lld M=%lld N=%lld K=%lld [isa %d dpbf16 %d threads %d]",
+                 (long long)g, (long long)s, (long long)m, (long long)n, (long long)k, (int)kVariants[v].isa,
+                 kVariants[v].dpbf16, kVariants[v].threads);
+        TU_CHECK_OK(dg_engine_bgemm(&pk));
+        TU_CHECK_OK(dg_engine_bgemm(&pm));
+        TU_CHECK(memcmp(d0.data, d1.data, (size_t)(g * m * n) * 4) == 0, "%s: strided packing, the same bits", what);
+    }
+    reset_variant();
+    free(ak), free(am), free(bk), free(bw);
+    tu_free(&d0), tu_free(&d1);
 }
 
 int main(void) {
@@ -365,12 +489,16 @@ int main(void) {
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; ++i)
         for (int form = 0; form < 2; ++form)
             run_heads(&rng, form == 0, heads[i][0], heads[i][1], heads[i][2], heads[i][3], heads[i][4], heads[i][5],
-                      heads[i][6]);
+                      heads[i][6], false);
+    run_heads(&rng, false, 520, 16, 517, 16, 0, 0, 1, true); /* 8.6 MB of z, rows not 16-byte aligned */
+    run_layouts(&rng, 3, 2, 37, 45, 70);
+    run_layouts(&rng, 1, 5, 70, 33, 33);
     run_fp8(&rng, F_BHR_HDR_BHD, 3, 2, 130, 200, true, false, DG_BFLOAT16, false);
     run_fp8(&rng, F_BHR_HDR_BHD, 3, 2, 130, 200, true, true, DG_FLOAT32, true);
     run_fp8(&rng, F_BHR_HDR_BHD, 20, 3, 20, 300, false, false, DG_FLOAT32, false);
     run_fp8(&rng, F_BHR_HDR_BHD, 2, 2, 9, 140, false, false, DG_BFLOAT16, true);
     run_fp8(&rng, F_BHR_HDR_BHD, 250, 2, 40, 260, false, true, DG_BFLOAT16, false); /* tiles; packed sfa */
+    run_fp8_k(&rng, F_BHR_HDR_BHD, 40, 3, 50, 100, false, true, DG_BFLOAT16, false, 16, true); /* two configs */
     run_fp8(&rng, F_BHD_HDR_BHR, 2, 2, 260, 140, true, false, DG_BFLOAT16, false);
     run_fp8(&rng, F_BHD_HDR_BHR, 17, 2, 150, 33, false, false, DG_FLOAT32, true);
     run_fp8(&rng, F_BHD_BHR_HDR, 150, 2, 6, 10, true, false, DG_FLOAT32, true);

@@ -9,6 +9,7 @@
  */
 #include "test_gemm_dense_util.h"
 
+#include "common/engine_variants.h"
 #include "engine/engine.h"
 
 typedef struct dcase {
@@ -99,14 +100,11 @@ int main(void) {
         {"fp8 x fp4 (1,32) packed", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1},
     };
     const dg_isa best = dg_get_isa();
-    for (int v = DG_ISA_GENERIC; v <= (int)best + (best == DG_ISA_AVX512_BF16); ++v) {
-        const int isa = v > DG_ISA_AVX512_BF16 ? DG_ISA_AVX512_BF16 : v;
-        TU_CHECK_OK(dg_set_isa((dg_isa)isa));
-        dg_engine_set_dpbf16(v > DG_ISA_AVX512_BF16 ? 0 : 1);
+    for (int v = 0; v < tu_engine_variants(best); ++v) {
+        const dg_isa isa = tu_engine_variant_set(v);
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
-            check(&cases[c], dg_engine_config((dg_isa)isa)->name);
+            check(&cases[c], dg_engine_config(isa)->name);
     }
-    dg_engine_set_dpbf16(-1);
-    TU_CHECK_OK(dg_set_isa(best));
+    tu_engine_variants_done(best);
     return tu_finish();
 }

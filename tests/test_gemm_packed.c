@@ -11,6 +11,7 @@
  */
 #include "test_gemm_dense_util.h"
 
+#include "common/engine_variants.h"
 #include "engine/engine.h"
 
 typedef struct pcase {
@@ -129,15 +130,12 @@ static const pcase kCases[] = {
 static void test_equivalence(void) {
     tu_rng r = {0x5eed1234};
     const dg_isa best = dg_get_isa();
-    for (int v = DG_ISA_GENERIC; v <= (int)best + (best == DG_ISA_AVX512_BF16); ++v) {
-        const int isa = v > DG_ISA_AVX512_BF16 ? DG_ISA_AVX512_BF16 : v;
-        TU_CHECK_OK(dg_set_isa((dg_isa)isa));
-        dg_engine_set_dpbf16(v > DG_ISA_AVX512_BF16 ? 0 : 1);
-        const char *name = dg_engine_config((dg_isa)isa)->name;
+    for (int v = 0; v < tu_engine_variants(best); ++v) {
+        const char *name = dg_engine_config(tu_engine_variant_set(v))->name;
         for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; ++i)
             run_case(&kCases[i], name, &r);
     }
-    TU_CHECK_OK(dg_set_isa(best));
+    tu_engine_variants_done(best);
     dg_engine_set_dpbf16(-1);
 }
 

@@ -2,16 +2,25 @@
  * test_hc_prenorm_fast.c - the fast dg_tf32_hc_prenorm_gemm kernels (every ISA path this CPU
  * runs, forced with dg_set_isa) against the reference backend and against float64 math:
  *   - each partial sum within a float32 error bound of the reference (which rounds the exact
- *     sum once): |fast - ref| <= (K_split / 8 + 8) * 2^-23 * sum |a b| + 2^-24 |ref|, the
- *     bound of float32 sums of at most K_split / lanes + log2(lanes) terms per lane (lanes >= 8);
- *   - the sum over the splits within DeepGEMM's calc_diff < 1e-8 of float64 math;
+ *     sum once): |fast - ref| <= (T + 8) * 2^-23 * sum |a b| + 2^-24 |ref|, the bound of float32
+ *     sums of at most T + log2(lanes) terms per lane: T = K_split / 8 for the FMA kernels
+ *     (lanes >= 8); T = 3 K_split for AMX, whose one float32 accumulator per output takes the
+ *     products with three BF16 parts of b;
+ *   - the sum over the splits within DeepGEMM's calc_diff < 1e-8 of float64 math, and for AMX
+ *     within 1e-12 on DeepSeek's shapes (a lost low part of b would show);
+ *   - B recovered bit for bit through one-hot rows of A (1.0 once per row), with b over the
+ *     float32 exponent range where AMX's BF16 parts are normal (|b| >= 2^-103) up to FLT_MAX;
+ *     infinities and NaNs in b give what float64 math gives;
  *   - odd shapes: M = 1, 13, 137, K tails around the 16-element vectors and 384-element chunks,
+ *     for AMX around the 16-row tiles, 32-row blocks, 32-element k steps and 4096-element chunks,
  *     N other than 24 (1, 7, 25, 40), strided a and d, splits with empty ranges;
- *   - the same bits for 1, 2 and 3 threads, and for one split and no split;
+ *   - the same bits for 1, 2 and 3 threads, and for one split and no split; a row's bits the
+ *     same whatever M (for AMX: the transposed small-M kernel against the packed-B one);
  *   - row padding of d untouched.
  */
 #include "test_util.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,7 +100,8 @@ static void split_bounds(int k, int splits, int s, int *k0, int *k1) {
 /* fast (fd, fs) against the reference (rd, rs) with the error bound, and the split sums against
  * float64 with calc_diff; d's row padding must hold the marker. */
 static void compare(const bufs *x, const float *fd, const float *fs, const float *rd, const float *rs,
-                    const char *isa) {
+                    dg_isa level) {
+    const char *isa = dg_isa_name(level);
     const shape c = x->c;
     const int ldd = c.n + c.d_pad;
     float *sum_d = calloc((size_t)c.m * c.n, sizeof(float)), *sum_s = calloc((size_t)c.m, sizeof(float));
@@ -102,7 +112,8 @@ static void compare(const bufs *x, const float *fd, const float *fs, const float
     for (int sp = 0; sp < x->s_count; ++sp) {
         int k0, k1;
         split_bounds(c.k, x->s_count, sp, &k0, &k1);
-        const double scale = ((k1 - k0) / 8.0 + 8.0) * ldexp(1.0, -23);
+        const double terms = level == DG_ISA_AMX ? 3.0 * (k1 - k0) : (k1 - k0) / 8.0;
+        const double scale = (terms + 8.0) * ldexp(1.0, -23);
         for (int i = 0; i < c.m; ++i) {
             const float *ar = x->af + (size_t)i * c.k;
             double sq = 0;
@@ -144,12 +155,17 @@ static void compare(const bufs *x, const float *fd, const float *fs, const float
              c.n, c.k, c.splits, bad, worst);
     TU_CHECK(diff_d < 1e-8 && diff_s < 1e-8, "%s m=%d n=%d k=%d splits=%d: calc_diff d %.3g s %.3g", isa, c.m, c.n,
              c.k, c.splits, diff_d, diff_s);
+    if (level == DG_ISA_AMX && c.k >= 7168)
+        TU_CHECK(diff_d < 1e-12, "%s m=%d k=%d splits=%d: calc_diff d %.3g < 1e-12", isa, c.m, c.k, c.splits, diff_d);
+    if (getenv("HC_TEST_VERBOSE"))
+        printf("%s m=%d n=%d k=%d splits=%d: worst %.3g of the bound, calc_diff d %.3g s %.3g\n", isa, c.m, c.n, c.k,
+               c.splits, worst, diff_d, diff_s);
     TU_CHECK(pad_bad == 0, "%s m=%d n=%d k=%d: row padding of d untouched", isa, c.m, c.n, c.k);
     free(sum_d), free(sum_s), free(ref_d), free(ref_s), free(d64), free(s64);
 }
 
 /* The fast path of the current ISA against the reference on one shape. */
-static void check_shape(tu_rng *rng, shape c, const char *isa) {
+static void check_shape(tu_rng *rng, shape c, dg_isa isa) {
     bufs x;
     bufs_init(&x, rng, c);
     float *fd = malloc(d_elems(&x) * sizeof(float)), *fs = malloc(s_elems(&x) * sizeof(float));
@@ -200,6 +216,81 @@ static void check_determinism(tu_rng *rng, const char *isa) {
     TU_CHECK_OK(dg_set_num_sms(old));
 }
 
+/* One-hot rows of A (1.0 at k = 7m mod K) read b's entries back exactly: b spread over the float32
+ * exponents (|b| >= 2^-103), FLT_MAX, all 24 significand bits set. Then non-finite b: with a all
+ * ones, a column of b holding +inf gives +inf (not inf - inf), one holding a NaN gives NaN. */
+static void check_exact_b(tu_rng *rng, const char *isa) {
+    enum { M = 40, N = 24, K = 100 };
+    bufs x;
+    bufs_init(&x, rng, (shape){M, N, K, 0, 0, 0});
+    memset(x.a, 0, (size_t)M * K * 2);
+    for (int m = 0; m < M; ++m)
+        x.a[m * K + (7 * m) % K] = dg_float_to_bf16(1.0f);
+    for (int i = 0; i < N * K; ++i)
+        x.b[i] = ldexpf((float)(1.0 + tu_uniform(rng)), (int)(tu_uniform(rng) * 227.0) - 103) * (i % 3 ? 1.0f : -1.0f);
+    x.b[5] = FLT_MAX, x.b[K + 7] = -FLT_MAX;
+    uint32_t ones = 0x3FFFFFFFu; /* 1.999...: every significand bit set */
+    memcpy(&x.b[2 * K + 14], &ones, 4);
+    float d[M * N], s[M];
+    TU_CHECK_OK(run(&x, d, s));
+    int bad = 0;
+    for (int m = 0; m < M; ++m) {
+        bad += s[m] != 1.0f;
+        for (int n = 0; n < N; ++n)
+            bad += memcmp(&d[m * N + n], &x.b[n * K + (7 * m) % K], 4) != 0;
+    }
+    TU_CHECK(bad == 0, "%s: one-hot rows of a give b bit for bit (%d wrong)", isa, bad);
+    for (int i = 0; i < M * K; ++i)
+        x.a[i] = dg_float_to_bf16(1.0f);
+    tu_fill_normal(rng, x.b, (size_t)N * K, 1.0f);
+    x.b[3 * K + 50] = INFINITY, x.b[4 * K + 99] = -INFINITY, x.b[5 * K + 31] = NAN;
+    const uint32_t low_nan = 0x7F800001u; /* a NaN with only low payload bits: not an infinity */
+    memcpy(&x.b[6 * K + 3], &low_nan, 4);
+    TU_CHECK_OK(run(&x, d, s));
+    int nf = 0;
+    for (int m = 0; m < M; ++m) {
+        nf += !(d[m * N + 3] == INFINITY && d[m * N + 4] == -INFINITY && isnan(d[m * N + 5]) && isnan(d[m * N + 6]));
+        for (int n = 7; n < N; ++n)
+            nf += !isfinite(d[m * N + n]);
+    }
+    TU_CHECK(nf == 0, "%s: infinities and NaNs of b propagate as in float64 math (%d wrong)", isa, nf);
+    bufs_free(&x);
+}
+
+/* Batch invariance: a row's outputs do not depend on M. The first rows of a 200-row call again
+ * alone (a view of 13, then 40 rows): at AMX level row groups this small take the transposed
+ * kernel (B A^T), the 200-row call the packed-B one (A B^T), so both must give the same bits. */
+static void check_batch_invariance(tu_rng *rng, const char *isa) {
+    const int splits[2] = {0, 4}, rows[2] = {13, 40};
+    for (int t = 0; t < 2; ++t) {
+        bufs x;
+        bufs_init(&x, rng, (shape){200, 24, 1100, splits[t], 0, 0});
+        float *d = malloc(d_elems(&x) * 4), *s = malloc(s_elems(&x) * 4);
+        float *d2 = malloc(d_elems(&x) * 4), *s2 = malloc(s_elems(&x) * 4);
+        TU_CHECK_OK(run(&x, d, s));
+        for (int v = 0; v < 2; ++v) {
+            /* d: the first rows of each split in place; sqr_sum must be contiguous: s2 */
+            dg_tensor ta = x.ta, td = x.td, ts = splits[t] ? dg_tensor_2d(s2, DG_FLOAT32, splits[t], rows[v])
+                                                             : dg_tensor_1d(s2, DG_FLOAT32, rows[v]);
+            ta.shape[0] = rows[v];
+            td.shape[td.ndim - 2] = rows[v];
+            memset(x.d, 0x7F, d_elems(&x) * 4);
+            TU_CHECK_OK(dg_tf32_hc_prenorm_gemm(&ta, &x.tb, &td, &ts, splits[t]));
+            memcpy(d2, x.d, d_elems(&x) * 4);
+            int bad = 0;
+            for (int sp = 0; sp < x.s_count; ++sp)
+                for (int r = 0; r < rows[v]; ++r) {
+                    bad += memcmp(&d[((size_t)sp * 200 + r) * 24], &d2[((size_t)sp * 200 + r) * 24], 24 * 4) != 0;
+                    bad += memcmp(&s[sp * 200 + r], &s2[sp * rows[v] + r], 4) != 0;
+                }
+            TU_CHECK(bad == 0, "%s splits=%d: rows of a %d-row call have the bits of a 200-row call (%d differ)", isa,
+                     splits[t], rows[v], bad);
+        }
+        free(d), free(s), free(d2), free(s2);
+        bufs_free(&x);
+    }
+}
+
 static void check_isa(tu_rng *rng, dg_isa isa) {
     const char *name = dg_isa_name(isa);
     const shape shapes[] = {
@@ -212,7 +303,21 @@ static void check_isa(tu_rng *rng, dg_isa isa) {
         {5, 1, 50, 0, 0, 0},     {9, 7, 200, 2, 1, 1},     {4, 25, 129, 0, 0, 0},    {3, 40, 1000, 16, 0, 0},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i)
-        check_shape(rng, shapes[i], name);
+        check_shape(rng, shapes[i], isa);
+    if (isa == DG_ISA_AMX) {
+        /* 16-row tiles, 32-row blocks, 32-element k steps, 4096-element chunks; DeepSeek's K
+         * with the rows of M = 137 and M = 8192 (row-major blocks of 256 rows) sampled by M */
+        const shape amx[] = {
+            {16, 24, 32, 0, 0, 0},   {17, 24, 31, 0, 3, 0},  {31, 24, 33, 2, 0, 1},   {32, 24, 63, 0, 0, 0},
+            {33, 24, 65, 3, 1, 0},   {48, 24, 96, 0, 0, 0},  {64, 7, 4097, 0, 0, 2},  {40, 24, 4096 + 4096 + 40, 1, 0, 0},
+            {137, 24, 7168, 0, 0, 0}, {137, 24, 7168, 16, 0, 0}, {300, 24, 7680, 0, 0, 0}, {20, 24, 28672, 16, 0, 0},
+            {13, 24, 28672, 0, 0, 0},
+        };
+        for (size_t i = 0; i < sizeof amx / sizeof amx[0]; ++i)
+            check_shape(rng, amx[i], isa);
+    }
+    check_exact_b(rng, name);
+    check_batch_invariance(rng, name);
     check_determinism(rng, name);
 }
 
@@ -240,8 +345,8 @@ static void check_backend_switch(tu_rng *rng) {
 int main(void) {
     tu_rng rng = {77};
     const dg_isa best = dg_get_isa();
-    const dg_isa isas[3] = {DG_ISA_GENERIC, DG_ISA_AVX2, DG_ISA_AVX512};
-    for (int i = 0; i < 3; ++i) {
+    const dg_isa isas[4] = {DG_ISA_GENERIC, DG_ISA_AVX2, DG_ISA_AVX512, DG_ISA_AMX};
+    for (int i = 0; i < 4; ++i) {
         if (isas[i] > best || dg_set_isa(isas[i]) != DG_OK) {
             printf("note: %s not available here, not tested\n", dg_isa_name(isas[i]));
             continue;

@@ -52,7 +52,7 @@ static void test_cpu(void) {
     TU_CHECK_STATUS(dg_get_cpu_info(NULL), DG_ERR_NULL_POINTER);
     TU_CHECK_OK(dg_get_cpu_info(&ci));
     TU_CHECK(ci.logical_cores >= 1, "cores");
-    TU_CHECK(ci.best_isa >= DG_ISA_GENERIC && ci.best_isa <= DG_ISA_AVX512_BF16, "best isa");
+    TU_CHECK(ci.best_isa >= DG_ISA_GENERIC && ci.best_isa <= DG_ISA_AMX, "best isa");
     const dg_isa isa0 = dg_get_isa();
     TU_CHECK(isa0 <= ci.best_isa, "current isa within best");
     for (int i = DG_ISA_GENERIC; i <= (int)ci.best_isa; ++i) {
@@ -61,6 +61,10 @@ static void test_cpu(void) {
     }
     if (ci.best_isa < DG_ISA_AVX512_BF16)
         TU_CHECK_STATUS(dg_set_isa(DG_ISA_AVX512_BF16), DG_ERR_UNSUPPORTED);
+    if (ci.best_isa < DG_ISA_AMX)
+        TU_CHECK_STATUS(dg_set_isa(DG_ISA_AMX), DG_ERR_UNSUPPORTED);
+    TU_CHECK((ci.best_isa == DG_ISA_AMX) == (ci.amx_usable != 0), "amx level iff the OS granted tiles");
+    TU_CHECK(strcmp(dg_isa_name(DG_ISA_AMX), "amx") == 0, "amx name");
     TU_CHECK_STATUS(dg_set_isa((dg_isa)42), DG_ERR_VALUE);
     TU_CHECK_OK(dg_set_isa(isa0));
     TU_CHECK(strcmp(dg_isa_name(DG_ISA_AVX2), "avx2") == 0, "isa name");

@@ -2,9 +2,11 @@
  * dgbench - deepgemm-cpu's benchmark. Measures this machine's limits (BF16 / FP32 / INT8
  * compute, DRAM read bandwidth) on all kernel threads, then times each kernel case and
  * prints, in one table: best time, GFLOPS, GB/s, the share of the case's limit reached, and
- * calc_diff of the default backend's output against the reference backend's output.
+ * calc_diff of the default backend's output against the reference backend's output. Cases
+ * that describe their GEMM to the peer libraries found at run time (oneDNN, OpenBLAS; see
+ * dgbench_peer.h) get one more line per peer: its time on the same inputs and ours/peer.
  *
- *   dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [FILTER...]
+ *   dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [--no-peers] [FILTER...]
  *   dgbench --list | --info | --help
  *
  * A case runs when its name contains any FILTER (all cases when none is given).
@@ -12,6 +14,7 @@
  * no case matches.
  */
 #include "dgbench.h"
+#include "dgbench_peer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +31,7 @@ enum { NUM_FAMILIES = sizeof g_families / sizeof g_families[0] };
 #define BENCH_TIME_BUDGET 1.0
 
 typedef struct options {
-    int quick, list, info, no_peaks, reps;
+    int quick, list, info, no_peaks, no_peers, reps;
     const char *json;
     char **filters;
     int nfilters;
@@ -43,20 +46,24 @@ typedef struct result {
     double diff;     /* calc_diff(default backend, reference backend); < 0: not computed */
     const char *limit_name;
     double limit_pct; /* < 0: no limit known */
+    bench_peer_result peers[BENCH_PEER_MAX];
+    int npeers;
 } result;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [FILTER...]\n"
+            "usage: dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [--no-peers] [FILTER...]\n"
             "       dgbench --list | --info | --help\n"
             "  --quick      small shapes and short limit measurements\n"
             "  --json FILE  also write the results as JSON to FILE\n"
             "  --reps N     timed repetitions per case after one warm-up (default 3)\n"
             "  --no-peaks   skip measuring the machine's limits\n"
+            "  --no-peers   do not time oneDNN / OpenBLAS on the same inputs\n"
             "  --list       print the case names and exit\n"
             "  --info       print what the library sees on this CPU and exit\n"
             "  FILTER       run only cases whose name contains FILTER\n"
-            "Environment: DG_NUM_THREADS, DG_BACKEND, DG_ISA (see README.md).\n");
+            "Environment: DG_NUM_THREADS, DG_BACKEND, DG_ISA (see README.md); DGBENCH_ONEDNN,\n"
+            "DGBENCH_OPENBLAS: the peer library files to load instead of the default names.\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -73,6 +80,8 @@ static int parse_args(int argc, char **argv, options *o) {
             o->info = 1;
         else if (!strcmp(a, "--no-peaks"))
             o->no_peaks = 1;
+        else if (!strcmp(a, "--no-peers"))
+            o->no_peers = 1;
         else if (!strcmp(a, "--json") && i + 1 < argc)
             o->json = argv[++i];
         else if (!strcmp(a, "--reps") && i + 1 < argc && (o->reps = atoi(argv[++i])) > 0)
@@ -130,12 +139,10 @@ static void print_peaks(const bench_peaks *p) {
         printf("  int8  %10.1f GOPS     VPDPBUSD zmm\n", p->int8_gops);
     else
         printf("  int8         n/a          (no AVX512_VNNI)\n");
-    if (p->amx_bf16_gflops > 0) /* printed only where measured; not used by compute_peak */
-        printf("  amx_bf16 %7.1f GFLOPS   TDPBF16PS tiles (not used by kernels yet)\n",
-               p->amx_bf16_gflops);
+    if (p->amx_bf16_gflops > 0) /* printed only where measured */
+        printf("  amx_bf16 %7.1f GFLOPS   TDPBF16PS tiles\n", p->amx_bf16_gflops);
     if (p->amx_int8_gops > 0)
-        printf("  amx_int8 %7.1f GOPS     TDPBSSD tiles (not used by kernels yet)\n",
-               p->amx_int8_gops);
+        printf("  amx_int8 %7.1f GOPS     TDPBSSD tiles\n", p->amx_int8_gops);
     if (p->dram_gbps > 0)
         printf("  dram  %10.1f GB/s     read, %zu MiB buffer\n", p->dram_gbps,
                p->dram_buffer_bytes >> 20);
@@ -143,12 +150,20 @@ static void print_peaks(const bench_peaks *p) {
         printf("  dram         n/a\n");
 }
 
-/* The compute limit for a case: the fastest measured instruction that can do its arithmetic.
- * BF16 products are exact in FP32, so FP32 FMA counts for BF16 too (on some CPUs it is the
- * faster of the two); INT8 falls back to FP32 when VNNI is absent. */
+/* The compute limit for a case: the fastest measured instruction of the ISA level the library
+ * runs that can do its arithmetic. On isa amx the kernels use tiles, so BF16 and INT8 cases
+ * are rated against TDPBF16PS / TDPBSSD. Otherwise BF16 products are exact in FP32, so FP32
+ * FMA counts for BF16 too (on some CPUs it is the faster of the two); INT8 falls back to FP32
+ * when VNNI is absent. */
 static double compute_peak(const bench_peaks *p, bench_limit l, const char **name) {
     *name = NULL;
     double best = 0;
+    if (dg_get_isa() == DG_ISA_AMX) {
+        if (l == BENCH_LIMIT_BF16 && p->amx_bf16_gflops > 0)
+            return *name = "amx_bf16", p->amx_bf16_gflops;
+        if (l == BENCH_LIMIT_INT8 && p->amx_int8_gops > 0)
+            return *name = "amx_int8", p->amx_int8_gops;
+    }
     if (l == BENCH_LIMIT_BF16 && p->bf16_gflops > best)
         *name = "bf16", best = p->bf16_gflops;
     if (l == BENCH_LIMIT_INT8 && p->int8_gops > best)
@@ -220,6 +235,8 @@ static int run_case(result *r, const options *o) {
         bench_read_float(&r->w.out, want);
         r->diff = bench_calc_diff(got, want, n);
     }
+    if (!o->no_peers && r->w.peer)
+        r->npeers = bench_peers_run(r->w.peer, got, o->reps, BENCH_TIME_BUDGET, r->peers);
     r->ok = 1;
     rc = 0;
 done:
@@ -229,8 +246,23 @@ done:
     return rc;
 }
 
-static void print_row_header(void) {
-    printf("\n%-38s %-26s %10s %9s %8s %5s %6s %9s\n", "case", "shape", "time(ms)", "GFLOPS",
+/* Says which measured limit %lim uses for each kind of case, then the column names. */
+static void print_row_header(const bench_peaks *p) {
+    static const char *const kinds[] = {"bf16", "fp32", "int8"};
+    if (p->threads == 0) { /* --no-peaks */
+        printf("\n%%lim: not computed (--no-peaks)\n");
+    } else {
+        printf("\n%%lim: the larger of the compute and DRAM lower bounds on time over the time "
+               "(isa %s:", dg_isa_name(dg_get_isa()));
+        for (int l = BENCH_LIMIT_BF16; l <= BENCH_LIMIT_INT8; ++l) {
+            const char *name;
+            const double peak = compute_peak(p, (bench_limit)l, &name);
+            printf(" %s cases %s %.0f %s,", kinds[l], name ? name : "n/a", peak,
+                   l == BENCH_LIMIT_INT8 ? "GOPS" : "GFLOPS");
+        }
+        printf(" dram %.1f GB/s)\n", p->dram_gbps);
+    }
+    printf("%-38s %-26s %10s %9s %8s %8s %6s %9s\n", "case", "shape", "time(ms)", "GFLOPS",
            "GB/s", "limit", "%lim", "diff");
 }
 
@@ -247,9 +279,22 @@ static void print_row(const result *r) {
         snprintf(diff, sizeof diff, "%.2e", r->diff);
     if (r->w.flops > 0)
         snprintf(gflops, sizeof gflops, "%.2f", 1e-9 * r->w.flops / r->seconds);
-    printf("%-38s %-26s %10.2f %9s %8.2f %5s %6s %9s\n", r->c->name, r->w.shape,
+    printf("%-38s %-26s %10.2f %9s %8.2f %8s %6s %9s\n", r->c->name, r->w.shape,
            1e3 * r->seconds, gflops, 1e-9 * r->w.bytes / r->seconds,
            r->limit_name ? r->limit_name : "-", pct, diff);
+    for (int i = 0; i < r->npeers; ++i) { /* one line per peer, under our row */
+        const bench_peer_result *q = &r->peers[i];
+        if (!q->ok) {
+            printf("  peer %-59s  %s\n", q->name, q->note);
+            continue;
+        }
+        char extra[128] = "";
+        if (q->dequant_s > 0)
+            snprintf(extra, sizeof extra, "  (dequant %.2f ms)", 1e3 * q->dequant_s);
+        printf("  peer %-59s %10.2f %9.2f  ours/peer %5.2fx  diff %.2e%s%s%s\n", q->name,
+               1e3 * q->seconds, 1e-9 * r->w.flops / q->seconds, q->seconds / r->seconds, q->diff,
+               extra, q->note[0] ? "  " : "", q->note);
+    }
 }
 
 static void json_string(FILE *f, const char *s) {
@@ -277,9 +322,11 @@ static int write_json(const char *path, const bench_peaks *p, const result *rs, 
             dg_get_backend() == DG_BACKEND_REFERENCE ? "reference" : "auto", quick ? "true" : "false");
     fprintf(f, "  \"limits\": {\"bf16_gflops\": %.3f, \"fp32_gflops\": %.3f, \"int8_gops\": %.3f, "
                "\"dram_gbps\": %.3f, \"amx_bf16_gflops\": %.3f, \"amx_int8_gops\": %.3f},\n"
-               "  \"cases\": [",
+               "  \"peer_libraries\": ",
             p->bf16_gflops, p->fp32_gflops, p->int8_gops, p->dram_gbps, p->amx_bf16_gflops,
             p->amx_int8_gops);
+    bench_peers_json(f);
+    fprintf(f, ",\n  \"cases\": [");
     for (int i = 0; i < n; ++i) {
         const result *r = &rs[i];
         fprintf(f, "%s\n    {\"name\": ", i ? "," : "");
@@ -305,6 +352,22 @@ static int write_json(const char *path, const bench_peaks *p, const result *rs, 
                 fprintf(f, "%.6e", r->diff);
             else
                 fprintf(f, "null");
+            fprintf(f, ", \"peers\": [");
+            for (int j = 0; j < r->npeers; ++j) {
+                const bench_peer_result *q = &r->peers[j];
+                fprintf(f, "%s{\"name\": ", j ? ", " : "");
+                json_string(f, q->name);
+                fprintf(f, ", \"ok\": %s", q->ok ? "true" : "false");
+                if (q->ok)
+                    fprintf(f, ", \"seconds\": %.6e, \"dequant_seconds\": %.6e, \"gflops\": %.3f, "
+                               "\"ours_over_peer\": %.4f, \"calc_diff\": %.6e",
+                            q->seconds, q->dequant_s, 1e-9 * r->w.flops / q->seconds, q->seconds / r->seconds,
+                            q->diff);
+                fprintf(f, ", \"note\": ");
+                json_string(f, q->note);
+                fputc('}', f);
+            }
+            fputc(']', f);
         }
         fputc('}', f);
     }
@@ -345,9 +408,11 @@ int main(int argc, char **argv) {
         bench_measure_peaks(&peaks, dg_get_num_sms(), o.quick);
         print_peaks(&peaks);
     }
+    if (!o.no_peers)
+        bench_peers_init(stdout);
     result *rs = calloc((size_t)total + 1, sizeof *rs);
     int n = 0, failed = 0;
-    print_row_header();
+    print_row_header(&peaks);
     for (int f = 0; f < NUM_FAMILIES; ++f)
         for (int i = 0; i < g_families[f]->count; ++i) {
             const bench_case *c = &g_families[f]->cases[i];
@@ -365,7 +430,8 @@ int main(int argc, char **argv) {
         }
     printf("\n%d case(s), %d failed. time: best of the timed runs; %%lim: share of the larger of "
            "the compute and DRAM lower bounds; diff: calc_diff vs the reference backend "
-           "(- when it is the default).\n",
+           "(- when it is the default); peer: the same inputs through another library, ours/peer = "
+           "its time over ours (> 1: we are faster).\n",
            n, failed);
     if (o.json && write_json(o.json, &peaks, rs, n, o.quick) != 0) {
         fprintf(stderr, "dgbench: cannot write %s\n", o.json);

@@ -3,8 +3,9 @@
  * header; everything here is the tool's own.
  *
  * Parts: dgbench.c (driver: options, timing, table, JSON), dgbench_peak.c (this machine's
- * limits), dgbench_util.c (buffers, random data, the tool's own quantizers, calc_diff) and
- * one dgbench_<family>.c per kernel family holding that family's cases.
+ * limits), dgbench_util.c (buffers, random data, the tool's own quantizers, calc_diff),
+ * dgbench_peer.c (oneDNN / OpenBLAS on the same inputs, loaded at run time) and one
+ * dgbench_<family>.c per kernel family holding that family's cases.
  */
 #ifndef DGBENCH_H
 #define DGBENCH_H
@@ -21,8 +22,8 @@ typedef struct bench_peaks {
     double fp32_gflops; /* FMA (AVX-512 or AVX2), all threads */
     double int8_gops;   /* VPDPBUSD, all threads */
     double dram_gbps;   /* streaming read over a buffer much larger than the last-level cache */
-    double amx_bf16_gflops; /* TDPBF16PS tiles, all threads; reference only (no kernel uses AMX) */
-    double amx_int8_gops;   /* TDPBSSD tiles, all threads; reference only */
+    double amx_bf16_gflops; /* TDPBF16PS tiles, all threads (the BF16 limit on isa amx) */
+    double amx_int8_gops;   /* TDPBSSD tiles, all threads (the INT8 limit on isa amx) */
     const char *fp32_isa; /* "avx512", "avx2" or NULL */
     size_t dram_buffer_bytes;
     int threads;
@@ -34,11 +35,13 @@ void bench_measure_peaks(bench_peaks *p, int threads, int quick);
 size_t bench_llc_bytes(void);
 
 /* Which compute limit a case is measured against; memory traffic is always compared with
- * dram_gbps as well and the larger of the two lower bounds on time is the case's limit. */
+ * dram_gbps as well and the larger of the two lower bounds on time is the case's limit.
+ * The instruction behind a limit follows the ISA level the library runs (dg_get_isa()):
+ * on DG_ISA_AMX, BF16 and INT8 cases are rated against the AMX tile peaks (dgbench.c). */
 typedef enum bench_limit {
     BENCH_LIMIT_BF16 = 0, /* BF16 dot products (FP8/FP4 are expected to be widened to BF16) */
     BENCH_LIMIT_FP32 = 1,
-    BENCH_LIMIT_INT8 = 2,
+    BENCH_LIMIT_INT8 = 2, /* INT8 dot products */
     BENCH_LIMIT_DRAM = 3  /* memory-bound: no compute limit */
 } bench_limit;
 
@@ -51,6 +54,8 @@ typedef struct bench_work {
     double bytes;    /* bytes one run must at least read and write */
     dg_tensor out;   /* FLOAT32, BFLOAT16 or FLOAT8_E4M3 output written by run() */
     char shape[64];  /* e.g. "m=64 n=2112 k=7168" */
+    const struct bench_peer_gemm *peer; /* the same GEMM for peer libraries (dgbench_peer.h);
+                                           NULL: no peer runs this case */
 } bench_work;
 
 typedef struct bench_case {

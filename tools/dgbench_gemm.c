@@ -6,13 +6,16 @@
  *   fp8_nt_ue8m0   A, B E4M3 with 1x128 scales packed as UE8M0 (int32); D BF16
  *   fp8_fp4_nt     A E4M3 with 1x128 scales, B packed FP4 with 1x32 UE8M0-valued float32
  *                  scales (DeepGEMM's FP8 x FP4 quant config (128, 32)); D BF16
+ *   fp4_fp4_nt     A and B packed FP4, 1x32 UE8M0-valued float32 scales; D BF16. Integer dot
+ *                  products (src/engine/fp4x4.h): rated against the INT8 peak
  *   *_nt_prepacked the same with B pre-packed by dg_pack_b at setup (decoding: the weights are
  *                  packed once); one packed copy per B copy, rotated like B. Bytes still count
  *                  B as stored (its GB/s is "GB/s of B"); the packed panels are the engine's
  *                  format (BF16 pairs on AVX-512 levels, float32 on AVX2 / portable kernels).
  *
- * Large M (4096) is compute-bound: its limit is the BF16 dot-product peak (or FP32 FMA where
- * that is faster; see compute_peak in dgbench.c). Small M (1, 16, 64: decoding) is bound by
+ * Large M (4096) is compute-bound: its limit is the BF16 dot-product peak of the library's ISA
+ * level (AMX tiles on isa amx; else VDPBF16PS, or FP32 FMA where that is faster; see
+ * compute_peak in dgbench.c). Small M (1, 16, 64: decoding) is bound by
  * reading B; those cases rotate through enough copies of B (> 2x the last-level cache) that
  * every run reads its weights from DRAM, as decoding does.
  *
@@ -22,13 +25,16 @@
  * --quick uses m_quick and N, K divided by 4 (rounded up to 128).
  * Timing includes everything the public call does (argument checks, packing).
  * Bytes counted: A, B and their scales read once, D written once.
+ * Peers (dgbench_peer.h) run every case on the same operands, B copies and sampled rows;
+ * *_prepacked cases against the peer's pre-packed weights.
  */
 #include "dgbench.h"
+#include "dgbench_peer.h"
 
 #include <stdio.h>
 #include <string.h>
 
-typedef enum gemm_kind { GEMM_BF16, GEMM_FP8_1D2D, GEMM_FP8_UE8M0, GEMM_FP8_FP4 } gemm_kind;
+typedef enum gemm_kind { GEMM_BF16, GEMM_FP8_1D2D, GEMM_FP8_UE8M0, GEMM_FP8_FP4, GEMM_FP4_FP4 } gemm_kind;
 enum { LAYOUT_NT, LAYOUT_NN, LAYOUT_TN, LAYOUT_TT };
 #define SAMPLE_MAX 4
 #define B_COPIES_MAX 320 /* enough for the smallest B (FP4, 7 MiB) against a 1 GiB rotation */
@@ -48,6 +54,7 @@ typedef struct gemm_state {
     int nb, next_b, nsample, npb;
     int64_t rows[SAMPLE_MAX];
     dg_gemm_options opts;
+    bench_peer_gemm peer; /* this GEMM for oneDNN / OpenBLAS (dgbench_peer.h) */
 } gemm_state;
 
 static void gemm_free(void *s) {
@@ -98,7 +105,7 @@ static int quantize(const float *x, int64_t rows, int64_t cols, gemm_kind kind, 
             bench_to_bf16(x, t->data, (size_t)(rows * cols));
         return t->data ? 0 : -1;
     }
-    if (is_b && kind == GEMM_FP8_FP4) {
+    if ((is_b && kind == GEMM_FP8_FP4) || kind == GEMM_FP4_FP4) {
         *t = bench_tensor2(DG_FP4_E2M1X2, rows, cols / 2);
         *sf = bench_tensor2(DG_FLOAT32, rows, cdiv(cols, 32));
         if (!t->data || !sf->data)
@@ -203,6 +210,23 @@ static int prepack(gemm_state *st) {
     return 0;
 }
 
+/* The case's GEMM for the peers: same operands, B copies, sampled rows. Scale blocks follow
+ * the recipe (FP8 x FP4's options) or DeepGEMM's defaults: A 1 x 128, B 1 x 128 or, for
+ * FP8 1D2D weights, 128 x 128. */
+static void fill_peer(gemm_state *st) {
+    bench_peer_gemm *g = &st->peer;
+    g->m = st->m, g->n = st->n, g->k = st->k;
+    g->a.t = &st->a, g->b.t = st->b, g->nb = st->nb;
+    g->a.mn_major = kTransA[st->p->layout], g->b.mn_major = kTransB[st->p->layout];
+    g->a.sf = st->sfa.data ? &st->sfa : NULL, g->b.sf = st->sfb.data ? &st->sfb : NULL;
+    g->a.gran_mn = 1, g->a.gran_k = st->opts.recipe_a[1] ? st->opts.recipe_a[1] : 128;
+    g->b.gran_mn = st->p->kind == GEMM_FP8_1D2D ? 128 : 1;
+    g->b.gran_k = st->opts.recipe_b[1] ? st->opts.recipe_b[1] : 128;
+    g->prepacked = st->npb > 0, g->copies = st->npb;
+    g->d_dtype = st->d.dtype;
+    g->rows = st->rows, g->nrows = st->nsample;
+}
+
 static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
     const gemm_params *p = c->params;
     gemm_state *st = bench_alloc(sizeof *st);
@@ -211,8 +235,8 @@ static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
     st->p = p;
     st->m = quick ? p->m_quick : p->m, st->n = quick ? quarter(p->n) : p->n, st->k = quick ? quarter(p->k) : p->k;
     st->opts = dg_gemm_options_default();
-    if (p->kind == GEMM_FP8_FP4) {
-        st->opts.recipe_a[0] = 1, st->opts.recipe_a[1] = 128;
+    if (p->kind == GEMM_FP8_FP4 || p->kind == GEMM_FP4_FP4) {
+        st->opts.recipe_a[0] = 1, st->opts.recipe_a[1] = p->kind == GEMM_FP4_FP4 ? 32 : 128;
         st->opts.recipe_b[0] = 1, st->opts.recipe_b[1] = 32;
     }
     float *x = bench_alloc_uninit((size_t)((st->m > st->n ? st->m : st->n) * st->k) * sizeof(float));
@@ -226,6 +250,8 @@ static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
     }
     w->state = st;
     w->out = st->sample;
+    fill_peer(st);
+    w->peer = &st->peer;
     w->flops = 2.0 * (double)st->m * (double)st->n * (double)st->k;
     w->bytes = (double)(dg_tensor_nbytes(&st->a) + dg_tensor_nbytes(&st->b[0]) + dg_tensor_nbytes(&st->sfa) +
                         dg_tensor_nbytes(&st->sfb) + dg_tensor_nbytes(&st->d));
@@ -249,6 +275,7 @@ static dg_status call(const gemm_state *st, const dg_tensor *a, const dg_tensor 
     case GEMM_FP8_UE8M0:
         return dg_fp8_gemm_nt(a, sfa, b, &st->sfb, d, NULL, &st->opts);
     case GEMM_FP8_FP4:
+    case GEMM_FP4_FP4:
         return dg_fp8_fp4_gemm_nt(a, sfa, b, &st->sfb, d, NULL, &st->opts);
     }
     return DG_ERR_INTERNAL;
@@ -302,6 +329,7 @@ static const gemm_params P[] = {
     SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 16, 2112, 7168),
     PACKED(GEMM_BF16, 1, 2112, 7168),                  PACKED(GEMM_BF16, 16, 2112, 7168),
     PACKED(GEMM_BF16, 64, 2112, 7168),                 PACKED(GEMM_FP8_1D2D, 16, 2112, 7168),
+    SHAPE(GEMM_FP4_FP4, LAYOUT_NT, 4096, 2112, 7168),  SHAPE(GEMM_FP4_FP4, LAYOUT_NT, 1, 7168, 2048),
 };
 #undef SHAPE
 #undef PACKED
@@ -320,6 +348,8 @@ static const bench_case CASES[] = {
     CASE("gemm/bf16_nt_prepacked/m16_n2112_k7168", 16),
     CASE("gemm/bf16_nt_prepacked/m64_n2112_k7168", 17),
     CASE("gemm/fp8_nt_1d2d_prepacked/m16_n2112_k7168", 18),
+    {"gemm/fp4_fp4_nt/n2112_k7168", BENCH_LIMIT_INT8, &P[19], gemm_setup, gemm_run, gemm_free},
+    {"gemm/fp4_fp4_nt/m1_n7168_k2048", BENCH_LIMIT_INT8, &P[20], gemm_setup, gemm_run, gemm_free},
 };
 #undef CASE
 

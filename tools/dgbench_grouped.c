@@ -8,6 +8,8 @@
  *   {bf16,fp8}_masked  (G, expected_m) = (32, 192), (6, 1024) [compute-bound] and (32, 20),
  *                      (6, 20) [decoding: bound by reading the weights] on (N, K) = (7168, 3072);
  *                      max_m is trimmed to 1.3x expected (rows past masked_m are never read)
+ *   {bf16,fp8}_masked_prepacked  the decoding shapes with the weights packed once at setup by
+ *                      dg_pack_b_grouped (as an inference server packs its experts)
  *   k_{bf16,fp8}_tn    weight gradients, DeepGEMM's (G, M, N, K/group) = (4, 4096, 7168, 8192)
  *                      and (8, 7168, 2048, 4096) with K/group scaled by 1/8
  * FP8: A (activations) 1x128 float32 scales, B (weights) 128x128 float32 scales; k-grouped FP8
@@ -16,7 +18,9 @@
  * FLOPs count computed rows only. Bytes: every operand once; for the decoding cases that is
  * essentially the weights (B and its scales), which rotate through enough copies (> 1 GiB) that
  * every run reads them from DRAM, so GB/s is the weight bandwidth and %lim its share of the
- * measured DRAM limit.
+ * measured DRAM limit. Prepacked cases rotate packed copies the same way and count the weight
+ * bytes as packed (what the run streams: BF16 k pairs on AVX-512 / AMX levels, float32 below;
+ * FP8 widened to BF16; kept float32 scales per NR columns and 128 of K) for the non-empty groups.
  * diff: the reference backend computes a sample of rows (first and last computed row of the
  * first and last group) through the public API on sliced views; the engine run copies the same
  * rows out of D (a negligible part of the timed work).
@@ -34,6 +38,7 @@ typedef struct gparams {
     int fp8, G, expected; /* expected rows (k-grouped: K) per group, before scaling */
     int64_t m, n, k;      /* k-grouped: M, N of the gradient; else m unused */
     int scale_div;        /* expected is divided by this (see top) */
+    int prepacked;        /* masked only: B packed once at setup (dg_pack_b_grouped) */
 } gparams;
 
 enum { SAMPLES = 4, COPIES_MAX = 8 };
@@ -49,6 +54,8 @@ typedef struct gstate {
     int64_t rows[SAMPLES], groups[SAMPLES]; /* m-grouped: sampled D rows (masked: within group) */
     int nsample;
     dg_gemm_options o;
+    dg_packed_b *pb[COPIES_MAX]; /* prepacked: identical packed copies of B, rotated */
+    int npb;
 } gstate;
 
 static uint64_t g_seed;
@@ -60,6 +67,21 @@ static double rnd(void) { /* splitmix64 -> [0, 1) */
 }
 
 static double nb(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
+
+static void grouped_free(void *state) {
+    gstate *s = state;
+    for (int i = 0; s && i < s->npb; ++i)
+        dg_packed_b_free(s->pb[i]);
+    bench_pool_state_free(state);
+}
+
+/* Bytes of one group's packed B as the engine lays it out (engine.h): N x K values (BF16 pairs
+ * on AVX-512 and AMX levels, float32 below) and, for float32 scales that are not powers of two
+ * (this tool's 0.5..2 uniform ones), one float per column and 128 of K. */
+static double packed_group_bytes(const gstate *s) {
+    const double es = dg_get_isa() >= DG_ISA_AVX512 ? 2 : 4;
+    return (double)s->n * s->k * es + (s->sfb ? (double)s->n * ((s->k + 127) / 128) * 4 : 0);
+}
 
 /* B [copies * G, N, K] (+ 128x128 scales), copy 0 random, the others identical. */
 static void setup_b(gstate *s) {
@@ -81,10 +103,12 @@ static void setup_b(gstate *s) {
     }
 }
 
-/* The copy of B (and sfb) the next run uses. */
+/* The copy of B (and sfb) the next run uses (prepacked: the one copy; s->next rotates the
+ * packed copies instead). */
 static void b_copy(gstate *s, dg_tensor *b, dg_tensor *sfb) {
-    const int64_t c = s->next;
-    s->next = (s->next + 1) % s->copies;
+    const int64_t c = s->npb ? 0 : s->next;
+    if (!s->npb)
+        s->next = (s->next + 1) % s->copies;
     *b = *s->b;
     b->shape[0] = s->G;
     b->data = (char *)b->data + c * s->G * b->strides[0] * (int64_t)dg_dtype_size(b->dtype);
@@ -93,6 +117,27 @@ static void b_copy(gstate *s, dg_tensor *b, dg_tensor *sfb) {
         sfb->shape[0] = s->G;
         sfb->data = (char *)sfb->data + c * s->G * sfb->strides[0] * 4;
     }
+}
+
+/* Packs B (copy 0) into enough identical copies that rotating them overflows the caches
+ * (> 1.1 GiB, as the unpacked decoding cases); w->bytes then counts packed weight bytes of the
+ * non-empty groups instead of B as stored. */
+static int setup_prepacked(gstate *s, int quick, bench_work *w) {
+    const double group = packed_group_bytes(s);
+    s->npb = quick ? 1 : (int)(1.1 * 1024 * 1024 * 1024 / (group * s->G)) + 1;
+    s->npb = s->npb > COPIES_MAX ? COPIES_MAX : s->npb;
+    dg_tensor b, sfb;
+    b_copy(s, &b, &sfb);
+    for (int i = 0; i < s->npb; ++i)
+        if (dg_pack_b_grouped(&b, s->sfb ? &sfb : NULL, &s->o, &s->pb[i]) != DG_OK) {
+            s->npb = i;
+            return -1;
+        }
+    int nonempty = 0;
+    for (int g = 0; g < s->G; ++g)
+        nonempty += s->sizes[g] > 0;
+    w->bytes += nonempty * group - (nb(s->b) + nb(s->sfb)) / s->copies;
+    return 0;
 }
 
 static int setup_m(gstate *s, bench_work *w) {
@@ -207,14 +252,16 @@ static int grouped_setup(const bench_case *c, int quick, bench_work *w) {
         s->exp = 1;
     s->o = dg_gemm_options_default();
     s->copies = 1;
-    if (p->kind == G_MASKED && p->expected <= 64 && !quick) { /* decoding: weights from DRAM */
+    if (p->kind == G_MASKED && p->expected <= 64 && !quick && !p->prepacked) { /* decoding: weights from DRAM */
         const double bytes = (double)s->G * s->n * s->k * (p->fp8 ? 1 : 2);
         s->copies = (int64_t)(1.1 * 1024 * 1024 * 1024 / bytes) + 1;
         s->copies = s->copies > COPIES_MAX ? COPIES_MAX : s->copies;
     }
-    const int rc = p->kind == G_KGROUPED ? setup_k(s, w) : setup_m(s, w);
+    int rc = p->kind == G_KGROUPED ? setup_k(s, w) : setup_m(s, w);
+    if (rc == 0 && p->prepacked)
+        rc = setup_prepacked(s, quick, w);
     if (rc != 0) {
-        bench_pool_state_free(s);
+        grouped_free(s);
         return -1;
     }
     w->state = s;
@@ -226,6 +273,12 @@ static int grouped_setup(const bench_case *c, int quick, bench_work *w) {
 
 static dg_status m_call(gstate *s, const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
                         const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *layout) {
+    if (s->npb && dg_get_backend() != DG_BACKEND_REFERENCE) { /* masked on the next packed copy */
+        const dg_packed_b *pb = s->pb[s->next];
+        s->next = (s->next + 1) % s->npb;
+        return s->p->fp8 ? dg_m_grouped_fp8_fp4_gemm_nt_masked_packed(a, sfa, pb, d, layout, (int)s->exp, &s->o)
+                         : dg_m_grouped_bf16_gemm_nt_masked_packed(a, pb, d, layout, (int)s->exp, &s->o);
+    }
     if (s->p->kind == G_MASKED)
         return s->p->fp8 ? dg_m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, d, layout, (int)s->exp, &s->o)
                          : dg_m_grouped_bf16_gemm_nt_masked(a, b, d, layout, (int)s->exp, &s->o);
@@ -309,17 +362,19 @@ static dg_status grouped_run(void *state) {
 }
 
 static const gparams P[] = {
-    {G_CONTIG, 0, 4, 8192, 0, 4096, 7168, 8},  {G_CONTIG, 0, 8, 4096, 0, 4096, 7168, 8},
-    {G_CONTIG, 1, 4, 8192, 0, 4096, 7168, 8},  {G_CONTIG, 1, 8, 4096, 0, 4096, 7168, 8},
-    {G_MASKED, 0, 32, 192, 0, 7168, 3072, 1},  {G_MASKED, 0, 6, 1024, 0, 7168, 3072, 1},
-    {G_MASKED, 0, 32, 20, 0, 7168, 3072, 1},   {G_MASKED, 0, 6, 20, 0, 7168, 3072, 1},
-    {G_MASKED, 1, 32, 192, 0, 7168, 3072, 1},  {G_MASKED, 1, 6, 1024, 0, 7168, 3072, 1},
-    {G_MASKED, 1, 32, 20, 0, 7168, 3072, 1},   {G_MASKED, 1, 6, 20, 0, 7168, 3072, 1},
-    {G_KGROUPED, 0, 4, 8192, 4096, 7168, 0, 8}, {G_KGROUPED, 0, 8, 4096, 7168, 2048, 0, 8},
-    {G_KGROUPED, 1, 4, 8192, 4096, 7168, 0, 8}, {G_KGROUPED, 1, 8, 4096, 7168, 2048, 0, 8},
+    {G_CONTIG, 0, 4, 8192, 0, 4096, 7168, 8, 0},  {G_CONTIG, 0, 8, 4096, 0, 4096, 7168, 8, 0},
+    {G_CONTIG, 1, 4, 8192, 0, 4096, 7168, 8, 0},  {G_CONTIG, 1, 8, 4096, 0, 4096, 7168, 8, 0},
+    {G_MASKED, 0, 32, 192, 0, 7168, 3072, 1, 0},  {G_MASKED, 0, 6, 1024, 0, 7168, 3072, 1, 0},
+    {G_MASKED, 0, 32, 20, 0, 7168, 3072, 1, 0},   {G_MASKED, 0, 6, 20, 0, 7168, 3072, 1, 0},
+    {G_MASKED, 1, 32, 192, 0, 7168, 3072, 1, 0},  {G_MASKED, 1, 6, 1024, 0, 7168, 3072, 1, 0},
+    {G_MASKED, 1, 32, 20, 0, 7168, 3072, 1, 0},   {G_MASKED, 1, 6, 20, 0, 7168, 3072, 1, 0},
+    {G_KGROUPED, 0, 4, 8192, 4096, 7168, 0, 8, 0}, {G_KGROUPED, 0, 8, 4096, 7168, 2048, 0, 8, 0},
+    {G_KGROUPED, 1, 4, 8192, 4096, 7168, 0, 8, 0}, {G_KGROUPED, 1, 8, 4096, 7168, 2048, 0, 8, 0},
+    {G_MASKED, 0, 32, 20, 0, 7168, 3072, 1, 1}, {G_MASKED, 0, 6, 20, 0, 7168, 3072, 1, 1},
+    {G_MASKED, 1, 32, 20, 0, 7168, 3072, 1, 1}, {G_MASKED, 1, 6, 20, 0, 7168, 3072, 1, 1},
 };
 
-#define CASE(name, lim, i) {name, lim, &P[i], grouped_setup, grouped_run, bench_pool_state_free}
+#define CASE(name, lim, i) {name, lim, &P[i], grouped_setup, grouped_run, grouped_free}
 static const bench_case CASES[] = {
     CASE("grouped/bf16_contig/g4_m8192div8_n4096_k7168", BENCH_LIMIT_BF16, 0),
     CASE("grouped/bf16_contig/g8_m4096div8_n4096_k7168", BENCH_LIMIT_BF16, 1),
@@ -333,6 +388,10 @@ static const bench_case CASES[] = {
     CASE("grouped/fp8_masked/g6_m1024_n7168_k3072", BENCH_LIMIT_BF16, 9),
     CASE("grouped/fp8_masked/g32_m20_n7168_k3072", BENCH_LIMIT_DRAM, 10),
     CASE("grouped/fp8_masked/g6_m20_n7168_k3072", BENCH_LIMIT_DRAM, 11),
+    CASE("grouped/bf16_masked_prepacked/g32_m20_n7168_k3072", BENCH_LIMIT_DRAM, 16),
+    CASE("grouped/bf16_masked_prepacked/g6_m20_n7168_k3072", BENCH_LIMIT_DRAM, 17),
+    CASE("grouped/fp8_masked_prepacked/g32_m20_n7168_k3072", BENCH_LIMIT_DRAM, 18),
+    CASE("grouped/fp8_masked_prepacked/g6_m20_n7168_k3072", BENCH_LIMIT_DRAM, 19),
     CASE("grouped/k_bf16_tn/g4_m4096_n7168_k8192div8", BENCH_LIMIT_BF16, 12),
     CASE("grouped/k_bf16_tn/g8_m7168_n2048_k4096div8", BENCH_LIMIT_BF16, 13),
     CASE("grouped/k_fp8_tn/g4_m4096_n7168_k8192div8", BENCH_LIMIT_BF16, 14),

@@ -6,8 +6,8 @@
  *   INT8   VPDPBUSD on zmm registers: 64 products x 2 = 128 ops per instruction
  *   DRAM   a streaming read over a buffer several times the last-level cache
  *   AMX    (where the CPU, compiler and kernel allow it) TDPBF16PS / TDPBSSD on tiles, four
- *          independent accumulator tiles; printed for reference only: no kernel uses AMX yet,
- *          and no case is rated against it
+ *          independent accumulator tiles; BF16 and INT8 cases are rated against these when
+ *          the library runs at isa amx (its kernels then use tiles; see compute_peak)
  * The compute loops keep 12 independent accumulators in registers, enough to cover the
  * latency x throughput of these instructions on current x86 cores, and touch no memory.
  * Each accumulator starts from a different value: identical ones would let the compiler
@@ -22,8 +22,8 @@
  *   Intel Sapphire Rapids class (two 512-bit FMA ports; VDPBF16PS about one per two cycles):
  *              FP32 ~ 2 x BF16. Measured on such a 2-core VM (CPUID GenuineIntel family 6,
  *              AMX and AVX512-FP16 present): per core BF16 ~114, FP32 ~229 GFLOPS.
- * BF16 products are exact in FP32, so a BF16 GEMM may use either; dgbench.c rates BF16 cases
- * against the larger of the two (compute_peak).
+ * BF16 products are exact in FP32, so a BF16 GEMM may use either; below isa amx dgbench.c
+ * rates BF16 cases against the larger of the two (compute_peak).
  */
 #include "dgbench.h"
 

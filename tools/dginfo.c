@@ -22,8 +22,9 @@ int main(void) {
     printf("logical cores  %d\n", ci.logical_cores);
     printf("features       avx2=%s fma=%s avx512f=%s avx512bw=%s avx512vl=%s\n", yes_no(ci.avx2),
            yes_no(ci.fma), yes_no(ci.avx512f), yes_no(ci.avx512bw), yes_no(ci.avx512vl));
-    printf("               avx512_bf16=%s avx512_vnni=%s amx_bf16=%s\n", yes_no(ci.avx512_bf16),
-           yes_no(ci.avx512_vnni), yes_no(ci.amx_bf16));
+    printf("               avx512_bf16=%s avx512_vnni=%s amx_bf16=%s amx_int8=%s (tiles granted: %s)\n",
+           yes_no(ci.avx512_bf16), yes_no(ci.avx512_vnni), yes_no(ci.amx_bf16), yes_no(ci.amx_int8),
+           yes_no(ci.amx_usable));
     printf("best isa       %s\n", dg_isa_name(ci.best_isa));
     printf("selected isa   %s   (DG_ISA)\n", dg_isa_name(dg_get_isa()));
     printf("num_sms        %d   (threads; DG_NUM_THREADS)\n", dg_get_num_sms());

@@ -44,6 +44,9 @@ void dg_packed_b_free(dg_packed_b *p) {
     if (!p || p->magic != DG_PACKED_B_MAGIC)
         return;
     p->magic = 0;
+    for (int64_t g = 0; g < p->groups; ++g) /* grouped: each group's FP4 copy (prepack.h) */
+        dg_free(p->group[g].fp4_mem);
+    dg_free(p->fp4_mem);
     dg_engine_packed_free(&p->pk);
     dg_free(p);
 }
@@ -53,6 +56,9 @@ void dg_packed_b_free(dg_packed_b *p) {
 static dg_status check_packed(const dg_packed_b *b) {
     DG_CHECK(b != NULL, DG_ERR_NULL_POINTER, "argument 'b' is NULL");
     DG_CHECK(b->magic == DG_PACKED_B_MAGIC, DG_ERR_VALUE, "argument 'b' is not a live dg_packed_b (freed?)");
+    DG_CHECK(b->groups == 0, DG_ERR_VALUE,
+             "argument 'b' holds %lld groups (dg_pack_b_grouped); use the m-grouped `_packed` GEMMs",
+             (long long)b->groups);
     return DG_OK;
 }
 

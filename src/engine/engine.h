@@ -15,8 +15,11 @@
  * Panel p starts at element p * Kp * R and stores, for the two element formats:
  *   DG_PACK_F32   float  P[k][R]        element (r, k) at k * R + r
  *   DG_PACK_BF16  bf16   P[k/2][R][2]   element (r, k) at (k/2) * 2R + 2r + (k & 1)
- * In both formats the k-slice starting at an even k0 begins at element k0 * R, so a
- * microkernel's operand pointers are computed the same way for both.
+ *   DG_PACK_AMX_B as DG_PACK_BF16 with Kp = K rounded up to 32 (B tiles: 16 k pairs x 16 cols)
+ *   DG_PACK_AMX_A bf16   P[k/32][R][32] element (r, k) at (k/32) * 32R + 32r + k % 32, Kp
+ *                 rounded up to 32 (A tiles: 16 rows x 32 k, row stride 64 bytes)
+ * In every format the k-slice starting at an even k0 (a multiple of 32 for AMX) begins at
+ * element k0 * R, so a microkernel's operand pointers are computed the same way for all.
  * FP8/FP4 codes are widened to BF16 exactly while packing; power-of-two scales (UE8M0) are
  * folded into the values (exact barring BF16 overflow/underflow, i.e. scales beyond 2^+-118).
  * Scales that cannot be folded are packed per panel as float S[kb][R] (kb = k / gblk) and
@@ -33,9 +36,19 @@
  * Finally D = round(C + total) (one float32 add, one rounding to D's dtype).
  * This order depends on neither M, N, the tile position nor the thread count: K is never
  * split across threads, tails are computed by the same kernel on zero-padded panels.
- * Caveat: the small-M path (smallm.c) always runs float32 FMA kernels; where the large-M path
+ * Caveat: the small-M path (smallm.c) runs float32 FMA kernels (except on AMX configurations,
+ * where it runs TDPBF16PS like the large-M kernel: same bits); where the large-M path
  * runs VDPBF16PS (AMD by default, config.c), rows agree bitwise across M unless a product or
  * partial sum is a float32 denormal (which VDPBF16PS flushes to zero).
+ *
+ * AMX configurations (DG_ISA_AMX) replace the k-pair chain: K is padded with zeros to a
+ * multiple of 32 and each k step of 32 is one TDPBF16PS, which adds the step's 32 exact
+ * products to the float32 accumulator in the hardware's own way (it is neither the chain above
+ * nor one rounding of the exact sum: measured on Sapphire Rapids). The step sequence, the
+ * per-block scale epilogue and the final rounding are as above, so every path of an AMX
+ * configuration (large M, small M, pre-packed, grouped, einsum) gives the same bits for a row
+ * whatever M, the tiling or the thread count; bits differ from the other ISA levels. Scale
+ * blocks that are not whole k steps (gblk % 32 != 0) run on the configuration's fallback.
  *
  * ---- Microkernel contract ---------------------------------------------------------------
  * One MR x NR tile of a float32 buffer c (row stride ldc), over kc (even) k of packed panels:
@@ -64,7 +77,17 @@ static inline float dg_engine_bf16_f32(uint16_t h) {
     return v.f;
 }
 
-typedef enum dg_pack_fmt { DG_PACK_F32 = 0, DG_PACK_BF16 = 1 } dg_pack_fmt;
+typedef enum dg_pack_fmt {
+    DG_PACK_F32 = 0,
+    DG_PACK_BF16 = 1,
+    DG_PACK_AMX_A = 2, /* AMX A tiles: K padded to 32; element (r, k) at (k/32)*32R + 32r + k%32 */
+    DG_PACK_AMX_B = 3  /* DG_PACK_BF16's layout with K padded to 32 (AMX B tiles: k pairs x R) */
+} dg_pack_fmt;
+
+/* K of a packed operand rounded up to what its format's kernels step over. */
+static inline int64_t dg_pack_kp(dg_pack_fmt fmt, int64_t k) {
+    return fmt >= DG_PACK_AMX_A ? (k + 31) / 32 * 32 : k + (k & 1);
+}
 typedef enum dg_ukr_mode { DG_UKR_ZERO = 0, DG_UKR_ACC = 1, DG_UKR_SCALE = 2 } dg_ukr_mode;
 
 typedef void (*dg_ukr_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
@@ -91,10 +114,23 @@ typedef struct dg_engine_cfg {
     /* Small M (decoding): microkernels for MR = 1, 2, 4, 8 with NR = nr on DG_PACK_F32
      * panels (NULL: small M takes the general path). */
     dg_ukr_fn ukr_small[4];
+    /* AMX tile kernels: A is packed DG_PACK_AMX_A (B: fmt = DG_PACK_AMX_B), K blocks of
+     * unfolded scales must be whole tile steps (gblk % 32 == 0), else the engine runs
+     * `fallback`. Their order differs from the chain below (see kernels/amx/ukr_amx.c). */
+    int amx;
+    dg_isa fallback;
+    void (*ukr_begin)(void); /* once per thread and output tile before ukr calls (NULL: none) */
 } dg_engine_cfg;
+
+/* The packed format of A (the MR-row operand) under configuration cfg. */
+static inline dg_pack_fmt dg_engine_fmt_a(const dg_engine_cfg *cfg) { return cfg->amx ? DG_PACK_AMX_A : cfg->fmt; }
 
 /* The configuration for an ISA level (never NULL: generic is always there). */
 const dg_engine_cfg *dg_engine_config(dg_isa isa);
+struct dg_scale_plan;
+/* The configuration the large-M loops use for a scale plan: cfg itself, or its fallback when
+ * its kernels cannot take the plan's K blocks (AMX: gblk % 32 != 0). */
+const dg_engine_cfg *dg_engine_config_for(const dg_engine_cfg *cfg, const struct dg_scale_plan *plan);
 /* At the AVX-512 BF16 level: 1 uses VDPBF16PS, 0 the float32 FMA kernel, -1 decides by CPU
  * (config.c). Both give the same bits (up to VDPBF16PS's denormal flushing). */
 void dg_engine_set_dpbf16(int use);
@@ -106,8 +142,33 @@ void dg_ukr_f32_avx2(int64_t kc, const void *a, const void *b, float *c, int64_t
                      const float *sa, const float *sb);
 void dg_ukr_f32_avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                        const float *sa, const float *sb);
+void dg_ukr_bf16_amx_begin(void);
+void dg_ukr_bf16_amx(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode, const float *sa,
+                     const float *sb);
 void dg_ukr_bf16_avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                             const float *sa, const float *sb);
+/* AMX small-M kernels (src/kernels/amx/smallm_amx.c; x86-64 only), after dg_amx_small_begin.
+ * _t: acc[p] = [16 n][16 m] (p < mt) over `steps` k steps of 32: B rows at b (row stride ldb
+ * elements, BF16; prefetched pf bytes ahead, 0: not), A as DG_PACK_AMX_B R = 16 panels at a
+ * (panel stride lda elements).
+ * _pp: acc = [16 mt][32] (mt <= 2) over 32-column DG_PACK_AMX_B panel b (prefetched pf bytes
+ * ahead, 0: not), A as DG_PACK_AMX_A R = 16.
+ * accumulate: continue from acc, else start from zero. _scale: the DG_UKR_SCALE epilogue. */
+void dg_amx_small_begin(void);
+void dg_amx_small_t(int64_t steps, const uint16_t *b, int64_t ldb, int64_t pf, const uint16_t *a, int64_t lda,
+                    int mt, float *acc, int accumulate);
+void dg_amx_small_t_scale(int mt, const float *acc, float *total, const float *sa, int64_t sa_stride,
+                          const float *sb);
+void dg_amx_small_pp(int64_t steps, const uint16_t *a, int64_t lda, int mt, const uint16_t *b, int64_t pf,
+                     float *acc, int accumulate);
+void dg_amx_small_pp_scale(const float *acc, float *total, const float *sa, const float *sb);
+/* rows x n E4M3 codes (row stride ld) -> BF16 (row stride ldd), the values of dg_widen_e4m3_avx512
+ * at scale 1; prefetches `ahead` bytes further along each source row (0: none). */
+void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n, int64_t ahead, uint16_t *dst,
+                            int64_t ldd);
+/* n E2M1 values (K-contiguous nibble pairs, n even) -> BF16 times scales[q] per blk values
+ * (blk % 32 == 0): the values of dg_widen_e2m1_avx512 block by block. */
+void dg_amx_widen_e2m1_row(const uint8_t *src, int64_t n, int64_t blk, const float *scales, uint16_t *out);
 
 void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                                 int64_t k, dg_pack_fmt fmt, void *dst);

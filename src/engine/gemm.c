@@ -11,6 +11,7 @@
  * Loop bounds are plain parameters; a JIT can make (M, N, K, MC, NC, KC, MR, NR) constants.
  */
 #include "engine.h"
+#include "fp4x4.h"
 
 #include <string.h>
 
@@ -79,6 +80,8 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
     const int64_t step = gblk ? gblk * (cfg->kc / gblk > 0 ? cfg->kc / gblk : 1) : cfg->kc;
     if (gblk || kp == 0)
         memset(buf, 0, (size_t)(mpan * cfg->mr * ldc) * sizeof(float));
+    if (cfg->ukr_begin)
+        cfg->ukr_begin();
     for (int64_t k0 = 0; k0 < kp; k0 += step) {
         const int64_t k1 = k0 + step < kp ? k0 + step : kp;
         if (k1 == kp)
@@ -123,7 +126,8 @@ static dg_status run_tiles(tile_job *j) {
     const dg_engine_cfg *cfg = j->cfg;
     choose_tiles(j, dg_num_threads());
     const int64_t mt = dg_ceil_div(j->m, j->mc), nt = dg_ceil_div(j->n, j->nc);
-    const int64_t ldc = j->nc, tiles = mt * nt;
+    /* one 64-byte pad per row: a power-of-two row stride maps a tile's rows onto few L1 sets */
+    const int64_t ldc = j->nc + 16, tiles = mt * nt;
     const int threads = (int)(tiles < dg_num_threads() ? tiles : dg_num_threads());
     /* Every thread's buffers up front: a failure returns before anything is written. */
     const int nones = cfg->mr > cfg->nr ? cfg->mr : cfg->nr;
@@ -159,14 +163,17 @@ dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, co
 }
 
 dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c) {
+    if (dg_engine_fp4x4_applies(a, b)) /* both E2M1: integer block dot products (fp4x4.h) */
+        return dg_engine_gemm_fp4x4(a, b, d, c);
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
     dg_scale_plan plan;
     if (!dg_engine_plan_scales(a, b, &plan))
         return DG_ERR_UNSUPPORTED;
+    cfg = dg_engine_config_for(cfg, &plan);
     if (dg_engine_small_applies(cfg, a, b))
         return dg_engine_gemm_small(cfg, a, b, &plan, d, c);
     dg_packed pa, pb;
-    DG_TRY(dg_engine_pack(a, plan.fold_a, plan.gblk, cfg->fmt, cfg->mr, cfg, &pa));
+    DG_TRY(dg_engine_pack(a, plan.fold_a, plan.gblk, dg_engine_fmt_a(cfg), cfg->mr, cfg, &pa));
     dg_status st = dg_engine_pack(b, plan.fold_b, plan.gblk, cfg->fmt, cfg->nr, cfg, &pb);
     if (st == DG_OK) {
         tile_job j = {cfg, &pa, &pb, d, c, a->mn, b->mn, 0, 0};

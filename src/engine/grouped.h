@@ -44,6 +44,21 @@ dg_status dg_engine_m_grouped_contiguous(const dg_operand *a, const dg_operand *
 dg_status dg_engine_m_grouped_masked(const dg_operand *a, const dg_operand *b, const dg_tensor *d,
                                      const int32_t *masked_m);
 
+/* ---- pre-packed grouped weights (grouped_packed.c; the struct: prepack.h) ---------------
+ * dg_engine_prepack_b_grouped packs every group of the grouped operand b ([G, N, K], scales
+ * attached) for the current configuration; out's dtype, sf_dtype and gran_b are set by the
+ * caller and copied into each group. The GEMMs below take such an object and give bitwise the
+ * D of the unpacked calls above. Before writing anything they fail with DG_ERR_VALUE when the
+ * current configuration is not the packing one and with DG_ERR_UNSUPPORTED when the packed
+ * engine cannot run A's scale blocks with B's (dg_engine_gemm_prepacked's refusals). */
+struct dg_packed_b;
+dg_status dg_engine_prepack_b_grouped(const dg_operand *b, struct dg_packed_b *out);
+dg_status dg_engine_m_grouped_masked_prepacked(const dg_operand *a, const struct dg_packed_b *b,
+                                               const dg_tensor *d, const int32_t *masked_m);
+dg_status dg_engine_m_grouped_contiguous_prepacked(const dg_operand *a, const struct dg_packed_b *b,
+                                                   const dg_tensor *d, const int32_t *layout, int use_psum,
+                                                   int64_t alignment, int zero_padding);
+
 /* K-grouped GEMM (arguments and semantics: dg_ref_k_grouped). */
 dg_status dg_engine_k_grouped(const dg_k_grouped_problem *p);
 

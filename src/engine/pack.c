@@ -198,7 +198,11 @@ static void pack_scales(const dg_operand *op, const dg_packed *pk, int64_t p) {
 static void scatter_row(const dg_packed *pk, int64_t p, int rr, const uint16_t *row) {
     const int r = pk->r;
     const int64_t kp = pk->kp;
-    if (pk->fmt == DG_PACK_F32) {
+    if (pk->fmt == DG_PACK_AMX_A) { /* 32-element pieces of the row, one per k step */
+        uint16_t *dst = (uint16_t *)pk->data + p * kp * r + 32 * rr;
+        for (int64_t k0 = 0; k0 < kp; k0 += 32)
+            memcpy(dst + k0 * r, row + k0, 64);
+    } else if (pk->fmt == DG_PACK_F32) {
         float *dst = (float *)pk->data + p * kp * r + rr;
         for (int64_t kk = 0; kk < kp; ++kk)
             dst[kk * r] = dg_engine_bf16_f32(row[kk]);
@@ -222,6 +226,20 @@ static void pack_panel(const dg_operand *op, int fold, const dg_packed *pk, int6
     void *dst = (char *)pk->data + (size_t)(p * kp * r) * es;
     if (pk->scales)
         pack_scales(op, pk, p);
+    if (pk->fmt == DG_PACK_AMX_A) { /* row pieces: no transpose, so no ISA packer */
+        for (int rr = 0; rr < r; ++rr) {
+            if (rr < rows && direct_bf16(op, fold) && op->k == kp) {
+                scatter_row(pk, p, rr, (const uint16_t *)op->data->data + (i0 + rr) * op->data->strides[0]);
+                continue;
+            }
+            if (rr < rows)
+                fetch_row(op, i0 + rr, fold, kp, stage, isa);
+            else
+                memset(stage, 0, (size_t)kp * 2);
+            scatter_row(pk, p, rr, stage);
+        }
+        return;
+    }
     if (fn && direct_bf16(op, fold)) {
         const int64_t ld = op->data->strides[0];
         fn((const uint16_t *)op->data->data + i0 * ld, ld, rows, r, 0, kp, op->k, pk->fmt, dst);
@@ -249,7 +267,7 @@ dg_status dg_engine_pack(const dg_operand *op, int fold, int gblk, dg_pack_fmt f
     pthread_once(&g_tables_once, init_tables);
     memset(out, 0, sizeof *out);
     out->fmt = fmt, out->r = r, out->mn = op->mn, out->k = op->k;
-    out->kp = op->k + (op->k & 1);
+    out->kp = dg_pack_kp(fmt, op->k);
     out->panels = dg_ceil_div(op->mn, r);
     const size_t esize = fmt == DG_PACK_F32 ? 4 : 2;
     out->data = dg_ws_get((size_t)(out->panels * out->kp * r) * esize + 64);

@@ -11,8 +11,12 @@
  * reading B, and BF16 pairs are half the bytes. The small-M path widens each K slice to
  * float32 in L1 (exact); a large-M call on a float32 kernel widens the whole B once per call
  * (O(N K), as the unpacked call's own packing). Elsewhere the panels are the kernel's format.
+ * On AMX (DG_PACK_AMX_B panels) small M streams the panels with A as 16-row AMX_A tiles
+ * (kernels/amx/smallm_amx.c): the large-M kernel's TDPBF16PS steps per element, so the same bits.
  */
 #include "prepack.h"
+
+#include "fp4x4.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +55,23 @@ static dg_status own_memory(dg_packed *pk) {
     return DG_OK;
 }
 
+/* The FP4 copy of b for FP4 x FP4 calls (prepack.h: fp4_codes). */
+static dg_status keep_fp4(const dg_operand *b, struct dg_packed_b *out) {
+    const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_k);
+    const size_t code_bytes = (size_t)dg_align(b->mn * kh, 64);
+    uint8_t *mem = dg_calloc(code_bytes + (size_t)(b->mn * nkb) * sizeof(float) + 64, 1);
+    DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for a packed FP4 B");
+    float *sf = (float *)(void *)(mem + code_bytes);
+    for (int64_t j = 0; j < b->mn; ++j) {
+        for (int64_t kk = 0; kk < b->k; ++kk)
+            mem[j * kh + kk / 2] |= (uint8_t)(dg_float_to_e2m1(dg_operand_raw(b, 0, j, kk)) << (4 * (kk & 1)));
+        for (int64_t q = 0; q < nkb; ++q)
+            sf[j * nkb + q] = dg_operand_scale(b, 0, j, q * b->gran_k);
+    }
+    out->fp4_mem = mem, out->fp4_codes = mem, out->fp4_sf = sf;
+    return DG_OK;
+}
+
 dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
     dg_operand none; /* an unscaled A: the plan then says only how B's scales are applied */
@@ -63,8 +84,33 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
     out->fold_b = plan.fold_b;
     out->n = b->mn, out->k = b->k;
     const dg_pack_fmt fmt = cfg->pack_bf16 && cfg->ukr_small[0] ? DG_PACK_BF16 : cfg->fmt;
-    DG_TRY(dg_engine_pack(b, plan.fold_b, plan.gblk, fmt, cfg->nr, cfg, &out->pk));
-    return own_memory(&out->pk);
+    if (b->data->dtype == DG_FP4_E2M1X2 && b->k > 0 && b->sf)
+        DG_TRY(keep_fp4(b, out));
+    dg_status st = dg_engine_pack(b, plan.fold_b, plan.gblk, fmt, cfg->nr, cfg, &out->pk);
+    st = st == DG_OK ? own_memory(&out->pk) : st;
+    if (st != DG_OK) {
+        dg_free(out->fp4_mem);
+        out->fp4_mem = NULL, out->fp4_codes = NULL, out->fp4_sf = NULL;
+    }
+    return st;
+}
+
+/* An FP4 A with an FP4 B runs the unpacked call's integer path on B's kept codes. */
+static bool fp4x4_prepacked(const dg_operand *a, const struct dg_packed_b *b, const dg_tensor *d, const dg_tensor *c,
+                            dg_status *st) {
+    if (!b->fp4_codes || a->data->dtype != DG_FP4_E2M1X2)
+        return false;
+    const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_b[1]);
+    dg_tensor t = dg_tensor_2d((void *)b->fp4_codes, DG_FP4_E2M1X2, b->n, kh);
+    dg_tensor sf = dg_tensor_2d((void *)b->fp4_sf, DG_FLOAT32, b->n, nkb);
+    dg_operand ob;
+    memset(&ob, 0, sizeof ob);
+    ob.data = &t, ob.sf = &sf, ob.groups = 1, ob.mn = b->n, ob.k = b->k, ob.fp4_dim = 1;
+    ob.gran_mn = 1, ob.gran_k = b->gran_b[1];
+    if (!dg_engine_fp4x4_applies(a, &ob))
+        return false;
+    *st = dg_engine_gemm_fp4x4(a, &ob, d, c);
+    return true;
 }
 
 /* A view of pb whose kept scales are re-gridded to blocks of gblk (a divisor of pb->gblk). */
@@ -165,8 +211,92 @@ static void pp_block(const pp_job *j, int64_t jb, float *bbuf, float *cbuf) {
     }
 }
 
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(DG_HAVE_AMX)
+/* ---- small M on AMX: A as 16-row tiles against the 32-column panels (smallm_amx.c) ---------- */
+
+#define PP_AMX_KC 1024 /* k per kernel call: beyond M = 32 the panel piece (64 KiB) is re-read from L2 */
+#define PP_AMX_PF 8192 /* bytes ahead in the panel to prefetch: 4 k steps (the stream is contiguous) */
+
+/* One kernel call over k in [k0, k1) for every pair of A tiles. */
+static void pp_run(const dg_packed *pa, const uint16_t *bp, int64_t k0, int64_t k1, int64_t pf, float *out,
+                   int accumulate) {
+    const int mt = (int)pa->panels;
+    const int64_t kp = pa->kp;
+    for (int p = 0; p < mt; p += 2)
+        dg_amx_small_pp((k1 - k0) / 32, (const uint16_t *)pa->data + p * kp * 16 + k0 * 16, kp * 16,
+                        mt - p < 2 ? 1 : 2, bp + k0 * 32, p == 0 ? pf : 0, out + p * 512, accumulate);
+}
+
+/* Panel jb of B into total [16 mt][32]. */
+static void pp_block_amx(const dg_packed *pa, const dg_packed *pb, int gblk, int64_t jb, int64_t pf, float *acc,
+                         float *total, const float *ones) {
+    const int mt = (int)pa->panels;
+    const int64_t kp = pa->kp, slice = gblk ? gblk * (PP_AMX_KC / gblk > 0 ? PP_AMX_KC / gblk : 1) : PP_AMX_KC;
+    const uint16_t *bp = (const uint16_t *)pb->data + jb * kp * 32;
+    if (gblk || kp == 0)
+        memset(total, 0, (size_t)mt * 512 * sizeof(float));
+    dg_amx_small_begin();
+    for (int64_t k0 = 0; k0 < kp; k0 += slice) {
+        const int64_t k1 = kp - k0 < slice ? kp : k0 + slice;
+        if (!gblk) {
+            pp_run(pa, bp, k0, k1, pf, total, k0 > 0);
+            continue;
+        }
+        for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
+            const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1, kb = kb0 / gblk;
+            pp_run(pa, bp, kb0, kb1, pf, acc, 0);
+            const float *sbp = pb->scales ? pb->scales + (jb * pb->nkb + kb) * 32 : ones;
+            for (int p = 0; p < mt; ++p)
+                dg_amx_small_pp_scale(acc + p * 512, total + p * 512,
+                                      pa->scales ? pa->scales + (p * pa->nkb + kb) * 16 : ones, sbp);
+        }
+    }
+}
+
+static dg_status pp_small_amx(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk,
+                              const dg_packed *pb, const dg_tensor *d, const dg_tensor *c) {
+    if (a->mn == 0 || pb->mn == 0)
+        return DG_OK;
+    dg_packed pa;
+    DG_TRY(dg_engine_pack(a, fold_a, gblk, DG_PACK_AMX_A, 16, cfg, &pa));
+    const int64_t n = pb->mn, blocks = pb->panels, mt = pa.panels;
+    const int64_t pf = PP_AMX_PF;
+    const int threads = (int)(blocks < dg_num_threads() ? blocks : dg_num_threads());
+    const int64_t per_thread = dg_align(2 * mt * 512 + 32, 16); /* total, acc, ones */
+    float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
+    if (!mem) {
+        dg_engine_packed_free(&pa);
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the small-M GEMM buffers");
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *total = mem + tid * per_thread, *acc = total + mt * 512, *ones = acc + mt * 512;
+        for (int s = 0; s < 32; ++s)
+            ones[s] = 1.0f;
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t jb = 0; jb < blocks; ++jb) {
+            const int64_t n0 = jb * 32, cols = n - n0 < 32 ? n - n0 : 32;
+            pp_block_amx(&pa, pb, gblk, jb, pf, acc, total, ones);
+            for (int64_t i = 0; i < a->mn; ++i)
+                dg_engine_store_row(d, c, i, n0, cols, total + i * 32);
+        }
+    }
+    dg_free(mem);
+    dg_engine_packed_free(&pa);
+    return DG_OK;
+}
+#endif
+
 static dg_status pp_small(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk, const dg_packed *pb,
                           const dg_tensor *d, const dg_tensor *c) {
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(DG_HAVE_AMX)
+    if (cfg->amx)
+        return pp_small_amx(cfg, a, fold_a, gblk, pb, d, c);
+#endif
     static const int kMr[4] = {1, 2, 4, 8};
     int which = 3;
     while (which > 0 && kMr[which - 1] >= a->mn)
@@ -219,6 +349,9 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
              "argument 'b' was packed for the '%s' kernel, but the current ISA runs '%s' (dg_set_isa "
              "changed it since); pack B again",
              b->cfg->name, cfg->name);
+    dg_status st4;
+    if (fp4x4_prepacked(a, b, d, c, &st4))
+        return st4;
     /* The scale plan dg_engine_plan_scales makes for this pair (B's part fixed at packing). */
     const int fold_a = !a->sf || a->sf_packed;
     int gblk = fold_a ? 0 : a->gran_k;
@@ -226,6 +359,8 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
         gblk = gblk ? gcd(gblk, b->pk.gblk) : b->pk.gblk;
     DG_CHECK(gblk % 2 == 0, DG_ERR_UNSUPPORTED,
              "scale blocks of odd length (gran_k %d) are outside the engine; use the unpacked GEMM", gblk);
+    DG_CHECK(!cfg->amx || gblk % 32 == 0, DG_ERR_UNSUPPORTED,
+             "scale blocks of %d elements are not whole AMX k steps (32); use the unpacked GEMM", gblk);
     dg_packed pb;
     DG_TRY(regrid(&b->pk, gblk, &pb));
     dg_operand ob;
@@ -238,7 +373,7 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
         dg_packed pa, wide = pb;
         st = pb.fmt != cfg->fmt ? widen_all(&pb, &wide) : DG_OK;
         if (st == DG_OK)
-            st = dg_engine_pack(a, fold_a, gblk, cfg->fmt, cfg->mr, cfg, &pa);
+            st = dg_engine_pack(a, fold_a, gblk, dg_engine_fmt_a(cfg), cfg->mr, cfg, &pa);
         if (st == DG_OK) {
             st = dg_engine_run_packed(cfg, &pa, &wide, d, c);
             dg_engine_packed_free(&pa);

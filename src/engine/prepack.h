@@ -19,6 +19,18 @@ struct dg_packed_b {
     int fold_b;               /* B's scales are folded into the panel values */
     int64_t n, k;             /* logical B [N, K] */
     dg_packed pk;             /* NR-row panels; pk.gblk = gran_b[1] when scales are kept */
+    /* FP4 B only: its E2M1 codes K-major [n][ceil(k / 2)] and its scales as float32
+     * [n][ceil(k / gran_b[1])], in the block fp4_mem (dg_free): an FP4 A then runs the integer
+     * path of fp4x4.h on them, as the unpacked call does (bitwise the same D). */
+    void *fp4_mem;
+    const uint8_t *fp4_codes;
+    const float *fp4_sf;
+    /* Grouped weights (dg_pack_b_grouped, src/engine/grouped_packed.c): groups = G > 0 and
+     * group[g] is group g's dense packed B (fold_b, pk of its own). pk.data is then the one
+     * block holding every group's panels, kept scales and this table (freed with it); pk
+     * describes no panels. Dense objects: groups = 0, group = NULL. */
+    int64_t groups;
+    const struct dg_packed_b *group;
 };
 
 /* Packs operand b (its scales, if any, at gran (gran_mn, gran_k) already attached) for the

@@ -12,6 +12,13 @@
  *
  * Applies on ISAs with a BF16 packer and small-M kernels (AVX-512 levels); elsewhere small M
  * takes the general path.
+ *
+ * On AMX configurations (section at the end) the large-M kernel's order is TDPBF16PS's, so
+ * this path uses TDPBF16PS too, on D^T tiles: 16 rows of B (read in place when BF16 K-major,
+ * else widened to BF16 rows in L1) are the tile-A operand, A packed once per call (VNNI pairs,
+ * 16-row panels) the tile-B operand. Per element: the same k steps of 32 with the same zero
+ * padding, the same scale epilogue per K block, the same store, so rows match the large-M path
+ * bitwise (tests/test_engine_smallm_amx.c). The choice depends only on the configuration and M.
  */
 #include "engine.h"
 
@@ -21,10 +28,19 @@
 #include <omp.h>
 #endif
 
+#if defined(__x86_64__) || defined(_M_X64)
+#define DG_X86 1
+#else
+#define DG_X86 0
+#endif
+
 #define SMALL_M_MAX 64
+#define AMX_SMALL_M_MAX 64 /* 4 tiles of 16 rows; at M = 64 still ~6x the general path (which packs B) */
 #define SMALL_KC 128 /* NR x slice float32 B piece: 32 x 128 x 4 = 16 KiB, stays in L1 */
 
 bool dg_engine_small_applies(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b) {
+    if (cfg->amx)
+        return DG_X86 && a->mn <= AMX_SMALL_M_MAX;
     return a->mn <= SMALL_M_MAX && cfg->pack_bf16 && cfg->ukr_small[0];
 }
 
@@ -98,8 +114,211 @@ static void run_block(const small_job *j, int64_t n0, int64_t cols, uint16_t *st
     }
 }
 
+#if DG_X86 && defined(DG_HAVE_AMX)
+/* ---- AMX: D^T tiles (kernels/amx/smallm_amx.c) -------------------------------------------
+ * A work item is a group of up to AMX_GROUP blocks of 16 B rows; K runs in chunks (outer) over
+ * the blocks (inner), so a chunk of packed A is reused by the group's blocks. B read in place
+ * (BF16, K-major) takes long chunks: its accumulator tiles then stay in registers (storing and
+ * reloading them per short chunk cost more than reading packed A from L2: measured at M = 64).
+ * Widened B takes short chunks whose scratch stays in L1. B is read once, the next chunk of each
+ * row prefetched meanwhile (the hardware prefetcher alone serves one long row run well). */
+
+#define AMX_GROUP 8
+#define AMX_KC_MAX 8192 /* B read in place: scratch (tails) 16 x 8192 BF16 = 256 KiB */
+#define AMX_KC_WIDE 256 /* widened B: 16 x 256 BF16 = 8 KiB, in L1 for the tile loads (measured: 256 > 512 > 1024) */
+
+typedef struct amx_job {
+    const dg_engine_cfg *cfg;
+    const dg_operand *b;
+    const dg_scale_plan *plan;
+    const dg_packed *pa; /* A as DG_PACK_AMX_B panels of 16 rows (VNNI pairs: the tile-B operand) */
+    int64_t chunk;       /* K per piece of B: a multiple of 32 and of gblk */
+    bool bf16_kmajor, e4m3_kmajor, e2m1_kmajor, scaled_b;
+} amx_job;
+
+/* B row n at k in memory (K-major layouts; NULL otherwise), to prefetch the widened path. */
+static const char *b_row_at(const dg_operand *b, int64_t n, int64_t k) {
+    const dg_tensor *t = b->data;
+    if (t->strides[1] != 1)
+        return NULL;
+    if (t->dtype == DG_BFLOAT16)
+        return (const char *)t->data + 2 * (n * t->strides[0] + k);
+    if (b->fp4_dim == 1)
+        return (const char *)t->data + n * t->strides[0] + k / 2;
+    return t->dtype == DG_FLOAT8_E4M3 ? (const char *)t->data + n * t->strides[0] + k : NULL;
+}
+
+/* B rows [n0, n0 + cols), k in [k0, k1), as BF16 tile rows (zero past K and past cols): B
+ * itself (BF16, K-major, whole rows in range) or the widened scratch. *pf: bytes ahead along
+ * the rows for the kernel to prefetch (the next chunk), 0 when this call prefetched. */
+static const uint16_t *amx_stage(const amx_job *j, int64_t n0, int64_t cols, int64_t k0, int64_t k1,
+                                 uint16_t *scratch, int64_t *ld, int64_t *pf) {
+    const dg_operand *b = j->b;
+    const dg_tensor *t = b->data;
+    const int64_t chunk = j->chunk, kv = (b->k < k1 ? b->k : k1) - k0, more = k1 < b->k ? chunk : 0;
+    *ld = chunk, *pf = 0;
+    if (j->bf16_kmajor && cols == 16 && kv == k1 - k0) {
+        *ld = t->strides[0], *pf = 2 * more;
+        return (const uint16_t *)t->data + n0 * t->strides[0] + k0;
+    }
+    if (j->e4m3_kmajor) { /* the common FP8 weight: table widening */
+        dg_amx_widen_e4m3_rows((const uint8_t *)t->data + n0 * t->strides[0] + k0, t->strides[0], (int)cols,
+                               kv > 0 ? kv : 0, more, scratch, chunk);
+    } else if (j->e2m1_kmajor && kv > 0) { /* FP4 weights: folded scales read here, per block */
+        const bool fold = j->plan->fold_b && b->sf;
+        const int64_t blk = fold ? b->gran_k : chunk;
+        float sc[AMX_KC_WIDE / 32 + 1];
+        for (int r = 0; r < cols; ++r) {
+            const uint8_t *row = (const uint8_t *)t->data + (n0 + r) * t->strides[0] + k0 / 2;
+            for (int64_t o = 0; more && o < chunk / 2; o += 64)
+                __builtin_prefetch(row + more / 2 + o, 0, 2);
+            sc[0] = 1.0f;
+            if (fold) { /* dg_operand_scale without its two divisions per block */
+                const dg_tensor *st = b->sf;
+                const int64_t base = (n0 + r) / b->gran_mn * st->strides[0], sk0 = k0 / blk;
+                for (int64_t q = 0; q * blk < kv; ++q)
+                    sc[q] = b->sf_packed ? dg_ue8m0_to_float((uint8_t)(((const uint32_t *)st->data)[
+                                               base + ((sk0 + q) >> 2) * st->strides[1]] >> (8 * ((sk0 + q) & 3))))
+                                         : ((const float *)st->data)[base + (sk0 + q) * st->strides[1]];
+            }
+            dg_amx_widen_e2m1_row(row, kv, blk, sc, scratch + r * chunk);
+        }
+    } else {
+        for (int r = 0; r < cols && more; ++r) { /* this row's next chunk */
+            const char *p = b_row_at(b, n0 + r, k1);
+            for (int64_t o = 0; p && o < 2 * chunk; o += 64)
+                __builtin_prefetch(p + o, 0, 2);
+        }
+        for (int r = 0; r < cols; ++r)
+            dg_engine_fetch_bf16(b, n0 + r, j->plan->fold_b, k0, k1, scratch + r * chunk, j->cfg);
+    }
+    for (int r = 0; r < 16; ++r) { /* zero tails (the fetch path already zeroed k >= K) */
+        const bool fast = j->e4m3_kmajor || (j->e2m1_kmajor && kv > 0);
+        const int64_t from = r >= cols ? 0 : fast && kv < k1 - k0 ? (kv > 0 ? kv : 0) : k1 - k0;
+        if (from < k1 - k0)
+            memset(scratch + r * chunk + from, 0, (size_t)(k1 - k0 - from) * 2);
+    }
+    return scratch;
+}
+
+/* B's scales of rows [n0, n0 + 16) for the K block at kb0 (rows past N: any value). */
+static const float *amx_scales_b(const amx_job *j, int64_t n0, int64_t cols, int64_t kb0, float *sb,
+                                 const float *ones) {
+    const dg_operand *b = j->b;
+    if (!j->scaled_b)
+        return ones;
+    if (b->gran_mn % 16 == 0) { /* one scale for the 16 rows (n0 % 16 == 0) */
+        const float v = dg_operand_scale(b, 0, n0, kb0);
+        for (int s = 0; s < 16; ++s)
+            sb[s] = v;
+    } else {
+        for (int s = 0; s < 16; ++s)
+            sb[s] = s < cols ? dg_operand_scale(b, 0, n0 + s, kb0) : 1.0f;
+    }
+    return sb;
+}
+
+/* Blocks [g0, g0 + nblk) of 16 B rows into total [nblk][mt][16 n][16 m]. */
+static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scratch, float *acc, float *total,
+                      float *sb, const float *ones) {
+    const dg_packed *pa = j->pa;
+    const int mt = (int)pa->panels, gblk = j->plan->gblk;
+    const int64_t kp = pa->kp, n = j->b->mn, per = mt * 256;
+    const uint16_t *ad = pa->data;
+    if (gblk || kp == 0)
+        memset(total, 0, (size_t)(nblk * per) * sizeof(float));
+    dg_amx_small_begin();
+    for (int64_t k0 = 0; k0 < kp; k0 += j->chunk) {
+        const int64_t k1 = kp - k0 < j->chunk ? kp : k0 + j->chunk;
+        for (int64_t bi = 0; bi < nblk; ++bi) {
+            const int64_t n0 = (g0 + bi) * 16, cols = n - n0 < 16 ? n - n0 : 16;
+            int64_t ld, pf;
+            const uint16_t *src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
+            float *tot = total + bi * per;
+            if (!gblk) {
+                dg_amx_small_t((k1 - k0) / 32, src, ld, pf, ad + k0 * 16, kp * 16, mt, tot, k0 > 0);
+                continue;
+            }
+            for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
+                const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
+                dg_amx_small_t((kb1 - kb0) / 32, src + (kb0 - k0), ld, pf, ad + kb0 * 16, kp * 16, mt, acc, 0);
+                const float *sbp = amx_scales_b(j, n0, cols, kb0, sb, ones);
+                if (pa->scales)
+                    dg_amx_small_t_scale(mt, acc, tot, pa->scales + (kb0 / gblk) * 16, pa->nkb * 16, sbp);
+                else
+                    dg_amx_small_t_scale(mt, acc, tot, ones, 0, sbp);
+            }
+        }
+    }
+}
+
+static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
+                           const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c) {
+    if (a->mn == 0 || b->mn == 0)
+        return DG_OK;
+    const dg_tensor *bt = b->data;
+    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false};
+    j.bf16_kmajor = bt->dtype == DG_BFLOAT16 && bt->strides[1] == 1;
+    j.e4m3_kmajor = bt->dtype == DG_FLOAT8_E4M3 && bt->strides[1] == 1 && !(plan->fold_b && b->sf);
+    j.scaled_b = !plan->fold_b && b->sf;
+    dg_packed pa;
+    DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_AMX_B, 16, cfg, &pa));
+    j.pa = &pa;
+    const int64_t n = b->mn, blocks = dg_ceil_div(n, 16), mt = pa.panels, m = a->mn;
+    /* K per chunk (a multiple of 32): B read in place takes long chunks; widened B a piece that
+     * stays in L1 between widening and the tile loads. */
+    int64_t want = j.bf16_kmajor ? AMX_KC_MAX : AMX_KC_WIDE;
+    want = want < pa.kp ? want : pa.kp > 32 ? pa.kp : 32;
+    j.chunk = plan->gblk ? plan->gblk * (want / plan->gblk > 0 ? want / plan->gblk : 1) : want;
+    j.e2m1_kmajor = b->fp4_dim == 1 && bt->strides[1] == 1 && j.chunk <= AMX_KC_WIDE &&
+                    (!(plan->fold_b && b->sf) || (b->gran_k % 32 == 0 && j.chunk % b->gran_k == 0));
+    const int nt = dg_num_threads();
+    int64_t group = blocks / (4 * nt); /* at least 4 items per thread, for balance */
+    group = group < 1 ? 1 : group > AMX_GROUP ? AMX_GROUP : group;
+    const int64_t items = dg_ceil_div(blocks, group);
+    const int threads = (int)(items < nt ? items : nt);
+    /* Per thread (floats): totals, acc, ones, B scales, output row, then the BF16 scratch. */
+    const int64_t per_thread = dg_align(group * mt * 256 + mt * 256 + 32 + group * 16 + 8 * j.chunk, 16);
+    float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
+    if (!mem) {
+        dg_engine_packed_free(&pa);
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the small-M GEMM buffers");
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *total = mem + tid * per_thread, *acc = total + group * mt * 256, *ones = acc + mt * 256;
+        float *sb = ones + 16, *row = sb + 16;
+        uint16_t *scratch = (uint16_t *)(row + group * 16);
+        for (int s = 0; s < 16; ++s)
+            ones[s] = 1.0f;
+#pragma omp for schedule(dynamic, 1) /* any order: each block's result is fixed */
+        for (int64_t it = 0; it < items; ++it) {
+            const int64_t g0 = it * group, nblk = blocks - g0 < group ? blocks - g0 : group;
+            const int64_t n0 = g0 * 16, cols = n - n0 < nblk * 16 ? n - n0 : nblk * 16;
+            amx_group(&j, g0, nblk, scratch, acc, total, sb, ones);
+            for (int64_t i = 0; i < m; ++i) { /* D^T tiles -> row i */
+                for (int64_t s = 0; s < cols; ++s)
+                    row[s] = total[(s / 16) * mt * 256 + (i / 16) * 256 + (s % 16) * 16 + i % 16];
+                dg_engine_store_row(d, c, i, n0, cols, row);
+            }
+        }
+    }
+    dg_free(mem);
+    dg_engine_packed_free(&pa);
+    return DG_OK;
+}
+#endif
+
 dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c) {
+#if DG_X86 && defined(DG_HAVE_AMX)
+    if (cfg->amx)
+        return amx_small(cfg, a, b, plan, d, c);
+#endif
     static const int kMr[4] = {1, 2, 4, 8};
     int which = 3;
     while (which > 0 && kMr[which - 1] >= a->mn)

@@ -12,6 +12,12 @@
  * software prefetches fetch the next rows of A and the next chunk of B while the FMAs run.
  * Determinism: a row's sums depend only on the row, its K range and the ISA's lane count, never
  * on the block or thread that computes it; K is never divided except by the caller's splits.
+ *
+ * At the AMX level (N <= HC_AMX_MAX_N) the tile kernels of hc_prenorm_kernels.h run instead,
+ * on units of work the threads take from a shared counter (amx_run_units): each thread packs the
+ * pieces of B it reaches (no thread waits for another), then walks each piece over blocks of 32
+ * rows; row ranges of at most HC_AMX_FEW_ROWS rows (decode) skip the packing and take the
+ * transposed kernel, which gives the same bits.
  */
 #include "hc_prenorm_kernels.h"
 
@@ -55,6 +61,12 @@ typedef struct hc_job {
     int64_t state_floats; /* per row, DG_HC_STATE(lanes) */
     size_t scratch_floats; /* per thread: panel, converted A, then min(M, HC_MB) row states */
     float *scratch;
+    /* AMX: per thread, packed B (steps k steps of 32 per panel of DG_HC_NS columns), filled as
+     * the thread reaches each piece, then the row states */
+    bool amx;
+    int64_t steps, panels;
+    size_t bp_floats; /* packed B and its flags */
+    int64_t *next_unit; /* the AMX work counter */
 } hc_job;
 
 /* Hints part `part` of `parts` of the next chunk's B rows (what pack will read) into the cache,
@@ -110,6 +122,85 @@ static void run_block_columns(const hc_job *j, float *scratch, int sp, int64_t r
     }
 }
 
+#if DG_HC_HAVE_AMX
+/* K per chunk of the AMX path: the chunk's packed B (144 bytes per k) stays in L2 while blocks of
+ * rows stream A past it; the rows' state is stored and reloaded between chunks (exactly). */
+#define HC_AMX_KC 4096
+#define HC_AMX_MAX_N (4 * DG_HC_NS)
+/* Up to this many rows (of one split) take dg_hc_amx_block_t: converting B per 16 rows costs less
+ * than packing it. Either kernel gives the same bits. */
+#define HC_AMX_FEW_ROWS 48
+
+/* Scratch of one AMX thread: packed B, one flag per (panel, k step) starting a packed piece,
+ * then the row states. Each thread packs what it uses (no thread waits for another); a piece
+ * (split, chunk) is the same for every thread, so its flag marks it whole. */
+static uint16_t *amx_bp(float *scratch) { return (uint16_t *)scratch; }
+static uint8_t *amx_flags(const hc_job *j, float *scratch) {
+    return (uint8_t *)(amx_bp(scratch) + j->panels * j->steps * DG_HC_AMX_STEP);
+}
+
+/* Rows [r0, r1) of split sp on the AMX path: per panel, the split's K chunk by chunk, each
+ * chunk over blocks of DG_HC_AMX_ROWS rows; then the outputs. */
+static void amx_rows(const hc_job *j, float *scratch, int sp, int64_t r0, int64_t r1) {
+    float *state = scratch + j->bp_floats;
+    uint8_t *flags = amx_flags(j, scratch);
+    int64_t k0, k1;
+    dg_hc_split_range(j->k, j->splits, sp, &k0, &k1);
+    for (int64_t p = 0; p < j->panels; ++p) {
+        uint16_t *bp = amx_bp(scratch) + p * j->steps * DG_HC_AMX_STEP;
+        const int64_t ns0 = p * DG_HC_NS, nsc = j->n - ns0 < DG_HC_NS ? j->n - ns0 : DG_HC_NS;
+        for (int64_t r = r0; r1 - r0 <= HC_AMX_FEW_ROWS && r < r1; r += 16)
+            dg_hc_amx_block_t(j->a + r * j->lda, j->lda, (int)(r1 - r < 16 ? r1 - r : 16), k0, k1, j->b + ns0 * j->ldb,
+                              j->ldb, nsc, state + (r - r0) * DG_HC_AMX_SF, p == 0);
+        /* an empty split still zeroes */
+        for (int64_t kc = k0; r1 - r0 > HC_AMX_FEW_ROWS && (kc == k0 || kc < k1); kc += HC_AMX_KC) {
+            const int64_t kce = k1 - kc < HC_AMX_KC ? k1 : kc + HC_AMX_KC;
+            if (kc < kce && !flags[p * j->steps + kc / 32]) {
+                dg_hc_amx_pack_b(j->b + ns0 * j->ldb, j->ldb, nsc, j->k, kc / 32, dg_ceil_div(kce, 32), bp);
+                flags[p * j->steps + kc / 32] = 1;
+            }
+            for (int64_t r = r0; r < r1; r += DG_HC_AMX_ROWS)
+                dg_hc_amx_block(j->a + r * j->lda, j->lda, (int)(r1 - r < DG_HC_AMX_ROWS ? r1 - r : DG_HC_AMX_ROWS),
+                                kc, kce, bp, state + (r - r0) * DG_HC_AMX_SF, kc == k0, p == 0);
+        }
+        dg_hc_amx_finish(state, (int)(r1 - r0), nsc, j->d + sp * j->d_split + r0 * j->ldd + ns0, j->ldd,
+                         p == 0 ? j->s + sp * j->s_split + r0 : NULL);
+    }
+}
+
+/*
+ * The AMX path's work: units taken in order from a shared counter by whichever thread is free, so
+ * a thread the OS delays holds up only its current unit (a row's bits never depend on the thread).
+ * M > HC_MB: blocks of rows (at most HC_MB, about four per thread), each with all its splits in
+ * order, so the hints past one split's range fetch what the next split reads; else
+ * (split, part of the rows), with the rows cut into enough parts for every thread to get one.
+ */
+static void amx_run_units(const hc_job *j, float *scratch) {
+    const int64_t S = j->splits, m = j->m;
+    int64_t block = dg_align(dg_ceil_div(m, 4 * (int64_t)j->threads), DG_HC_AMX_ROWS);
+    block = block < 2 * DG_HC_AMX_ROWS ? 2 * DG_HC_AMX_ROWS : block > HC_MB ? HC_MB : block;
+    const int64_t parts = S >= j->threads ? 1 : dg_ceil_div(j->threads, S);
+    const int64_t units = m > HC_MB ? dg_ceil_div(m, block) : parts * S;
+    for (int64_t u; (u = __atomic_fetch_add(j->next_unit, 1, __ATOMIC_RELAXED)) < units;) {
+        if (m > HC_MB) {
+            const int64_t r0 = u * block, r1 = r0 + block < m ? r0 + block : m;
+            for (int sp = 0; sp < S; ++sp)
+                amx_rows(j, scratch, sp, r0, r1);
+        } else {
+            const int64_t r0 = m * (u % parts) / parts, r1 = m * (u % parts + 1) / parts;
+            if (r0 < r1)
+                amx_rows(j, scratch, (int)(u / parts), r0, r1);
+        }
+    }
+}
+#endif
+
+/* Rows [r0, r1) of split sp (at most HC_MB rows), every column. */
+static void run_rows(const hc_job *j, float *scratch, int sp, int64_t r0, int64_t r1) {
+    for (int64_t ns0 = 0; ns0 < j->n; ns0 += DG_HC_NS)
+        run_block_columns(j, scratch, sp, r0, r1, ns0, j->n - ns0 < DG_HC_NS ? j->n - ns0 : DG_HC_NS);
+}
+
 /*
  * Work items [i0, i1) of the (row, split) pairs, row-major (item = row * S + split): blocks of
  * up to HC_MB rows, and in each block the splits in order, so consecutive passes over a block
@@ -126,8 +217,8 @@ static void run_items_row_major(const hc_job *j, float *scratch, int64_t i0, int
             int64_t hi = i1 - 1 - sp >= 0 ? (i1 - 1 - sp) / S + 1 : 0;
             lo = lo > b0 ? lo : b0;
             hi = hi < b1 ? hi : b1;
-            for (int64_t ns0 = 0; lo < hi && ns0 < j->n; ns0 += DG_HC_NS)
-                run_block_columns(j, scratch, sp, lo, hi, ns0, j->n - ns0 < DG_HC_NS ? j->n - ns0 : DG_HC_NS);
+            if (lo < hi)
+                run_rows(j, scratch, sp, lo, hi);
         }
     }
 }
@@ -141,8 +232,7 @@ static void run_items_split_major(const hc_job *j, float *scratch, int64_t i0, i
     while (i0 < i1) {
         const int sp = (int)(i0 / j->m);
         const int64_t r0 = i0 % j->m, r1 = r0 + (i1 - i0) < j->m ? r0 + (i1 - i0) : j->m;
-        for (int64_t ns0 = 0; ns0 < j->n; ns0 += DG_HC_NS)
-            run_block_columns(j, scratch, sp, r0, r1, ns0, j->n - ns0 < DG_HC_NS ? j->n - ns0 : DG_HC_NS);
+        run_rows(j, scratch, sp, r0, r1);
         i0 += r1 - r0;
     }
 }
@@ -150,6 +240,14 @@ static void run_items_split_major(const hc_job *j, float *scratch, int64_t i0, i
 static void run_thread(const hc_job *j, int t, int nt) {
     const int64_t total = j->splits * j->m;
     float *scratch = j->scratch + (size_t)t * j->scratch_floats;
+#if DG_HC_HAVE_AMX
+    if (j->amx) {
+        if (j->bp_floats) /* nothing packed yet */
+            memset(amx_flags(j, scratch), 0, (size_t)(j->panels * j->steps));
+        amx_run_units(j, scratch);
+        return;
+    }
+#endif
     if (j->m <= HC_MB)
         run_items_split_major(j, scratch, total * t / nt, total * (t + 1) / nt);
     else
@@ -254,10 +352,25 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     };
     const int64_t lanes = j.kern->lanes;
     j.state_floats = DG_HC_STATE(lanes);
-    /* a multiple of 16 floats, so every thread's panel is 64-byte aligned like the allocation */
     const int64_t block_rows = j.m < HC_MB ? j.m : HC_MB; /* a block never spans more than M rows */
-    j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * DG_HC_KC + block_rows * j.state_floats, 16);
+#if DG_HC_HAVE_AMX
+    /* Every AMX thread packs all of B it uses: wide B (not DeepSeek's) takes the FMA kernels. */
+    j.amx = dg_get_isa() >= DG_ISA_AMX && j.n <= HC_AMX_MAX_N;
+    /* multiples of 16 floats, so every thread's part is 64-byte aligned like the allocation */
+    if (j.amx) {
+        j.steps = dg_ceil_div(j.k, 32);
+        j.panels = dg_ceil_div(j.n, DG_HC_NS);
+        /* no row range of at most HC_AMX_FEW_ROWS rows uses packed B */
+        j.bp_floats = j.m > HC_AMX_FEW_ROWS ? (size_t)dg_align(j.panels * j.steps * (DG_HC_AMX_STEP * 2 + 1), 64) / 4 : 0;
+        j.scratch_floats = j.bp_floats + (size_t)dg_align(block_rows * DG_HC_AMX_SF, 16);
+    } else
+#endif
+    {
+        j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * DG_HC_KC + block_rows * j.state_floats, 16);
+    }
     j.threads = choose_threads(j.splits * j.m, 2.0 * (double)j.m * (double)j.n * (double)j.k);
+    int64_t next_unit = 0;
+    j.next_unit = &next_unit;
     const size_t bytes = (size_t)j.threads * j.scratch_floats * sizeof(float);
     bool lent;
     j.scratch = scratch_get(bytes, &lent);

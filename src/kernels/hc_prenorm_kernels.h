@@ -92,12 +92,49 @@ DG_HC_KERNEL_DECL(avx512)
 #else
 #define DG_HC_HAVE_X86_KERNELS 0
 #endif
+#if DG_HC_HAVE_X86_KERNELS && defined(DG_HAVE_AMX) /* the build has AMX kernels (CMakeLists.txt) */
+#define DG_HC_HAVE_AMX 1
+#else
+#define DG_HC_HAVE_AMX 0
+#endif
 #define DG_HC_LANES_AVX2 8
 #define DG_HC_ROWS_AVX2 2 /* 16 ymm registers: 2 x 6 sums, 2 A vectors, 1 B vector */
 #define DG_HC_COLS_AVX2 6
 #define DG_HC_LANES_AVX512 16
 #define DG_HC_ROWS_AVX512 4 /* 32 zmm registers: 4 x 6 sums, 4 A vectors, 1 B vector */
 #define DG_HC_COLS_AVX512 6
+
+/*
+ * AMX level (kernels/amx/hc_prenorm_amx.c): B is split exactly into three BF16 parts packed as
+ * VNNI tiles, A's rows are tile operands read in place, and TDPBF16PS accumulates in float32.
+ * Packed B, per panel of DG_HC_NS columns: one record of DG_HC_AMX_STEP uint16 per k step of 32
+ * (K zero-padded), 64-byte aligned. Row state: DG_HC_AMX_SF floats, the DG_HC_NS column sums then
+ * 16 square-sum lanes. A row's bits depend only on the row, its K range and B: blocks, chunks
+ * (state is stored and reloaded exactly) and threads never change them.
+ */
+#define DG_HC_AMX_STEP (3 * 16 * 32 * 2) /* 3 parts x (16 + 8 columns) x 16 k pairs, padded */
+#define DG_HC_AMX_SF (DG_HC_NS + 16)
+#define DG_HC_AMX_ROWS 32 /* rows per block call */
+#if DG_HC_HAVE_X86_KERNELS
+/* Packs k steps [s0, s1) of nsc (<= DG_HC_NS) rows of b [nsc, k] into bp (the panel's step 0). */
+void dg_hc_amx_pack_b(const float *b, int64_t ldb, int64_t nsc, int64_t k, int64_t s0, int64_t s1, uint16_t *bp);
+/*
+ * Rows [0, rows) (rows <= DG_HC_AMX_ROWS) of a, K range [k0, k1) (k0 a multiple of 32 or k0 ==
+ * k1; ends at the last k step or at K): adds into the row states st (rows DG_HC_AMX_SF floats
+ * apart), starting from zero when `first`; the square-sum lanes only when `squares`. bp: packed B
+ * of the panel (step 0). Loads its own tile configuration.
+ */
+void dg_hc_amx_block(const uint16_t *a, int64_t lda, int rows, int64_t k0, int64_t k1, const uint16_t *bp, float *st,
+                     int first, int squares);
+/*
+ * The same for rows <= 16 over a whole K range [k0, k1) from zero, from b itself (nsc rows, row
+ * stride ldb) instead of packed B: the same bits, for row groups too small to repay packing.
+ */
+void dg_hc_amx_block_t(const uint16_t *a, int64_t lda, int rows, int64_t k0, int64_t k1, const float *b, int64_t ldb,
+                       int64_t nsc, float *st, int squares);
+/* d[r][0, nsc) = the rows' column sums; s[r] = their square sums (lanes added in a fixed order) unless s is NULL. */
+void dg_hc_amx_finish(const float *st, int rows, int64_t nsc, float *d, int64_t ldd, float *s);
+#endif
 
 /* The kernel dg_hc_prenorm_fast uses for an ISA level (the best this build has at or below it). */
 const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa);
@@ -106,8 +143,9 @@ const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa);
  * The fast path of dg_tf32_hc_prenorm_gemm, on arguments the entry point has checked:
  * a BFLOAT16 [M, K] and b FLOAT32 [N, K] with unit stride along K, M, N, K > 0; d FLOAT32
  * [S, M, N] with unit stride along N and sqr_sum FLOAT32 [S, M] contiguous, S = num_splits >= 1
- * (3-D / 2-D views of unsplit outputs). Uses dg_get_isa()'s kernel on up to dg_get_num_sms()
- * threads; the result bits do not depend on the thread count. Returns DG_ERR_ALLOC (having
+ * (3-D / 2-D views of unsplit outputs). Uses dg_get_isa()'s kernel (at DG_ISA_AMX the tile
+ * kernels when N <= 96, else the AVX-512 one) on up to dg_get_num_sms() threads; the result bits
+ * do not depend on the thread count, nor a row's on M. Returns DG_ERR_ALLOC (having
  * written nothing) when its scratch memory cannot be allocated.
  */
 dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,

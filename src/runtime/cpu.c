@@ -9,6 +9,7 @@
 #include <unistd.h>
 #if defined(__linux__)
 #include <sched.h>
+#include <sys/syscall.h>
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -64,6 +65,7 @@ static void detect_x86(dg_cpu_info *ci) {
         ci->avx512vl = os_avx512 && ((b >> 31) & 1);
         ci->avx512_vnni = os_avx512 && ((c >> 11) & 1);
         ci->amx_bf16 = os_amx && ((d >> 22) & 1);
+        ci->amx_int8 = os_amx && ((d >> 25) & 1);
         __get_cpuid_count(7, 1, &a, &b, &c, &d);
         ci->avx512_bf16 = os_avx512 && ((a >> 5) & 1);
     }
@@ -76,6 +78,19 @@ static void detect_x86(dg_cpu_info *ci) {
         ci->brand[48] = '\0';
     }
 }
+
+#if defined(DG_HAVE_AMX)
+/* Linux hands out AMX tile state only after a per-process request (5.16+); without it the
+ * first tile instruction faults. Other systems: not supported here. */
+static int request_amx(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
+}
+#endif
 #endif
 
 static dg_isa isa_from_env(dg_isa best) {
@@ -84,7 +99,7 @@ static dg_isa isa_from_env(dg_isa best) {
         return best;
     static const struct { const char *name; dg_isa isa; } kNames[] = {
         {"generic", DG_ISA_GENERIC}, {"avx2", DG_ISA_AVX2}, {"avx512", DG_ISA_AVX512},
-        {"avx512_bf16", DG_ISA_AVX512_BF16}};
+        {"avx512_bf16", DG_ISA_AVX512_BF16}, {"amx", DG_ISA_AMX}};
     for (size_t i = 0; i < sizeof kNames / sizeof kNames[0]; ++i)
         if (strcmp(s, kNames[i].name) == 0)
             return kNames[i].isa <= best ? kNames[i].isa : best;
@@ -106,6 +121,12 @@ static void detect(void) {
         best = DG_ISA_AVX512;
     if (best == DG_ISA_AVX512 && g_info.avx512_bf16 && g_info.avx512_vnni)
         best = DG_ISA_AVX512_BF16;
+#if DG_X86 && defined(DG_HAVE_AMX)
+    if (best == DG_ISA_AVX512_BF16 && g_info.amx_bf16 && g_info.amx_int8)
+        g_info.amx_usable = request_amx();
+    if (g_info.amx_usable)
+        best = DG_ISA_AMX;
+#endif
     g_info.best_isa = best;
     atomic_store(&g_isa, (int)isa_from_env(best));
 }
@@ -128,6 +149,7 @@ const char *dg_isa_name(dg_isa isa) {
     case DG_ISA_AVX2: return "avx2";
     case DG_ISA_AVX512: return "avx512";
     case DG_ISA_AVX512_BF16: return "avx512_bf16";
+    case DG_ISA_AMX: return "amx";
     }
     return "unknown";
 }
@@ -140,7 +162,7 @@ dg_isa dg_get_isa(void) {
 dg_status dg_set_isa(dg_isa isa) {
     dg_api_begin("dg_set_isa");
     pthread_once(&g_once, detect);
-    DG_CHECK(isa >= DG_ISA_GENERIC && isa <= DG_ISA_AVX512_BF16, DG_ERR_VALUE, "unknown ISA level %d", (int)isa);
+    DG_CHECK(isa >= DG_ISA_GENERIC && isa <= DG_ISA_AMX, DG_ERR_VALUE, "unknown ISA level %d", (int)isa);
     DG_CHECK(isa <= g_info.best_isa, DG_ERR_UNSUPPORTED, "this CPU does not support %s (best: %s)",
              dg_isa_name(isa), dg_isa_name(g_info.best_isa));
     atomic_store(&g_isa, (int)isa);

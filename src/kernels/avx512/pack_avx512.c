@@ -59,7 +59,7 @@ void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, i
             const int pairs = (int)((k0 + kc - kk) / 2 < 16 ? (k0 + kc - kk) / 2 : 16);
             for (int p = 0; p < pairs; ++p) {
                 const int64_t q = (kk - k0) / 2 + p; /* pair index inside the slice */
-                if (fmt == DG_PACK_BF16) {
+                if (fmt != DG_PACK_F32) { /* BF16 pairs (DG_PACK_BF16, DG_PACK_AMX_B) */
                     _mm512_mask_storeu_epi32((uint32_t *)dst + q * r + i0, store_mask, out[p]);
                 } else {
                     float *d = (float *)dst + 2 * q * r + i0;

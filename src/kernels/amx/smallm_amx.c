@@ -1,0 +1,232 @@
+/*
+ * smallm_amx.c - AMX kernels of the small-M (decoding) paths, M <= 64 (up to 4 tiles of 16 rows).
+ *
+ * dg_amx_small_t (unpacked B, smallm.c) computes D^T: 16 rows of B (K-major BF16, straight
+ * from memory or from a widened scratch) are the tile-A operand, A packed as VNNI pairs
+ * (DG_PACK_AMX_B with R = 16) the tile-B operand, giving [16 n][16 m] float32 tiles.
+ * dg_amx_small_pp (pre-packed B, prepack.c) keeps the normal orientation: A packed
+ * DG_PACK_AMX_A (R = 16) against the 32-column DG_PACK_AMX_B panels of B, giving [16 m][32 n].
+ * Either way every element gets the same TDPBF16PS k steps of 32 (same zero padding), with the
+ * products a*b = b*a, as in ukr_bf16_amx.c, so results match the large-M path bitwise.
+ * Tiles: 0-3 accumulators, 4-7 operands; all 16 rows x 64 bytes (one configuration).
+ */
+#include "../../engine/engine.h"
+#include "amx_tiles.h"
+
+#include <immintrin.h>
+
+static const dg_amx_tilecfg kSmallTiles = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+void dg_amx_small_begin(void) { _tile_loadconfig(&kSmallTiles); }
+
+/* pf: bytes ahead along each B row to prefetch into L2 (0: none); one thread must keep many
+ * DRAM misses in flight across its row streams (the hardware prefetcher alone does not). */
+/* And PF_L1 bytes ahead into L1: tile loads that miss L1 stall the tile unit. */
+#define PF_L1 128
+/* One k step of dg_amx_small_t with B in tile BT, accumulators C0..C3 (tile numbers must be
+ * literal tokens for the AMX intrinsics). B alternates between tiles 4 and 5 and A between 6
+ * and 7, so that the next load does not wait for the products still reading a tile. */
+#define SMALL_T_STEP(BT, s, C0, C1, C2, C3)                                                        \
+    do {                                                                                           \
+        const uint16_t *bs = b + (s) * 32, *as = a + (s) * 512;                                    \
+        if (pf)                                                                                    \
+            for (int r = 0; r < 16; ++r) {                                                         \
+                _mm_prefetch((const char *)(bs + r * ldb) + pf, _MM_HINT_T1);                      \
+                _mm_prefetch((const char *)(bs + r * ldb) + PF_L1, _MM_HINT_T0);                   \
+            }                                                                                      \
+        _tile_loadd(BT, bs, ldb * 2);                                                              \
+        _tile_loadd(6, as, 64);                                                                    \
+        _tile_dpbf16ps(C0, BT, 6);                                                                 \
+        if (mt > 1) {                                                                              \
+            _tile_loadd(7, as + lda, 64);                                                          \
+            _tile_dpbf16ps(C1, BT, 7);                                                             \
+        }                                                                                          \
+        if (mt > 2) {                                                                              \
+            _tile_loadd(6, as + 2 * lda, 64);                                                      \
+            _tile_dpbf16ps(C2, BT, 6);                                                             \
+        }                                                                                          \
+        if (mt > 3) {                                                                              \
+            _tile_loadd(7, as + 3 * lda, 64);                                                      \
+            _tile_dpbf16ps(C3, BT, 7);                                                             \
+        }                                                                                          \
+    } while (0)
+
+#define SMALL_T_BODY(C0, C1, C2, C3)                                                               \
+    do {                                                                                           \
+        if (accumulate) {                                                                          \
+            _tile_loadd(C0, acc, 64);                                                              \
+            if (mt > 1)                                                                            \
+                _tile_loadd(C1, acc + 256, 64);                                                    \
+            if (mt > 2)                                                                            \
+                _tile_loadd(C2, acc + 512, 64);                                                    \
+            if (mt > 3)                                                                            \
+                _tile_loadd(C3, acc + 768, 64);                                                    \
+        } else {                                                                                   \
+            _tile_zero(C0);                                                                        \
+            _tile_zero(C1);                                                                        \
+            _tile_zero(C2);                                                                        \
+            _tile_zero(C3);                                                                        \
+        }                                                                                          \
+        int64_t s = 0;                                                                             \
+        for (; s + 1 < steps; s += 2) {                                                            \
+            SMALL_T_STEP(4, s, C0, C1, C2, C3);                                                    \
+            SMALL_T_STEP(5, s + 1, C0, C1, C2, C3);                                                \
+        }                                                                                          \
+        if (s < steps)                                                                             \
+            SMALL_T_STEP(4, s, C0, C1, C2, C3);                                                    \
+        _tile_stored(C0, acc, 64);                                                                 \
+        if (mt > 1)                                                                                \
+            _tile_stored(C1, acc + 256, 64);                                                       \
+        if (mt > 2)                                                                                \
+            _tile_stored(C2, acc + 512, 64);                                                       \
+        if (mt > 3)                                                                                \
+            _tile_stored(C3, acc + 768, 64);                                                       \
+    } while (0)
+
+void dg_amx_small_t(int64_t steps, const uint16_t *b, int64_t ldb, int64_t pf, const uint16_t *a, int64_t lda,
+                    int mt, float *acc, int accumulate) {
+    SMALL_T_BODY(0, 1, 2, 3);
+}
+#undef SMALL_T_BODY
+#undef SMALL_T_STEP
+
+/* total[p][n][m] = fma(sa[p][m] * sb[n], acc[p][n][m], total[p][n][m]): the large-M kernel's
+ * scale epilogue, transposed (sa * sb commutes). sa: 16 floats per tile at stride sa_stride. */
+void dg_amx_small_t_scale(int mt, const float *acc, float *total, const float *sa, int64_t sa_stride,
+                          const float *sb) {
+    for (int p = 0; p < mt; ++p) {
+        const __m512 va = _mm512_loadu_ps(sa + p * sa_stride);
+        for (int n = 0; n < 16; ++n) {
+            const int64_t o = p * 256 + n * 16;
+            _mm512_storeu_ps(total + o, _mm512_fmadd_ps(_mm512_mul_ps(va, _mm512_set1_ps(sb[n])),
+                                                        _mm512_loadu_ps(acc + o), _mm512_loadu_ps(total + o)));
+        }
+    }
+}
+
+/* Pre-packed B: one or two A tiles (mt <= 2) against both 16-column halves of a 32-column
+ * panel (accumulators p * 2 + h, acc [16 mt][32]); larger M runs this per pair of A tiles, the
+ * panel piece then coming from L1/L2. pf: bytes ahead in the panel to prefetch (0: none). */
+void dg_amx_small_pp(int64_t steps, const uint16_t *a, int64_t lda, int mt, const uint16_t *b, int64_t pf,
+                     float *acc, int accumulate) {
+    if (accumulate) {
+        _tile_loadd(0, acc, 128);
+        _tile_loadd(1, acc + 16, 128);
+        if (mt > 1) {
+            _tile_loadd(2, acc + 512, 128);
+            _tile_loadd(3, acc + 512 + 16, 128);
+        }
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t s = 0; s < steps; ++s) {
+        const uint16_t *bs = b + s * 1024, *as = a + s * 512;
+        if (pf)
+            for (int l = 0; l < 2048; l += 64)
+                _mm_prefetch((const char *)bs + pf + l, _MM_HINT_T0);
+        _tile_loadd(6, bs, 128);
+        _tile_loadd(7, bs + 32, 128);
+        _tile_loadd(4, as, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (mt > 1) {
+            _tile_loadd(5, as + lda, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, acc, 128);
+    _tile_stored(1, acc + 16, 128);
+    if (mt > 1) {
+        _tile_stored(2, acc + 512, 128);
+        _tile_stored(3, acc + 512 + 16, 128);
+    }
+}
+
+/* total[r][n] = fma(sa[r] * sb[n], acc[r][n], total[r][n]) for 16 rows of 32 columns. */
+void dg_amx_small_pp_scale(const float *acc, float *total, const float *sa, const float *sb) {
+    const __m512 s0 = _mm512_loadu_ps(sb), s1 = _mm512_loadu_ps(sb + 16);
+    for (int r = 0; r < 16; ++r) {
+        const __m512 ar = _mm512_set1_ps(sa[r]);
+        const float *x = acc + 32 * r;
+        float *t = total + 32 * r;
+        _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_mul_ps(ar, s0), _mm512_loadu_ps(x), _mm512_loadu_ps(t)));
+        _mm512_storeu_ps(t + 16,
+                         _mm512_fmadd_ps(_mm512_mul_ps(ar, s1), _mm512_loadu_ps(x + 16), _mm512_loadu_ps(t + 16)));
+    }
+}
+
+/* E4M3 code & 0x7f -> BF16 bits: exactly dg_widen_e4m3_avx512's values (NaN: 0x7fc0). */
+static const uint16_t kE4m3[128] __attribute__((aligned(64))) = {
+    0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60,
+    0x3c80, 0x3c90, 0x3ca0, 0x3cb0, 0x3cc0, 0x3cd0, 0x3ce0, 0x3cf0,
+    0x3d00, 0x3d10, 0x3d20, 0x3d30, 0x3d40, 0x3d50, 0x3d60, 0x3d70,
+    0x3d80, 0x3d90, 0x3da0, 0x3db0, 0x3dc0, 0x3dd0, 0x3de0, 0x3df0,
+    0x3e00, 0x3e10, 0x3e20, 0x3e30, 0x3e40, 0x3e50, 0x3e60, 0x3e70,
+    0x3e80, 0x3e90, 0x3ea0, 0x3eb0, 0x3ec0, 0x3ed0, 0x3ee0, 0x3ef0,
+    0x3f00, 0x3f10, 0x3f20, 0x3f30, 0x3f40, 0x3f50, 0x3f60, 0x3f70,
+    0x3f80, 0x3f90, 0x3fa0, 0x3fb0, 0x3fc0, 0x3fd0, 0x3fe0, 0x3ff0,
+    0x4000, 0x4010, 0x4020, 0x4030, 0x4040, 0x4050, 0x4060, 0x4070,
+    0x4080, 0x4090, 0x40a0, 0x40b0, 0x40c0, 0x40d0, 0x40e0, 0x40f0,
+    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+    0x4180, 0x4190, 0x41a0, 0x41b0, 0x41c0, 0x41d0, 0x41e0, 0x41f0,
+    0x4200, 0x4210, 0x4220, 0x4230, 0x4240, 0x4250, 0x4260, 0x4270,
+    0x4280, 0x4290, 0x42a0, 0x42b0, 0x42c0, 0x42d0, 0x42e0, 0x42f0,
+    0x4300, 0x4310, 0x4320, 0x4330, 0x4340, 0x4350, 0x4360, 0x4370,
+    0x4380, 0x4390, 0x43a0, 0x43b0, 0x43c0, 0x43d0, 0x43e0, 0x7fc0,
+};
+
+/* rows x n E4M3 codes (row stride ld bytes) -> BF16 rows (stride ldd), sign copied; prefetches
+ * each row `ahead` bytes further on. Table lookups: a third of the widening's instructions. */
+void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n, int64_t ahead, uint16_t *dst,
+                            int64_t ldd) {
+    const __m512i t0 = _mm512_load_si512(kE4m3), t1 = _mm512_load_si512(kE4m3 + 32);
+    const __m512i t2 = _mm512_load_si512(kE4m3 + 64), t3 = _mm512_load_si512(kE4m3 + 96);
+    const __m512i bit6 = _mm512_set1_epi16(0x40), sign = _mm512_set1_epi16((short)0x8000);
+    for (int r = 0; r < rows; ++r) {
+        const uint8_t *s = src + r * ld;
+        uint16_t *o = dst + r * ldd;
+        if (ahead)
+            for (int64_t l = 0; l < n; l += 64)
+                _mm_prefetch((const char *)s + ahead + l, _MM_HINT_T1);
+        for (int64_t i = 0; i < n; i += 32) {
+            const __mmask32 mask = n - i >= 32 ? 0xffffffffu : (1u << (n - i)) - 1;
+            const __m512i v = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, s + i));
+            const __m512i lo = _mm512_permutex2var_epi16(t0, v, t1), hi = _mm512_permutex2var_epi16(t2, v, t3);
+            const __m512i w = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(v, bit6), lo, hi);
+            /* w | ((v << 8) & 0x8000) */
+            _mm512_mask_storeu_epi16(o + i, mask, _mm512_ternarylogic_epi32(w, _mm512_slli_epi16(v, 8), sign, 0xf8));
+        }
+    }
+}
+
+/* n E2M1 values (n even; nibble pairs along K, low first) -> BF16, times scales[q] for values
+ * [q * blk, (q + 1) * blk) (blk % 32 == 0): the values and rounding of dg_widen_e2m1_avx512. */
+void dg_amx_widen_e2m1_row(const uint8_t *src, int64_t n, int64_t blk, const float *scales, uint16_t *out) {
+    static const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    const __m512 vals = _mm512_loadu_ps(kE2m1);
+    for (int64_t q = 0; q * blk < n; ++q) {
+        const __m512i f = _mm512_castps_si512(_mm512_mul_ps(vals, _mm512_set1_ps(scales[q])));
+        const __m512i r = _mm512_add_epi32(
+            f, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(f, 16), _mm512_set1_epi32(1))));
+        const __m512i lut = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+        const int64_t end = (q + 1) * blk < n ? (q + 1) * blk : n;
+        for (int64_t i = q * blk; i < end; i += 32) {
+            const int64_t c = end - i < 32 ? end - i : 32;
+            const __mmask16 bmask = (__mmask16)(c >= 32 ? 0xffffu : (1u << ((c + 1) / 2)) - 1);
+            const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bmask, src + i / 2));
+            const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)),
+                                                  _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
+            const __mmask32 omask = (__mmask32)(c >= 32 ? 0xffffffffu : (1u << c) - 1);
+            _mm512_mask_storeu_epi16(out + i, omask, _mm512_permutexvar_epi16(codes, lut));
+        }
+    }
+}

@@ -1,0 +1,92 @@
+/*
+ * ukr_bf16_amx.c - AMX BF16 microkernel, MR = 32, NR = 32 (2 x 2 tiles of 16 x 16 float32).
+ *
+ * Operands (engine.h): A in DG_PACK_AMX_A panels (each k step of 32 is a [32][32] row-major
+ * block, so rows 0-15 and 16-31 are two A tiles with a 64-byte stride); B in DG_PACK_AMX_B
+ * panels (k pairs x 32 columns x 2, so columns 0-15 and 16-31 are two B tiles with a 128-byte
+ * stride). Tiles: 0-3 accumulate C, 4-5 hold A, 6-7 hold B.
+ *
+ * Order: per k step of 32 (K padded with zeros to a multiple of 32) one TDPBF16PS adds 32
+ * products to each accumulator in the hardware's own order (measured: not the FMA chain of
+ * engine.h, nor one rounding of the exact sum; fixed for a given CPU). Every element still
+ * depends only on its own row of A, column of B and its k steps, so results are bitwise the
+ * same for any M, tiling or thread count on one machine. Denormal inputs and results are
+ * flushed to zero, as VDPBF16PS does.
+ */
+#include "../../engine/engine.h"
+#include "amx_tiles.h"
+
+#include <immintrin.h>
+
+static const dg_amx_tilecfg kTiles = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+void dg_ukr_bf16_amx_begin(void) { _tile_loadconfig(&kTiles); }
+
+/* The tile epilogue of DG_UKR_SCALE: c = fma(sa[r] * sb[j], acc, c) in AVX-512. */
+static void scale_into(const float *acc, float *c, int64_t ldc, const float *sa, const float *sb) {
+    const __m512 s0 = _mm512_loadu_ps(sb), s1 = _mm512_loadu_ps(sb + 16);
+    for (int r = 0; r < 32; ++r) {
+        const __m512 ar = _mm512_set1_ps(sa[r]);
+        float *cr = c + r * ldc;
+        _mm512_storeu_ps(cr, _mm512_fmadd_ps(_mm512_mul_ps(ar, s0), _mm512_load_ps(acc + 32 * r), _mm512_loadu_ps(cr)));
+        _mm512_storeu_ps(cr + 16, _mm512_fmadd_ps(_mm512_mul_ps(ar, s1), _mm512_load_ps(acc + 32 * r + 16),
+                                                  _mm512_loadu_ps(cr + 16)));
+    }
+}
+
+static inline void ukr_body(int64_t kc, const uint16_t *a, const uint16_t *b, float *c, int64_t ldc, int mode,
+                            const float *sa, const float *sb) {
+    if (mode == DG_UKR_ACC) {
+        _tile_loadd(0, c, ldc * 4);
+        _tile_loadd(1, c + 16, ldc * 4);
+        _tile_loadd(2, c + 16 * ldc, ldc * 4);
+        _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    /* Tiles are not renamed: a load into a tile waits until the products reading it finish.
+     * So each operand is reloaded right after its last product of the step, while the other
+     * products run, and the next step's first products find their operands ready. */
+    const int64_t steps = kc / 32;
+    _tile_loadd(4, a, 64);
+    _tile_loadd(6, b, 128);
+    _tile_loadd(7, b + 32, 128);
+    _tile_loadd(5, a + 16 * 32, 64);
+    for (int64_t s = 1; s <= steps; ++s) {
+        const int64_t t = s < steps ? s : s - 1; /* the last step reloads harmlessly */
+        const uint16_t *as = a + t * 32 * 32, *bs = b + t * 16 * 64;
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(4, as, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_loadd(6, bs, 128);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(7, bs + 32, 128);
+        _tile_loadd(5, as + 16 * 32, 64);
+    }
+    if (mode != DG_UKR_SCALE) {
+        _tile_stored(0, c, ldc * 4);
+        _tile_stored(1, c + 16, ldc * 4);
+        _tile_stored(2, c + 16 * ldc, ldc * 4);
+        _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+        return;
+    }
+    float acc[32 * 32] __attribute__((aligned(64)));
+    _tile_stored(0, acc, 128);
+    _tile_stored(1, acc + 16, 128);
+    _tile_stored(2, acc + 16 * 32, 128);
+    _tile_stored(3, acc + 16 * 32 + 16, 128);
+    scale_into(acc, c, ldc, sa, sb);
+}
+
+void dg_ukr_bf16_amx(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode, const float *sa,
+                     const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb);
+}

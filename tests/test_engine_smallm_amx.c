@@ -1,0 +1,170 @@
+/*
+ * test_engine_smallm_amx.c - the AMX small-M paths (decoding, M <= 64; src/engine/smallm.c and
+ * the small-M part of src/engine/prepack.c) against the large-M AMX path: rows of D computed
+ * with M = 1 .. 64 (unpacked B and pre-packed B, 1, 2 and 3 threads) are bitwise the same rows
+ * computed inside one M = 200 call, for BF16 (K- and MN-major B), FP8 1D2D float scales, FP8
+ * UE8M0, FP8 x FP4 (gran 32, UE8M0 and float scales), with K and N tails; and within
+ * DeepGEMM's calc_diff thresholds of exact math on the same values. Skipped without AMX.
+ */
+#include "test_gemm_dense_util.h"
+
+#include "engine/engine.h"
+
+typedef struct scase {
+    const char *what;
+    dg_dtype da, db;
+    int gran_a[2], gran_b[2], packed, b_mn_major;
+    double max_diff;
+} scase;
+
+static dg_gemm_options opts_of(const scase *c) {
+    dg_gemm_options o = dg_gemm_options_default();
+    o.recipe_a[0] = c->gran_a[0], o.recipe_a[1] = c->gran_a[1];
+    o.recipe_b[0] = c->gran_b[0], o.recipe_b[1] = c->gran_b[1];
+    return o;
+}
+
+/* Rows [r0, r0 + m) of operand a (data and per-row scales). */
+static void view_rows(const top *a, int64_t r0, int64_t m, dg_tensor *t, dg_tensor *sf) {
+    *t = a->t;
+    t->data = (char *)t->data + r0 * t->strides[0] * (int64_t)dg_dtype_size(t->dtype);
+    t->shape[0] = m;
+    *sf = a->sf;
+    if (a->dt != DG_BFLOAT16) {
+        sf->data = (char *)sf->data + r0 * sf->strides[0] * 4;
+        sf->shape[0] = m;
+    }
+}
+
+/* D = A @ B^T (pb: pre-packed B, else B itself). */
+static dg_tensor gemm(const scase *c, const dg_tensor *a, const dg_tensor *sfa, const top *b, const dg_packed_b *pb) {
+    dg_tensor d = tu_alloc2(DG_FLOAT32, a->shape[0], b->mn);
+    const dg_gemm_options o = opts_of(c);
+    dg_status st;
+    if (c->da == DG_BFLOAT16)
+        st = pb ? dg_bf16_gemm_nt_packed(a, pb, &d, NULL) : dg_bf16_gemm_nt(a, &b->t, &d, NULL);
+    else
+        st = pb ? dg_fp8_fp4_gemm_nt_packed(a, sfa, pb, &d, NULL, &o) : dg_fp8_fp4_gemm_nt(a, sfa, &b->t, &b->sf, &d, NULL, &o);
+    TU_CHECK(st == DG_OK, "%s: %s", c->what, dg_last_error());
+    return d;
+}
+
+static int rows_equal(const dg_tensor *x, int64_t rx, const dg_tensor *y, int64_t ry) {
+    return memcmp((const float *)x->data + rx * x->strides[0], (const float *)y->data + ry * y->strides[0],
+                  (size_t)x->shape[1] * sizeof(float)) == 0;
+}
+
+/* calc_diff of rows [r0, r0 + m) of d against exact math on the operands' values. */
+static double diff_vs_exact(const top *a, int64_t r0, const top *b, const dg_tensor *d) {
+    const int64_t m = d->shape[0], n = b->mn;
+    float *want = malloc((size_t)(m * n) * sizeof(float)), *got = malloc((size_t)(m * n) * sizeof(float));
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            double s = 0;
+            for (int64_t kk = 0; kk < a->k; ++kk)
+                s += (double)a->val[(r0 + i) * a->k + kk] * b->val[j * b->k + kk];
+            want[i * n + j] = (float)s;
+            got[i * n + j] = ((const float *)d->data)[i * d->strides[0] + j];
+        }
+    const double diff = tu_calc_diff(got, want, (size_t)(m * n));
+    free(want);
+    free(got);
+    return diff;
+}
+
+static void check(const scase *c, int64_t n, int64_t k, tu_rng *r) {
+    const int64_t big = 200;
+    if (!top_layout_ok(c->db, n, k, c->b_mn_major) || !top_layout_ok(c->da, big, k, 0))
+        return;
+    top a = top_make(r, c->da, big, k, 0, c->gran_a[0], c->gran_a[1], c->packed, 0);
+    top b = top_make(r, c->db, n, k, c->b_mn_major, c->gran_b[0], c->gran_b[1], c->packed, 0);
+    dg_packed_b *pb = NULL;
+    const dg_gemm_options o = opts_of(c);
+    TU_CHECK_OK(c->db == DG_BFLOAT16 ? dg_pack_b(&b.t, NULL, NULL, &pb) : dg_pack_b(&b.t, &b.sf, &o, &pb));
+    dg_tensor at, sfa;
+    view_rows(&a, 0, big, &at, &sfa);
+    const int sms = dg_get_num_sms();
+    TU_CHECK_OK(dg_set_num_sms(2));
+    dg_tensor dbig = gemm(c, &at, &sfa, &b, NULL);
+
+    static const int64_t kM[] = {1, 2, 7, 15, 16, 17, 32, 33, 48, 63, 64, 1, 64};
+    for (size_t mi = 0; mi < sizeof kM / sizeof kM[0]; ++mi) {
+        const int threads = 1 + (int)(mi % 3);
+        {
+            const int64_t m = kM[mi], r0 = (int64_t)(mi * 13 + (size_t)threads) % (big - m + 1);
+            TU_CHECK_OK(dg_set_num_sms(threads));
+            dg_tensor sub, subsf;
+            view_rows(&a, r0, m, &sub, &subsf);
+            for (int prepacked = 0; prepacked < 2; ++prepacked) {
+                dg_tensor ds = gemm(c, &sub, &subsf, &b, prepacked ? pb : NULL);
+                int same = 1;
+                for (int64_t i = 0; i < m; ++i)
+                    same &= rows_equal(&ds, i, &dbig, r0 + i);
+                TU_CHECK(same, "%s N=%lld K=%lld M=%lld (rows from %lld) %s, %d threads: rows differ from M = 200",
+                         c->what, (long long)n, (long long)k, (long long)m, (long long)r0,
+                         prepacked ? "pre-packed" : "unpacked", threads);
+                if (threads == 1 && (m == 1 || m == 64)) {
+                    const double diff = diff_vs_exact(&a, r0, &b, &ds);
+                    TU_CHECK(diff < c->max_diff, "%s N=%lld K=%lld M=%lld: calc_diff %.3g (limit %g)", c->what,
+                             (long long)n, (long long)k, (long long)m, diff, c->max_diff);
+                }
+                tu_free(&ds);
+            }
+        }
+    }
+    TU_CHECK_OK(dg_set_num_sms(sms));
+    tu_free(&dbig);
+    dg_packed_b_free(pb);
+    top_free(&a);
+    top_free(&b);
+}
+
+#if defined(DG_HAVE_AMX)
+/* The table widening of the AMX path gives the bits of the ISA widening the large-M path packs
+ * with, for all 256 codes (NaN included), at every offset and length of a row piece. */
+static void test_widen_e4m3(void) {
+    uint8_t src[2][300];
+    uint16_t want[300], got[2][320];
+    for (int i = 0; i < 300; ++i)
+        src[0][i] = (uint8_t)i, src[1][i] = (uint8_t)(255 - i);
+    for (int n = 0; n <= 300; n += n < 40 ? 1 : 37) {
+        memset(got, 0xee, sizeof got);
+        dg_amx_widen_e4m3_rows(src[0], 300, 2, n, 0, got[0], 320);
+        for (int r = 0; r < 2; ++r) {
+            dg_widen_e4m3_avx512(src[r], n, 1.0f, want);
+            TU_CHECK(memcmp(got[r], want, (size_t)n * 2) == 0 && got[r][n] == 0xeeee,
+                     "E4M3 table widening differs from dg_widen_e4m3_avx512 (row %d, n %d)", r, n);
+        }
+    }
+}
+#endif
+
+int main(void) {
+    const dg_isa best = dg_get_isa();
+    if (best < DG_ISA_AMX) { /* the paths are unreachable: the level must be refused */
+        TU_CHECK_STATUS(dg_set_isa(DG_ISA_AMX), DG_ERR_UNSUPPORTED);
+        printf("no AMX on this CPU (or in this build): the AMX small-M paths are not reachable\n");
+        return tu_finish();
+    }
+    TU_CHECK_OK(dg_set_isa(DG_ISA_AMX));
+#if defined(DG_HAVE_AMX) /* always, where the CPU has AMX: the library selects AMX only then */
+    test_widen_e4m3();
+#endif
+    const scase cases[] = {
+        {"bf16", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 0, 1e-5},
+        {"bf16 B mn-major", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 1, 1e-5},
+        {"fp8 1d2d float", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {128, 128}, 0, 0, 1e-3},
+        {"fp8 ue8m0", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 1, 0, 1e-3},
+        {"fp8 x fp4 ue8m0/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 0, 2e-2},
+        {"fp8 x fp4 float/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 0, 0, 2e-2},
+    };
+    static const int64_t kN[] = {70, 16};
+    static const int64_t kK[] = {1, 31, 33, 200, 600};
+    tu_rng r = {0xa3c5};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
+        for (size_t ni = 0; ni < 2; ++ni)
+            for (size_t ki = 0; ki < 5; ++ki)
+                check(&cases[c], kN[ni], kK[ki], &r);
+    dg_set_isa(best);
+    return tu_finish();
+}
