@@ -213,6 +213,27 @@ static void scatter_row(const dg_packed *pk, int64_t p, int rr, const uint16_t *
     }
 }
 
+/* An MN-major BF16 operand (element (i, k) at i + k * ld) into DG_PACK_AMX_A panel p: per k
+ * step a 32 x R block transposed through L1 (the source lines of one step stay in L1, where
+ * widening whole rows would walk K with a stride of ld for every row). */
+static void pack_amx_a_mn(const dg_operand *op, const dg_packed *pk, int64_t p, int64_t rows, uint16_t *dst) {
+    const int r = pk->r;
+    const int64_t ld = op->data->strides[1], k = op->k, i0 = p * r;
+    const uint16_t *base = (const uint16_t *)op->data->data + i0;
+    for (int64_t k0 = 0; k0 < pk->kp; k0 += 32) {
+        uint16_t *blk = dst + k0 * r;
+        const int kn = (int)(k - k0 < 0 ? 0 : k - k0 < 32 ? k - k0 : 32);
+        for (int rr = 0; rr < r; ++rr) {
+            uint16_t *o = blk + 32 * rr;
+            if (rr < rows)
+                for (int kk = 0; kk < kn; ++kk)
+                    o[kk] = base[rr + (k0 + kk) * ld];
+            for (int kk = rr < rows ? kn : 0; kk < 32; ++kk)
+                o[kk] = 0;
+        }
+    }
+}
+
 /*
  * Panel p. With an ISA packer (fn) the rows are either read in place (BF16, K-major) or first
  * widened into a K-major BF16 staging block `stage` [r][kp] (any dtype/layout, folded scales),
@@ -227,6 +248,10 @@ static void pack_panel(const dg_operand *op, int fold, const dg_packed *pk, int6
     if (pk->scales)
         pack_scales(op, pk, p);
     if (pk->fmt == DG_PACK_AMX_A) { /* row pieces: no transpose, so no ISA packer */
+        if (op->data->dtype == DG_BFLOAT16 && op->data->strides[0] == 1 && !(fold && op->sf)) {
+            pack_amx_a_mn(op, pk, p, rows, dst);
+            return;
+        }
         for (int rr = 0; rr < r; ++rr) {
             if (rr < rows && direct_bf16(op, fold) && op->k == kp) {
                 scatter_row(pk, p, rr, (const uint16_t *)op->data->data + (i0 + rr) * op->data->strides[0]);
