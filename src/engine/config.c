@@ -51,7 +51,8 @@ static const dg_engine_cfg kCfg[] = {
     [DG_ISA_AMX] = {"amx/bf16", DG_PACK_AMX_B, 32, 32, 512, 512, 256, dg_ukr_bf16_amx,
                     dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                     dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, {NULL},
-                    .amx = 1, .fallback = DG_ISA_AVX512_BF16, .ukr_begin = dg_ukr_bf16_amx_begin},
+                    .amx = 1, .fallback = DG_ISA_AVX512_BF16, .ukr_begin = dg_ukr_bf16_amx_begin,
+                    .pack_amx_a_mn = dg_pack_bf16_mn_amx_a_avx512},
 #endif
 #else
     [DG_ISA_AVX2] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},

@@ -120,6 +120,9 @@ typedef struct dg_engine_cfg {
     int amx;
     dg_isa fallback;
     void (*ukr_begin)(void); /* once per thread and output tile before ukr calls (NULL: none) */
+    /* One DG_PACK_AMX_A k step from MN-major BF16 (NULL: portable; pack_avx512.c). */
+    void (*pack_amx_a_mn)(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t k,
+                          uint16_t *dst);
 } dg_engine_cfg;
 
 /* The packed format of A (the MR-row operand) under configuration cfg. */
@@ -172,6 +175,8 @@ void dg_amx_widen_e2m1_row(const uint8_t *src, int64_t n, int64_t blk, const flo
 
 void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                                 int64_t k, dg_pack_fmt fmt, void *dst);
+void dg_pack_bf16_mn_amx_a_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t k,
+                                  uint16_t *dst);
 void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0,
                                  int64_t kc, int64_t k, dg_pack_fmt fmt, void *dst);
 void dg_widen_e4m3_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out);

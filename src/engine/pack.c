@@ -216,12 +216,17 @@ static void scatter_row(const dg_packed *pk, int64_t p, int rr, const uint16_t *
 /* An MN-major BF16 operand (element (i, k) at i + k * ld) into DG_PACK_AMX_A panel p: per k
  * step a 32 x R block transposed through L1 (the source lines of one step stay in L1, where
  * widening whole rows would walk K with a stride of ld for every row). */
-static void pack_amx_a_mn(const dg_operand *op, const dg_packed *pk, int64_t p, int64_t rows, uint16_t *dst) {
+static void pack_amx_a_mn(const dg_operand *op, const dg_packed *pk, int64_t p, int64_t rows, uint16_t *dst,
+                          const dg_engine_cfg *isa) {
     const int r = pk->r;
     const int64_t ld = op->data->strides[1], k = op->k, i0 = p * r;
     const uint16_t *base = (const uint16_t *)op->data->data + i0;
     for (int64_t k0 = 0; k0 < pk->kp; k0 += 32) {
         uint16_t *blk = dst + k0 * r;
+        if (isa && isa->pack_amx_a_mn && (r == 16 || r == 32)) {
+            isa->pack_amx_a_mn(base, ld, rows, r, k0, k, blk);
+            continue;
+        }
         const int kn = (int)(k - k0 < 0 ? 0 : k - k0 < 32 ? k - k0 : 32);
         for (int rr = 0; rr < r; ++rr) {
             uint16_t *o = blk + 32 * rr;
@@ -249,7 +254,7 @@ static void pack_panel(const dg_operand *op, int fold, const dg_packed *pk, int6
         pack_scales(op, pk, p);
     if (pk->fmt == DG_PACK_AMX_A) { /* row pieces: no transpose, so no ISA packer */
         if (op->data->dtype == DG_BFLOAT16 && op->data->strides[0] == 1 && !(fold && op->sf)) {
-            pack_amx_a_mn(op, pk, p, rows, dst);
+            pack_amx_a_mn(op, pk, p, rows, dst, isa);
             return;
         }
         for (int rr = 0; rr < r; ++rr) {

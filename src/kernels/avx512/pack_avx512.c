@@ -114,3 +114,41 @@ void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, 
             _mm512_mask_storeu_epi32(d + 16, (__mmask16)(store_mask >> 16), _mm512_permutex2var_epi16(x, idx1, y));
     }
 }
+
+/*
+ * One DG_PACK_AMX_A k step from an MN-major BF16 operand: element (i, kk) at src[i + kk * ld]
+ * for rows i < rows (<= r, r = 16 or 32) and kk in [k0, k0 + 32), zero at kk >= k or i >= rows,
+ * into dst[32 * i + kk - k0]. Pairs of source rows are interleaved into words (k pair, row), as
+ * DG_PACK_BF16 has them, then 16 x 16 word blocks are transposed: row i's 16 pairs are its 32 k.
+ */
+void dg_pack_bf16_mn_amx_a_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t k,
+                                  uint16_t *dst) {
+    const __mmask32 load_mask = (__mmask32)(rows >= 32 ? 0xffffffffu : (1u << rows) - 1);
+    __m512i idx0, idx1;
+    {
+        uint16_t i0[32], i1[32];
+        for (int w = 0; w < 32; ++w) {
+            i0[w] = (uint16_t)((w & 1) * 32 + w / 2);
+            i1[w] = (uint16_t)((w & 1) * 32 + 16 + w / 2);
+        }
+        idx0 = _mm512_loadu_si512(i0);
+        idx1 = _mm512_loadu_si512(i1);
+    }
+    __m512i lo[16], hi[16], out[16];
+    for (int p = 0; p < 16; ++p) {
+        const int64_t kk = k0 + 2 * p;
+        const __m512i x = kk < k ? _mm512_maskz_loadu_epi16(load_mask, src + kk * ld) : _mm512_setzero_si512();
+        const __m512i y =
+            kk + 1 < k ? _mm512_maskz_loadu_epi16(load_mask, src + (kk + 1) * ld) : _mm512_setzero_si512();
+        lo[p] = _mm512_permutex2var_epi16(x, idx0, y);
+        hi[p] = _mm512_permutex2var_epi16(x, idx1, y);
+    }
+    transpose16(lo, out);
+    for (int i = 0; i < 16; ++i)
+        _mm512_storeu_si512(dst + 32 * i, out[i]);
+    if (r > 16) {
+        transpose16(hi, out);
+        for (int i = 0; i < 16; ++i)
+            _mm512_storeu_si512(dst + 32 * (16 + i), out[i]);
+    }
+}
