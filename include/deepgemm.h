@@ -298,6 +298,12 @@ DG_API dg_status dg_bf16_gemm_tt(const dg_tensor *a, const dg_tensor *b, const d
  * Granularities come from opts->recipe / recipe_a / recipe_b, or by default from sfb's dtype
  * (float32 -> (1, 128, 128), packed -> (1, 1, 128)). opts may be NULL (defaults).
  * dg_fp8_gemm_* are the same functions under DeepGEMM's older names.
+ * Numerics: FP8/FP4 values are widened to BF16 exactly and multiplied on the BF16 engine. When
+ * both A and B are FP4 and the scale block (gcd of the two gran_k) is a multiple of 32, the
+ * products are integers instead (2 x E2M1 is an integer in [-12, 12]): per element,
+ * acc = fma((float)dot_kb, (0.25f * sa) * sb, acc) over the K blocks in order, with dot_kb the
+ * exact int32 dot product of 2A and 2B over block kb; D = round(C + acc). The integer part is
+ * exact, so this gives the same bits on every ISA level and machine.
  */
 DG_API dg_status dg_fp8_fp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
                                     const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c,
