@@ -24,27 +24,7 @@ dg_status dg_pack_b_grouped(const dg_tensor *b, const dg_tensor *sfb, const dg_g
     DG_CHECK(ob.groups > 0 && ob.mn > 0 && ob.k > 0, DG_ERR_SHAPE,
              "argument 'b': N, K and the number of groups must be positive (got G=%lld, N=%lld, K=%lld)",
              (long long)ob.groups, (long long)ob.mn, (long long)ob.k);
-    int gran_a[2] = {0, 0}, gran_b[2] = {0, 0};
-    if (b->dtype == DG_BFLOAT16) {
-        DG_CHECK(sfb == NULL, DG_ERR_VALUE, "argument 'sfb' must be NULL for a BF16 'b'");
-    } else {
-        DG_TRY(dg_resolve_recipe(opts, NULL, sfb, gran_a, gran_b));
-        DG_TRY(dg_operand_set_scales(&ob, "sfb", sfb, gran_b[0], gran_b[1]));
-    }
-    dg_packed_b *p = dg_malloc(sizeof *p);
-    DG_CHECK(p != NULL, DG_ERR_ALLOC, "out of memory for a packed B");
-    memset(p, 0, sizeof *p);
-    p->dtype = b->dtype;
-    p->sf_dtype = sfb ? sfb->dtype : DG_FLOAT32;
-    p->gran_b[0] = gran_b[0], p->gran_b[1] = gran_b[1];
-    const dg_status st = dg_engine_prepack_b_grouped(&ob, p);
-    if (st != DG_OK) {
-        dg_free(p);
-        return st;
-    }
-    p->magic = DG_PACKED_B_MAGIC;
-    *out = p;
-    return DG_OK;
+    return dg_packed_b_make(&ob, b, sfb, opts, dg_engine_prepack_b_grouped, out);
 }
 
 /* ---- checks ---------------------------------------------------------------------------------- */

@@ -17,12 +17,17 @@ dg_status dg_pack_b(const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_opti
     DG_CHECK(out != NULL, DG_ERR_NULL_POINTER, "argument 'out' is NULL");
     dg_operand ob;
     DG_TRY(dg_operand_init(&ob, "b", b, 0, kPackable, 3));
+    return dg_packed_b_make(&ob, b, sfb, opts, dg_engine_prepack_b, out);
+}
+
+dg_status dg_packed_b_make(dg_operand *ob, const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_options *opts,
+                           dg_status (*pack)(const dg_operand *, struct dg_packed_b *), dg_packed_b **out) {
     int gran_a[2] = {0, 0}, gran_b[2] = {0, 0};
     if (b->dtype == DG_BFLOAT16) {
         DG_CHECK(sfb == NULL, DG_ERR_VALUE, "argument 'sfb' must be NULL for a BF16 'b'");
     } else {
         DG_TRY(dg_resolve_recipe(opts, NULL, sfb, gran_a, gran_b));
-        DG_TRY(dg_operand_set_scales(&ob, "sfb", sfb, gran_b[0], gran_b[1]));
+        DG_TRY(dg_operand_set_scales(ob, "sfb", sfb, gran_b[0], gran_b[1]));
     }
     dg_packed_b *p = dg_malloc(sizeof *p);
     DG_CHECK(p != NULL, DG_ERR_ALLOC, "out of memory for a packed B");
@@ -30,7 +35,7 @@ dg_status dg_pack_b(const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_opti
     p->dtype = b->dtype;
     p->sf_dtype = sfb ? sfb->dtype : DG_FLOAT32;
     p->gran_b[0] = gran_b[0], p->gran_b[1] = gran_b[1];
-    const dg_status st = dg_engine_prepack_b(&ob, p);
+    const dg_status st = pack(ob, p);
     if (st != DG_OK) {
         dg_free(p);
         return st;

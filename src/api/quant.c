@@ -1,9 +1,148 @@
 /*
  * quant.c - entry points of the quantization helpers (deep_gemm.utils, SPEC 2): argument
- * checks, the query form, then the reference in src/reference/ref_quant.c.
+ * checks, the query form, then the reference in src/reference/ref_quant.c or, for the FP8
+ * block casts of row-contiguous tensors, the fast path below, which gives the same bits.
  */
+#include "../kernels/quant_kernels.h"
 #include "../reference/ref_quant.h"
 #include "quant_args.h"
+
+#include <math.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- fast path: per row group, vector block amax, the reference's scalar scale, vector
+ * products, then the dg_cast E4M3 run kernel. Row groups are independent, so the result does
+ * not depend on the thread count. */
+
+static bool row_block_amax_generic(const void *row, bool bf16, int64_t k, int64_t bk, float *acc) {
+    bool nan = false;
+    for (int64_t j = 0; j < k; ++j) {
+        float v;
+        if (bf16) {
+            const uint32_t u = (uint32_t)((const uint16_t *)row)[j] << 16;
+            memcpy(&v, &u, 4);
+        } else {
+            v = ((const float *)row)[j];
+        }
+        const float a = fabsf(v);
+        nan |= isnan(a);
+        if (a > acc[j / bk])
+            acc[j / bk] = a;
+    }
+    return nan;
+}
+
+static void row_scale_generic(const void *row, bool bf16, int64_t k, int64_t bk, const float *r, float *y) {
+    for (int64_t j = 0; j < k; ++j) {
+        float v;
+        if (bf16) {
+            const uint32_t u = (uint32_t)((const uint16_t *)row)[j] << 16;
+            memcpy(&v, &u, 4);
+        } else {
+            v = ((const float *)row)[j];
+        }
+        y[j] = v * r[j / bk];
+    }
+}
+
+static const dg_quant_kernels *quant_kernels(dg_isa isa) {
+    static const dg_quant_kernels generic = {row_block_amax_generic, row_scale_generic};
+#if DG_HAVE_AVX512_KERNELS
+    static const dg_quant_kernels avx512 = {dg_quant_row_block_amax_avx512, dg_quant_row_scale_avx512};
+    if (isa >= DG_ISA_AVX512)
+        return &avx512;
+#endif
+    return &generic;
+}
+
+/* The reference's amax over rows [i0, i1) in its order: NaN sticks, and a later NaN replaces an
+ * earlier one (only NaN rows come here). */
+static void group_amax_scalar(const dg_tensor *x, int64_t i0, int64_t i1, int64_t bk, float *acc, int64_t sk) {
+    for (int64_t c = 0; c < sk; ++c)
+        acc[c] = 0.0f;
+    for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = 0; j < x->shape[1]; ++j) {
+            const float a = fabsf(dg_load_float(x, dg_ptr2(x, i, j)));
+            if (isnan(a) || a > acc[j / bk])
+                acc[j / bk] = a;
+        }
+}
+
+/* Row g of the scales: FLOAT32, or INT32 packed UE8M0 (byte j of word q is scale 4q + j, 1.0
+ * past the last one), as the reference's store_scales. */
+static void store_scale_row(const float *sf, int64_t cols, bool packed, const dg_tensor *out_sf, int64_t g) {
+    if (!packed) {
+        for (int64_t c = 0; c < cols; ++c)
+            *(float *)dg_ptr2(out_sf, g, c) = sf[c];
+        return;
+    }
+    for (int64_t q = 0; q < qa_ceil_div(cols, 4); ++q) {
+        uint32_t word = 0;
+        for (int j = 0; j < 4; ++j) {
+            uint32_t bits = 127u << 23;
+            if (4 * q + j < cols)
+                memcpy(&bits, &sf[4 * q + j], 4);
+            word |= ((bits >> 23) & 0xffu) << (8 * j);
+        }
+        memcpy(dg_ptr2(out_sf, g, q), &word, 4);
+    }
+}
+
+/* ref_quant_fp8_blocks' contract and bits, for x and out with unit stride along K. */
+static dg_status fast_quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bool use_ue8m0, bool packed,
+                                       const dg_tensor *out, const dg_tensor *out_sf) {
+    const int64_t m = x->shape[0], k = x->shape[1], sm = qa_ceil_div(m, bm), sk = qa_ceil_div(k, bk);
+    int nt = dg_num_threads();
+    if (nt > sm)
+        nt = (int)sm;
+    if (nt < 1)
+        nt = 1;
+    const int64_t skp = dg_align(sk, 16), per = 2 * skp + dg_align(k, 16); /* acc, r, products */
+    float *ws = dg_malloc((size_t)(nt * per) * sizeof(float));
+    DG_CHECK(ws != NULL, DG_ERR_ALLOC, "cannot allocate %lld floats of workspace", (long long)(nt * per));
+    const dg_isa isa = dg_get_isa();
+    const dg_quant_kernels *qk = quant_kernels(isa);
+    const dg_convert_kernels *ck = dg_convert_kernels_for(isa);
+    const bool bf16 = x->dtype == DG_BFLOAT16;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t g = 0; g < sm; ++g) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *acc = ws + tid * per, *r = acc + skp, *y = r + skp;
+        const int64_t i0 = g * bm, i1 = i0 + bm < m ? i0 + bm : m;
+        for (int64_t c = 0; c < sk; ++c)
+            acc[c] = 0.0f;
+        bool nan = false;
+        for (int64_t i = i0; i < i1; ++i)
+            nan |= qk->row_block_amax(dg_ptr2(x, i, 0), bf16, k, bk, acc);
+        if (nan)
+            group_amax_scalar(x, i0, i1, bk, acc, sk);
+        for (int64_t c = 0; c < sk; ++c) {
+            acc[c] = ref_group_scale(acc[c], DG_E4M3_MAX, use_ue8m0);
+            r[c] = 1.0f / acc[c];
+        }
+        for (int64_t i = i0; i < i1; ++i) {
+            qk->row_scale(dg_ptr2(x, i, 0), bf16, k, bk, r, y);
+            ck->f32_to_e4m3(y, (uint8_t *)dg_ptr2(out, i, 0), (size_t)k);
+        }
+        store_scale_row(acc, sk, packed, out_sf, g);
+    }
+    dg_free(ws);
+    return DG_OK;
+}
+
+/* The fast path when both tensors are contiguous along K (else the reference's strided walk). */
+static dg_status quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bool use_ue8m0, bool packed,
+                                  const dg_tensor *out, const dg_tensor *out_sf) {
+    if (!dg_use_reference() && x->strides[1] == 1 && out->strides[1] == 1)
+        return fast_quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
+    return quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
+}
 
 /* Query, then checks, of a 2-D data output and a 2-D scale output; *query is set when the
  * call only filled in descriptors. */
@@ -50,7 +189,7 @@ dg_status dg_per_token_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k
                            sf_shape, &query));
     if (query)
         return DG_OK;
-    return ref_quant_fp8_blocks(x, 1, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, out, out_sf);
+    return quant_fp8_blocks(x, 1, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, out, out_sf);
 }
 
 dg_status dg_per_block_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k, dg_tensor *out,
@@ -64,7 +203,7 @@ dg_status dg_per_block_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k
     DG_TRY(prepare_outputs(x, out, DG_FLOAT8_E4M3, shape, out_sf, DG_FLOAT32, sf_shape, &query));
     if (query)
         return DG_OK;
-    return ref_quant_fp8_blocks(x, gran_k, gran_k, use_ue8m0 != 0, false, out, out_sf);
+    return quant_fp8_blocks(x, gran_k, gran_k, use_ue8m0 != 0, false, out, out_sf);
 }
 
 dg_status dg_per_channel_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k, dg_tensor *out,
@@ -80,7 +219,7 @@ dg_status dg_per_channel_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran
     DG_TRY(prepare_outputs(x, out, DG_FLOAT8_E4M3, shape, out_sf, DG_FLOAT32, sf_shape, &query));
     if (query)
         return DG_OK;
-    return ref_quant_fp8_blocks(x, gran_k, 1, use_ue8m0 != 0, false, out, out_sf);
+    return quant_fp8_blocks(x, gran_k, 1, use_ue8m0 != 0, false, out, out_sf);
 }
 
 dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int gran_k, int use_packed_ue8m0,

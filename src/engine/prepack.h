@@ -37,6 +37,11 @@ struct dg_packed_b {
  * current configuration into out (fields above). */
 dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out);
 
+/* The tail of dg_pack_b / dg_pack_b_grouped (src/api/gemm_packed.c): B's recipe and scales
+ * attached to ob, a new handle filled by `pack`, *out set only on success. */
+dg_status dg_packed_b_make(dg_operand *ob, const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_options *opts,
+                           dg_status (*pack)(const dg_operand *, struct dg_packed_b *), dg_packed_b **out);
+
 /* D = C + A @ B^T with B pre-packed. DG_ERR_VALUE when the current configuration is not the
  * one B was packed for; DG_ERR_UNSUPPORTED (nothing written) when the unpacked call would not
  * run the engine for this pair (scale blocks of odd length), so that results could differ. */
