@@ -97,23 +97,61 @@ static dg_status hc_run(void *s) {
 
 #include "dgbench_einsum.inc" /* the einsum cases (EINSUM_CASES) */
 
+/* SPEC 6's grid: M in {13, 137, 4096, 8192} x K in {7168, 7680, 28672}, with and without 16
+ * K splits (N = 24). */
 static const hc_params P[] = {
-    {HC_PRENORM, 13, 24, 7168, 0},    {HC_PRENORM, 13, 24, 7168, 16},
-    {HC_PRENORM, 13, 24, 28672, 0},   {HC_PRENORM, 13, 24, 28672, 16},
-    {HC_PRENORM, 4096, 24, 7168, 0},  {HC_PRENORM, 4096, 24, 7168, 16},
-    {HC_PRENORM, 4096, 24, 28672, 0}, {HC_PRENORM, 4096, 24, 28672, 16},
+    {HC_PRENORM, 13, 24, 7168, 0},
+    {HC_PRENORM, 13, 24, 7168, 16},
+    {HC_PRENORM, 13, 24, 7680, 0},
+    {HC_PRENORM, 13, 24, 7680, 16},
+    {HC_PRENORM, 13, 24, 28672, 0},
+    {HC_PRENORM, 13, 24, 28672, 16},
+    {HC_PRENORM, 137, 24, 7168, 0},
+    {HC_PRENORM, 137, 24, 7168, 16},
+    {HC_PRENORM, 137, 24, 7680, 0},
+    {HC_PRENORM, 137, 24, 7680, 16},
+    {HC_PRENORM, 137, 24, 28672, 0},
+    {HC_PRENORM, 137, 24, 28672, 16},
+    {HC_PRENORM, 4096, 24, 7168, 0},
+    {HC_PRENORM, 4096, 24, 7168, 16},
+    {HC_PRENORM, 4096, 24, 7680, 0},
+    {HC_PRENORM, 4096, 24, 7680, 16},
+    {HC_PRENORM, 4096, 24, 28672, 0},
+    {HC_PRENORM, 4096, 24, 28672, 16},
+    {HC_PRENORM, 8192, 24, 7168, 0},
+    {HC_PRENORM, 8192, 24, 7168, 16},
+    {HC_PRENORM, 8192, 24, 7680, 0},
+    {HC_PRENORM, 8192, 24, 7680, 16},
+    {HC_PRENORM, 8192, 24, 28672, 0},
+    {HC_PRENORM, 8192, 24, 28672, 16},
 };
 
 #define CASE(name, i, lim) {name, lim, &P[i], hc_setup, hc_run, bench_pool_state_free}
 static const bench_case CASES[] = {
     CASE("hc/tf32_prenorm/m13_k7168", 0, BENCH_LIMIT_FP32),
     CASE("hc/tf32_prenorm/m13_k7168_split16", 1, BENCH_LIMIT_FP32),
-    CASE("hc/tf32_prenorm/m13_k28672", 2, BENCH_LIMIT_FP32),
-    CASE("hc/tf32_prenorm/m13_k28672_split16", 3, BENCH_LIMIT_FP32),
-    CASE("hc/tf32_prenorm/m4096_k7168", 4, BENCH_LIMIT_FP32),
-    CASE("hc/tf32_prenorm/m4096_k7168_split16", 5, BENCH_LIMIT_FP32),
-    CASE("hc/tf32_prenorm/m4096_k28672", 6, BENCH_LIMIT_FP32),
-    CASE("hc/tf32_prenorm/m4096_k28672_split16", 7, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m13_k7680", 2, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m13_k7680_split16", 3, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m13_k28672", 4, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m13_k28672_split16", 5, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m137_k7168", 6, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m137_k7168_split16", 7, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m137_k7680", 8, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m137_k7680_split16", 9, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m137_k28672", 10, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m137_k28672_split16", 11, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k7168", 12, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k7168_split16", 13, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k7680", 14, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k7680_split16", 15, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k28672", 16, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m4096_k28672_split16", 17, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m8192_k7168", 18, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m8192_k7168_split16", 19, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m8192_k7680", 20, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m8192_k7680_split16", 21, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m8192_k28672", 22, BENCH_LIMIT_FP32),
+    CASE("hc/tf32_prenorm/m8192_k28672_split16", 23, BENCH_LIMIT_FP32),
     EINSUM_CASES
 };
 #undef CASE

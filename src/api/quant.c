@@ -141,7 +141,7 @@ static dg_status quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bo
                                   const dg_tensor *out, const dg_tensor *out_sf) {
     if (!dg_use_reference() && x->strides[1] == 1 && out->strides[1] == 1)
         return fast_quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
-    return quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
+    return ref_quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
 }
 
 /* Query, then checks, of a 2-D data output and a 2-D scale output; *query is set when the
