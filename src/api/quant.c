@@ -1,7 +1,8 @@
 /*
  * quant.c - entry points of the quantization helpers (deep_gemm.utils, SPEC 2): argument
  * checks, the query form, then the reference in src/reference/ref_quant.c or, for the FP8
- * block casts of row-contiguous tensors, the fast path below, which gives the same bits.
+ * block casts and the FP4 per-token cast of row-contiguous tensors, the fast path below,
+ * which gives the same bits.
  */
 #include "../kernels/quant_kernels.h"
 #include "../reference/ref_quant.h"
@@ -44,14 +45,20 @@ static void row_scale_generic(const void *row, bool bf16, int64_t k, int64_t bk,
         } else {
             v = ((const float *)row)[j];
         }
-        y[j] = v * r[j / bk];
+        y[j] = isnan(v) ? v : v * r[j / bk]; /* x's NaN, as the reference (quant_kernels.h) */
     }
 }
 
+static void f32_to_e2m1x2_generic(const float *y, uint8_t *dst, int64_t k) {
+    for (int64_t j = 0; j < k; j += 2)
+        dst[j / 2] = (uint8_t)(dg_float_to_e2m1(y[j]) | (dg_float_to_e2m1(y[j + 1]) << 4));
+}
+
 static const dg_quant_kernels *quant_kernels(dg_isa isa) {
-    static const dg_quant_kernels generic = {row_block_amax_generic, row_scale_generic};
+    static const dg_quant_kernels generic = {row_block_amax_generic, row_scale_generic, f32_to_e2m1x2_generic};
 #if DG_HAVE_AVX512_KERNELS
-    static const dg_quant_kernels avx512 = {dg_quant_row_block_amax_avx512, dg_quant_row_scale_avx512};
+    static const dg_quant_kernels avx512 = {dg_quant_row_block_amax_avx512, dg_quant_row_scale_avx512,
+                                            dg_quant_f32_to_e2m1x2_avx512};
     if (isa >= DG_ISA_AVX512)
         return &avx512;
 #endif
@@ -91,13 +98,16 @@ static void store_scale_row(const float *sf, int64_t cols, bool packed, const dg
     }
 }
 
-/* ref_quant_fp8_blocks' contract and bits, for x and out with unit stride along K. */
-static dg_status fast_quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bool use_ue8m0, bool packed,
-                                       const dg_tensor *out, const dg_tensor *out_sf) {
+/* ref_quant_fp8_blocks' contract and bits (fp4: ref_quant_fp4_token's, bm = 1), for x and out
+ * with unit stride along K. */
+static dg_status fast_quant_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bool use_ue8m0, bool packed, bool fp4,
+                                   const dg_tensor *out, const dg_tensor *out_sf) {
     const int64_t m = x->shape[0], k = x->shape[1], sm = qa_ceil_div(m, bm), sk = qa_ceil_div(k, bk);
-    int nt = dg_num_threads();
-    if (nt > sm)
-        nt = (int)sm;
+    /* Threads only for work worth waking them (~64K elements each); rows are independent, so
+     * the count does not change the result. */
+    int64_t nt = dg_num_threads(), work = m * k / 65536 + 1;
+    nt = nt < sm ? nt : sm;
+    nt = nt < work ? nt : work;
     if (nt < 1)
         nt = 1;
     const int64_t skp = dg_align(sk, 16), per = 2 * skp + dg_align(k, 16); /* acc, r, products */
@@ -107,7 +117,7 @@ static dg_status fast_quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t b
     const dg_quant_kernels *qk = quant_kernels(isa);
     const dg_convert_kernels *ck = dg_convert_kernels_for(isa);
     const bool bf16 = x->dtype == DG_BFLOAT16;
-#pragma omp parallel for schedule(static) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads((int)nt)
     for (int64_t g = 0; g < sm; ++g) {
         int tid = 0;
 #ifdef _OPENMP
@@ -123,12 +133,15 @@ static dg_status fast_quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t b
         if (nan)
             group_amax_scalar(x, i0, i1, bk, acc, sk);
         for (int64_t c = 0; c < sk; ++c) {
-            acc[c] = ref_group_scale(acc[c], DG_E4M3_MAX, use_ue8m0);
+            acc[c] = ref_group_scale(acc[c], fp4 ? DG_E2M1_MAX : DG_E4M3_MAX, use_ue8m0);
             r[c] = 1.0f / acc[c];
         }
         for (int64_t i = i0; i < i1; ++i) {
             qk->row_scale(dg_ptr2(x, i, 0), bf16, k, bk, r, y);
-            ck->f32_to_e4m3(y, (uint8_t *)dg_ptr2(out, i, 0), (size_t)k);
+            if (fp4)
+                qk->f32_to_e2m1x2(y, (uint8_t *)dg_ptr2(out, i, 0), k);
+            else
+                ck->f32_to_e4m3(y, (uint8_t *)dg_ptr2(out, i, 0), (size_t)k);
         }
         store_scale_row(acc, sk, packed, out_sf, g);
     }
@@ -140,7 +153,7 @@ static dg_status fast_quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t b
 static dg_status quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bool use_ue8m0, bool packed,
                                   const dg_tensor *out, const dg_tensor *out_sf) {
     if (!dg_use_reference() && x->strides[1] == 1 && out->strides[1] == 1)
-        return fast_quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
+        return fast_quant_blocks(x, bm, bk, use_ue8m0, packed, false, out, out_sf);
     return ref_quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
 }
 
@@ -240,6 +253,8 @@ dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int gran_k
                            sf_shape, &query));
     if (query)
         return DG_OK;
+    if (!dg_use_reference() && x->strides[1] == 1 && out->strides[1] == 1)
+        return fast_quant_blocks(x, 1, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, true, out, out_sf);
     return ref_quant_fp4_token(x, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, out, out_sf);
 }
 
