@@ -242,6 +242,25 @@ static void test_bad_inputs(void) {
 
     TU_CHECK(tu_unchanged(&d, sd) && tu_unchanged(&s, ss) && tu_unchanged(&d3, sd3) && tu_unchanged(&s2, ss2),
              "failed calls write nothing");
+    { /* every other row of a split output: strided, but no element twice (dgbench samples so) */
+        const int64_t half = (m + 1) / 2;
+        float *dsm = calloc((size_t)(2 * m * n), sizeof(float)), *ssm = calloc((size_t)(2 * half), sizeof(float));
+        dg_tensor a_h = a, d_h = dg_tensor_3d(dsm, DG_FLOAT32, 2, half, n);
+        a_h.shape[0] = half, a_h.strides[0] *= 2;
+        d_h.strides[0] = m * n, d_h.strides[1] = 2 * n;
+        const dg_tensor s_h = dg_tensor_2d(ssm, DG_FLOAT32, 2, half);
+        TU_CHECK_OK(dg_tf32_hc_prenorm_gemm(&a_h, &b, &d_h, &s_h, 2));
+        float *dfull = calloc((size_t)(2 * m * n), sizeof(float)), *sfull = calloc((size_t)(2 * m), sizeof(float));
+        const dg_tensor d_f = dg_tensor_3d(dfull, DG_FLOAT32, 2, m, n), s_f = dg_tensor_2d(sfull, DG_FLOAT32, 2, m);
+        TU_CHECK_OK(dg_tf32_hc_prenorm_gemm(&a, &b, &d_f, &s_f, 2));
+        int same = 1;
+        for (int64_t sp = 0; sp < 2; ++sp)
+            for (int64_t r = 0; r < half; ++r)
+                same &= memcmp(dsm + sp * m * n + 2 * r * n, dfull + sp * m * n + 2 * r * n,
+                               (size_t)n * sizeof(float)) == 0;
+        TU_CHECK(same, "a row-strided split output equals the rows of the full call");
+        free(dsm), free(ssm), free(dfull), free(sfull);
+    }
     /* M = 0 does nothing and succeeds. */
     const dg_tensor a0 = dg_tensor_2d(a.data, DG_BFLOAT16, 0, k), d0 = dg_tensor_2d(d.data, DG_FLOAT32, 0, n);
     const dg_tensor s0 = dg_tensor_1d(s.data, DG_FLOAT32, 0);

@@ -91,8 +91,9 @@ dg_status dg_check_no_overlap(const dg_tensor *out, const char *out_name, const 
 }
 
 dg_status dg_check_output(const dg_tensor *t, const char *name) {
-    /* Sort the dimensions with extent > 1 by stride; each must step past the previous one's
-     * whole extent, which rules out any element being addressed twice. */
+    /* Sort the dimensions with extent > 1 by stride; each must step past the span of all
+     * smaller-stride ones (last element + 1), which rules out any element being addressed twice
+     * (a strided row sample of a [S, M, N] output is fine: its rows end before the next slab). */
     int idx[DG_MAX_DIMS], n = 0;
     for (int i = 0; i < t->ndim; ++i)
         if (t->shape[i] > 1)
@@ -109,7 +110,7 @@ dg_status dg_check_output(const dg_tensor *t, const char *name) {
         DG_CHECK(t->strides[d] >= need, DG_ERR_LAYOUT,
                  "output '%s' has overlapping elements (dimension %d, stride %lld)", name, d,
                  (long long)t->strides[d]);
-        need = t->strides[d] * t->shape[d];
+        need += t->strides[d] * (t->shape[d] - 1);
     }
     return DG_OK;
 }

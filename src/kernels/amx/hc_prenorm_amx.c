@@ -26,7 +26,8 @@
 #define STEP DG_HC_AMX_STEP /* uint16 per packed k step: 3 parts */
 #define PART (STEP / 3)     /* one part: tile [16 k pairs][16 columns][2], then [16][8][2] */
 #define HI_OFF 512          /* uint16 offset of the columns 16-23 tile inside a part */
-#define PF_STEPS 8          /* A lines are hinted this many k steps ahead */
+#define PF_STEPS 8          /* lines are hinted this many k steps ahead */
+#define HINT_STEPS 32       /* block_step hints A only for K ranges of fewer k steps */
 
 #define CFG(r0, r1)                                                                                       \
     {                                                                                                     \
@@ -115,13 +116,21 @@ void dg_hc_amx_pack_b(const float *b, int64_t ldb, int64_t nsc, int64_t k, int64
     }
 }
 
-/* One k step of 32 for the block: hints, square sums, then the tile products of the 3 parts.
- * ak: the block's first row at this step (row stride lda elements); bs: the packed B step. */
+/* One k step of 32 for the block: hints (when `hint`), square sums, then the tile products of
+ * the 3 parts. ak: the block's first row at this step (row stride lda elements); bs: the packed
+ * B step. Long K ranges take no software hints for A: with 32 rows in flight they take the line
+ * fill buffers the hardware streamers need (measured: the M = 4096, K = 28672 call took ~20%
+ * less CPU time without them); short ranges (splits) keep them, the streamers having no time to
+ * ramp up there (and the hints past the range fetch the next split's).
+ * Each B tile is reloaded as soon as the products reading it are issued (columns 0-15 before
+ * 16-23), so the load overlaps the other tile's products; each accumulator still takes the
+ * parts in order 0, 1, 2 (the same bits). */
 static inline __attribute__((always_inline)) void block_step(const uint16_t *ak, int64_t lda, int rows, const int two,
-                                                            const uint16_t *bs, float *st, int squares) {
+                                                            const uint16_t *bs, float *st, int squares, int hint) {
     for (int r = 0; r < rows; ++r) {
         const uint16_t *ar = ak + r * lda;
-        _mm_prefetch((const char *)(ar + 32 * PF_STEPS), _MM_HINT_T0);
+        if (hint)
+            _mm_prefetch((const char *)(ar + 32 * PF_STEPS), _MM_HINT_T0);
         if (squares) {
             const __m512bh x = (__m512bh)_mm512_loadu_si512(ar);
             float *acc = st + r * SF + DG_HC_NS;
@@ -131,15 +140,19 @@ static inline __attribute__((always_inline)) void block_step(const uint16_t *ak,
     _tile_loadd(4, ak, lda * 2);
     if (two)
         _tile_loadd(5, ak + 16 * lda, lda * 2);
+    _tile_loadd(6, bs, 64);
+    _tile_loadd(7, bs + HI_OFF, 32);
     for (int q = 0; q < 3; ++q) {
-        _tile_loadd(6, bs + q * PART, 64);
-        _tile_loadd(7, bs + q * PART + HI_OFF, 32);
         _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (two) {
+        if (two)
             _tile_dpbf16ps(2, 5, 6);
+        if (q < 2)
+            _tile_loadd(6, bs + (q + 1) * PART, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two)
             _tile_dpbf16ps(3, 5, 7);
-        }
+        if (q < 2)
+            _tile_loadd(7, bs + (q + 1) * PART + HI_OFF, 32);
     }
 }
 
@@ -165,14 +178,15 @@ static inline __attribute__((always_inline)) void block_body(const uint16_t *a, 
         }
     }
     const int64_t kend = k0 + (k1 - k0) / 32 * 32;
+    const int hint = k1 - k0 < 32 * HINT_STEPS;
     for (int64_t k = k0; k < kend; k += 32)
-        block_step(a + k, lda, rows, two, bp + k / 32 * STEP, st, squares);
+        block_step(a + k, lda, rows, two, bp + k / 32 * STEP, st, squares, hint);
     if (kend < k1) { /* K tail: A zero-padded to 32 (B's packing is) */
         uint16_t buf[32 * 32] __attribute__((aligned(64)));
         memset(buf, 0, sizeof buf);
         for (int r = 0; r < rows; ++r)
             memcpy(buf + 32 * r, a + r * lda + kend, (size_t)(k1 - kend) * sizeof(uint16_t));
-        block_step(buf, 32, rows, two, bp + kend / 32 * STEP, st, squares);
+        block_step(buf, 32, rows, two, bp + kend / 32 * STEP, st, squares, 0);
     }
     _tile_stored(0, st, ldst);
     _tile_stored(1, st + 16, ldst);
