@@ -64,8 +64,10 @@ typedef struct hc_job {
     /* AMX: per thread, packed B (steps k steps of 32 per panel of DG_HC_NS columns), filled as
      * the thread reaches each piece, then the row states */
     bool amx;
-    int64_t steps, panels;
+    int64_t steps, panels, kc; /* kc: K per chunk */
     size_t bp_floats; /* packed B and its flags */
+    size_t state_floats_amx; /* the row states */
+    int64_t slots; /* splits that can end in one chunk: the staging area's planes */
     int64_t *next_unit; /* the AMX work counter */
 } hc_job;
 
@@ -123,9 +125,13 @@ static void run_block_columns(const hc_job *j, float *scratch, int sp, int64_t r
 }
 
 #if DG_HC_HAVE_AMX
-/* K per chunk of the AMX path: the chunk's packed B (144 bytes per k) stays in L2 while blocks of
- * rows stream A past it; the rows' state is stored and reloaded between chunks (exactly). */
-#define HC_AMX_KC 4096
+/* K per chunk of the AMX path: the chunk's packed B (160 bytes per k) stays in L2 while blocks of
+ * rows stream A past it; the rows' state is stored and reloaded between chunks (exactly). Long
+ * row pieces stream best (one chunk for K <= 8192, 1.3 MiB of B, ran M = 8192, K = 7168 ~25%
+ * faster than chunks of 4096); past that, 6144 (3 pages of A per row piece, 0.94 MiB of B) was
+ * measured fastest at K = 28672 among 4096-8192 (by 15-25%). */
+#define HC_AMX_KC_WHOLE 8192
+#define HC_AMX_KC 6144
 #define HC_AMX_MAX_N (4 * DG_HC_NS)
 /* Up to this many rows (of one split) take dg_hc_amx_block_t: converting B per 16 rows costs less
  * than packing it. Either kernel gives the same bits. */
@@ -141,8 +147,9 @@ static uint8_t *amx_flags(const hc_job *j, float *scratch) {
 
 /* Rows [r0, r1) of split sp on the AMX path: per panel, the split's K chunk by chunk, each
  * chunk over blocks of DG_HC_AMX_ROWS rows; then the outputs. */
-static void amx_rows(const hc_job *j, float *scratch, int sp, int64_t r0, int64_t r1, bool packed) {
-    const bool few = r1 - r0 <= HC_AMX_FEW_ROWS && !packed;
+static void amx_rows(const hc_job *j, float *scratch, int sp, int64_t r0, int64_t r1) {
+    const bool few = r1 - r0 <= HC_AMX_FEW_ROWS;
+    int cfg_rows = 0; /* the block configuration loaded (0: none) */
     float *state = scratch + j->bp_floats;
     uint8_t *flags = amx_flags(j, scratch);
     int64_t k0, k1;
@@ -154,15 +161,19 @@ static void amx_rows(const hc_job *j, float *scratch, int sp, int64_t r0, int64_
             dg_hc_amx_block_t(j->a + r * j->lda, j->lda, (int)(r1 - r < 16 ? r1 - r : 16), k0, k1, j->b + ns0 * j->ldb,
                               j->ldb, nsc, state + (r - r0) * DG_HC_AMX_SF, p == 0);
         /* an empty split still zeroes */
-        for (int64_t kc = k0; !few && (kc == k0 || kc < k1); kc += HC_AMX_KC) {
-            const int64_t kce = k1 - kc < HC_AMX_KC ? k1 : kc + HC_AMX_KC;
+        for (int64_t kc = k0; !few && (kc == k0 || kc < k1); kc += j->kc) {
+            const int64_t kce = k1 - kc < j->kc ? k1 : kc + j->kc;
             if (kc < kce && !flags[p * j->steps + kc / 32]) {
                 dg_hc_amx_pack_b(j->b + ns0 * j->ldb, j->ldb, nsc, j->k, kc / 32, dg_ceil_div(kce, 32), bp);
                 flags[p * j->steps + kc / 32] = 1;
             }
-            for (int64_t r = r0; r < r1; r += DG_HC_AMX_ROWS)
-                dg_hc_amx_block(j->a + r * j->lda, j->lda, (int)(r1 - r < DG_HC_AMX_ROWS ? r1 - r : DG_HC_AMX_ROWS),
-                                kc, kce, bp, state + (r - r0) * DG_HC_AMX_SF, kc == k0, p == 0);
+            for (int64_t r = r0; r < r1; r += DG_HC_AMX_ROWS) {
+                const int rows = (int)(r1 - r < DG_HC_AMX_ROWS ? r1 - r : DG_HC_AMX_ROWS);
+                if (rows != cfg_rows)
+                    dg_hc_amx_config(cfg_rows = rows);
+                dg_hc_amx_block(j->a + r * j->lda, j->lda, rows, kc, kce, NULL, 0, bp, state + (r - r0) * DG_HC_AMX_SF,
+                                kc == k0, p == 0, nsc, NULL, NULL, 0);
+            }
         }
         dg_hc_amx_finish(state, (int)(r1 - r0), nsc, j->d + sp * j->d_split + r0 * j->ldd + ns0, j->ldd,
                          p == 0 ? j->s + sp * j->s_split + r0 : NULL);
@@ -170,12 +181,89 @@ static void amx_rows(const hc_job *j, float *scratch, int sp, int64_t r0, int64_
 }
 
 /*
+ * Rows [r0, r1) (at most HC_MB) of every split on the AMX path, for M > HC_MB: per panel, K in
+ * chunks of j->kc (absolute, so each chunk's packed B serves every split in it), each chunk
+ * over groups of DG_HC_AMX_ROWS rows, and each group through the pieces of the splits that
+ * meet the chunk, in K order. A group's rows so stream from memory in address order, 8 KiB at
+ * a time whatever the splits (a split's short range per row, and B's pieces of every split per
+ * group, were measured 1.5-2x slower). At most one split is open across a chunk boundary, so a
+ * row needs one state. The splits that end in a chunk go to a staging area (slot = split -
+ * the chunk's first split), written to d and sqr_sum plane by plane after the chunk: scattered
+ * writes of 16 rows per split between the tiles' loads cost M = 8192, K = 28672, 16 splits
+ * ~10% more. Bits: those of amx_rows.
+ */
+static void amx_row_block(const hc_job *j, float *scratch, int64_t r0, int64_t r1) {
+    float *state = scratch + j->bp_floats, *stage = state + j->state_floats_amx;
+    float *stage_s = stage + j->slots * HC_MB * DG_HC_NS;
+    uint8_t *flags = amx_flags(j, scratch);
+    const int S = j->splits;
+    int64_t cuts[HC_AMX_KC_WHOLE / DG_HC_BLOCK_K + 2];
+    int cfg_rows = 0; /* the block configuration loaded (0: none) */
+    for (int64_t p = 0; p < j->panels; ++p) {
+        uint16_t *bp = amx_bp(scratch) + p * j->steps * DG_HC_AMX_STEP;
+        const int64_t ns0 = p * DG_HC_NS, nsc = j->n - ns0 < DG_HC_NS ? j->n - ns0 : DG_HC_NS;
+        int sp_first = 0; /* the split open at the chunk's start (splits tile [0, K) in order) */
+        for (int64_t kc = 0; kc < j->k; kc += j->kc) {
+            const int64_t kce = j->k - kc < j->kc ? j->k : kc + j->kc;
+            if (!flags[p * j->steps + kc / 32]) {
+                dg_hc_amx_pack_b(j->b + ns0 * j->ldb, j->ldb, nsc, j->k, kc / 32, dg_ceil_div(kce, 32), bp);
+                flags[p * j->steps + kc / 32] = 1;
+            }
+            /* the chunk's pieces: splits sp_first .. sp_last, cut where each ends */
+            int ncuts = 0, sp_last = sp_first;
+            int64_t first_k0, k1;
+            dg_hc_split_range(j->k, S, sp_first, &first_k0, &k1);
+            for (;;) {
+                if (k1 >= kce || sp_last + 1 >= S)
+                    break;
+                int64_t n0, n1;
+                dg_hc_split_range(j->k, S, sp_last + 1, &n0, &n1);
+                if (n0 == n1) /* splits past K */
+                    break;
+                cuts[ncuts++] = k1;
+                ++sp_last;
+                k1 = n1;
+            }
+            const bool last_done = k1 <= kce; /* else split sp_last goes on in the next chunk */
+            for (int64_t r = r0; r < r1; r += DG_HC_AMX_ROWS) {
+                const int rows = (int)(r1 - r < DG_HC_AMX_ROWS ? r1 - r : DG_HC_AMX_ROWS);
+                float *st = state + (r - r0) * DG_HC_AMX_SF;
+                if (rows != cfg_rows)
+                    dg_hc_amx_config(cfg_rows = rows);
+                dg_hc_amx_block(j->a + r * j->lda, j->lda, rows, kc, kce, cuts, ncuts, bp, st, first_k0 >= kc, p == 0,
+                                nsc, stage + (r - r0) * DG_HC_NS, stage_s + (r - r0), HC_MB);
+                if (last_done) {
+                    const int64_t slot = (int64_t)ncuts * HC_MB + (r - r0);
+                    dg_hc_amx_finish(st, rows, nsc, stage + slot * DG_HC_NS, DG_HC_NS, p == 0 ? stage_s + slot : NULL);
+                }
+            }
+            const int sp_end = last_done ? sp_last + 1 : sp_last; /* splits [sp_first, sp_end) ended */
+            for (int sp = sp_first; sp < sp_end; ++sp) {
+                const int64_t slot = (int64_t)(sp - sp_first) * HC_MB;
+                for (int64_t r = r0; r < r1; ++r)
+                    memcpy(j->d + sp * j->d_split + r * j->ldd + ns0, stage + (slot + r - r0) * DG_HC_NS,
+                           (size_t)nsc * sizeof(float));
+                if (p == 0)
+                    memcpy(j->s + sp * j->s_split + r0, stage_s + slot, (size_t)(r1 - r0) * sizeof(float));
+            }
+            sp_first = sp_end;
+        }
+        for (int sp = 0; sp < S; ++sp) { /* splits past K (more splits than K blocks) are zeros */
+            int64_t k0, k1;
+            dg_hc_split_range(j->k, S, sp, &k0, &k1);
+            for (int64_t r = r0; k0 == k1 && r < r1; ++r) {
+                memset(j->d + sp * j->d_split + r * j->ldd + ns0, 0, (size_t)nsc * sizeof(float));
+                if (p == 0)
+                    j->s[sp * j->s_split + r] = 0.0f;
+            }
+        }
+    }
+}
+
+/*
  * The AMX path's work: units taken in order from a shared counter by whichever thread is free, so
  * a thread the OS delays holds up only its current unit (a row's bits never depend on the thread).
- * M > HC_MB: blocks of rows (at most HC_MB, about four per thread); with splits, each group of
- * DG_HC_AMX_ROWS rows runs all its splits in order, so that its rows stream from memory in
- * address order as without splits (one split's short K range per row was measured ~1.5x slower);
- * else
+ * M > HC_MB: blocks of rows (at most HC_MB, about four per thread), every split; else
  * (split, part of the rows), with the rows cut into enough parts for every thread to get one.
  */
 static void amx_run_units(const hc_job *j, float *scratch) {
@@ -186,16 +274,12 @@ static void amx_run_units(const hc_job *j, float *scratch) {
     const int64_t units = m > HC_MB ? dg_ceil_div(m, block) : parts * S;
     for (int64_t u; (u = __atomic_fetch_add(j->next_unit, 1, __ATOMIC_RELAXED)) < units;) {
         if (m > HC_MB) {
-            const int64_t r0 = u * block, r1 = r0 + block < m ? r0 + block : m;
-            if (S == 1)
-                amx_rows(j, scratch, 0, r0, r1, false);
-            for (int64_t r = r0; S > 1 && r < r1; r += DG_HC_AMX_ROWS)
-                for (int sp = 0; sp < S; ++sp)
-                    amx_rows(j, scratch, sp, r, r + DG_HC_AMX_ROWS < r1 ? r + DG_HC_AMX_ROWS : r1, true);
+            const int64_t r0 = u * block;
+            amx_row_block(j, scratch, r0, r0 + block < m ? r0 + block : m);
         } else {
             const int64_t r0 = m * (u % parts) / parts, r1 = m * (u % parts + 1) / parts;
             if (r0 < r1)
-                amx_rows(j, scratch, (int)(u / parts), r0, r1, false);
+                amx_rows(j, scratch, (int)(u / parts), r0, r1);
         }
     }
 }
@@ -365,10 +449,17 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     /* multiples of 16 floats, so every thread's part is 64-byte aligned like the allocation */
     if (j.amx) {
         j.steps = dg_ceil_div(j.k, 32);
+        j.kc = j.k <= HC_AMX_KC_WHOLE ? j.k : HC_AMX_KC;
         j.panels = dg_ceil_div(j.n, DG_HC_NS);
         /* no row range of at most HC_AMX_FEW_ROWS rows uses packed B */
         j.bp_floats = j.m > HC_AMX_FEW_ROWS ? (size_t)dg_align(j.panels * j.steps * (DG_HC_AMX_STEP * 2 + 1), 64) / 4 : 0;
-        j.scratch_floats = j.bp_floats + (size_t)dg_align(block_rows * DG_HC_AMX_SF, 16);
+        j.state_floats_amx = (size_t)dg_align(block_rows * DG_HC_AMX_SF, 16);
+        j.scratch_floats = j.bp_floats + j.state_floats_amx;
+        if (j.m > HC_MB) { /* amx_row_block's staging area */
+            const int64_t most = j.kc / DG_HC_BLOCK_K + 2; /* a split has at least one K block */
+            j.slots = j.splits < most ? j.splits : most;
+            j.scratch_floats += (size_t)dg_align(j.slots * HC_MB * (DG_HC_NS + 1), 16);
+        }
     } else
 #endif
     {

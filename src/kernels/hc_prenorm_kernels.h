@@ -107,25 +107,37 @@ DG_HC_KERNEL_DECL(avx512)
 /*
  * AMX level (kernels/amx/hc_prenorm_amx.c): B is split exactly into three BF16 parts packed as
  * VNNI tiles, A's rows are tile operands read in place, and TDPBF16PS accumulates in float32.
+ * The parts are DG_HC_AMX_COLS tile columns: part 0 of B's 24 rows, part 1, part 2, then zeros;
+ * each has its own float32 accumulator, and d = (part 0 + part 1) + part 2 at the end.
  * Packed B, per panel of DG_HC_NS columns: one record of DG_HC_AMX_STEP uint16 per k step of 32
- * (K zero-padded), 64-byte aligned. Row state: DG_HC_AMX_SF floats, the DG_HC_NS column sums then
- * 16 square-sum lanes. A row's bits depend only on the row, its K range and B: blocks, chunks
- * (state is stored and reloaded exactly) and threads never change them.
+ * (K zero-padded), 64-byte aligned. Row state: DG_HC_AMX_SF floats, the DG_HC_AMX_COLS part sums
+ * then 16 square-sum lanes. A row's bits depend only on the row, its K range and B: blocks,
+ * chunks (state is stored and reloaded exactly) and threads never change them.
  */
-#define DG_HC_AMX_STEP (3 * 16 * 32 * 2) /* 3 parts x (16 + 8 columns) x 16 k pairs, padded */
-#define DG_HC_AMX_SF (DG_HC_NS + 16)
-#define DG_HC_AMX_ROWS 32 /* rows per block call */
+#define DG_HC_AMX_COLS 80                                   /* 3 parts x 24 columns, 8 zero */
+#define DG_HC_AMX_STEP (DG_HC_AMX_COLS / 16 * 16 * 32)      /* 5 tiles of 16 k pairs x 16 columns */
+#define DG_HC_AMX_SF (DG_HC_AMX_COLS + 16)
+#define DG_HC_AMX_ROWS 16 /* rows per block call: one A tile */
 #if DG_HC_HAVE_X86_KERNELS
 /* Packs k steps [s0, s1) of nsc (<= DG_HC_NS) rows of b [nsc, k] into bp (the panel's step 0). */
 void dg_hc_amx_pack_b(const float *b, int64_t ldb, int64_t nsc, int64_t k, int64_t s0, int64_t s1, uint16_t *bp);
+/* Loads the tile configuration of dg_hc_amx_block for blocks of `rows` rows (1..16). LDTILECFG
+ * costs as much as a short split's tile work, so callers load it once per run of blocks of the
+ * same height; dg_hc_amx_block_t loads its own (reload after it). */
+void dg_hc_amx_config(int rows);
 /*
- * Rows [0, rows) (rows <= DG_HC_AMX_ROWS) of a, K range [k0, k1) (k0 a multiple of 32 or k0 ==
- * k1; ends at the last k step or at K): adds into the row states st (rows DG_HC_AMX_SF floats
- * apart), starting from zero when `first`; the square-sum lanes only when `squares`. bp: packed B
- * of the panel (step 0). Loads its own tile configuration.
+ * Rows [0, rows) (rows <= DG_HC_AMX_ROWS) of a, K range [k0, k1) (k0 a multiple of 32; ends at
+ * the last k step or at K) cut at the ncuts ascending multiples of 32 in cuts (inside (k0, k1)):
+ * the first piece adds into the row states st (rows DG_HC_AMX_SF floats apart; from zero when
+ * `first`), each later piece starts from zero. A piece that ends at cut c is written out as by
+ * dg_hc_amx_finish (nsc columns) to stage + c * slot * DG_HC_NS (rows DG_HC_NS floats apart)
+ * and its square sums to stage_s + c * slot (when `squares`); the last piece stays in st. The
+ * square-sum lanes only when `squares`. bp: packed B of the panel (step 0). Needs
+ * dg_hc_amx_config(rows) loaded on this thread.
  */
-void dg_hc_amx_block(const uint16_t *a, int64_t lda, int rows, int64_t k0, int64_t k1, const uint16_t *bp, float *st,
-                     int first, int squares);
+void dg_hc_amx_block(const uint16_t *a, int64_t lda, int rows, int64_t k0, int64_t k1, const int64_t *cuts, int ncuts,
+                     const uint16_t *bp, float *st, int first, int squares, int64_t nsc, float *stage, float *stage_s,
+                     int64_t slot);
 /*
  * The same for rows <= 16 over a whole K range [k0, k1) from zero, from b itself (nsc rows, row
  * stride ldb) instead of packed B: the same bits, for row groups too small to repay packing.
