@@ -15,7 +15,7 @@
  *
  * At the AMX level (N <= HC_AMX_MAX_N) the tile kernels of hc_prenorm_kernels.h run instead,
  * on units of work the threads take from a shared counter (amx_run_units): each thread packs the
- * pieces of B it reaches (no thread waits for another), then walks each piece over blocks of 32
+ * pieces of B it reaches (no thread waits for another), then walks each piece over groups of 16
  * rows; row ranges of at most HC_AMX_FEW_ROWS rows (decode) skip the packing and take the
  * transposed kernel, which gives the same bits.
  */
