@@ -120,18 +120,34 @@ static inline __attribute__((always_inline)) void add_squares(const uint16_t *ak
     }
 }
 
-/* The lanes of sq in a fixed tree. */
-static inline float lane_sum(__m512 v) {
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+/*
+ * The lane sums of 16 vectors (lane r of the result: v[r]'s) in a fixed tree, h_i = l_i + l_{i+8},
+ * q_i = h_i + h_{i+4}, then (q_0 + q_2) + (q_1 + q_3), by a transposing reduction: ~30
+ * instructions for 16 rows.
+ */
+static inline __m512 lane_sums16(const __m512 v[16]) {
+    __m512 h[8], q[4], t[2];
+    for (int i = 0; i < 8; ++i) /* rows 2i, 2i+1: lanes i + (i + 8) -> 8 lanes each */
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i) /* rows 4i .. 4i+3: lanes i + (i + 4) -> 4 lanes each */
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i) /* per 128-bit lane: rows of q[2i] and q[2i+1], lanes i + (i + 2) */
+        t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(q[2 * i]), _mm512_castps_pd(q[2 * i + 1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(q[2 * i]), _mm512_castps_pd(q[2 * i + 1]))));
+    /* lanes 0 + 1 of each row */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88), _mm512_shuffle_ps(t[0], t[1], 0xDD));
+    /* row 4e + j sits in lane 4j + e */
+    const __m512i row_lane = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(row_lane, r);
 }
 
-void dg_hc_amx_finish(const float *st, int rows, int64_t nsc, float *d, int64_t ldd, float *s) {
+/* d[r][0, nsc) = (part 0 + part 1) + part 2 of the rows' column sums in st. */
+static inline void finish_d(const float *st, int rows, int64_t nsc, float *d, int64_t ldd) {
+    const __mmask32 m = (__mmask32)(((uint64_t)1 << nsc) - 1);
     for (int r = 0; r < rows; ++r) {
         const float *sr = st + r * SF;
-        const __mmask32 m = (__mmask32)(((uint64_t)1 << nsc) - 1);
         for (int h = 0; h < 2; ++h) { /* columns 0-15, 16-23 */
             const __mmask16 mh = (__mmask16)(m >> (16 * h));
             const __m512 p0 = _mm512_maskz_loadu_ps(mh, sr + 16 * h);
@@ -139,8 +155,17 @@ void dg_hc_amx_finish(const float *st, int rows, int64_t nsc, float *d, int64_t 
             const __m512 p2 = _mm512_maskz_loadu_ps(mh, sr + 2 * DG_HC_NS + 16 * h);
             _mm512_mask_storeu_ps(d + r * ldd + 16 * h, mh, _mm512_add_ps(_mm512_add_ps(p0, p1), p2));
         }
-        if (s)
-            s[r] = lane_sum(_mm512_loadu_ps(sr + SQ));
+    }
+}
+
+void dg_hc_amx_finish(const float *st, int rows, int64_t nsc, float *d, int64_t ldd, float *s) {
+    finish_d(st, rows, nsc, d, ldd);
+    for (int r0 = 0; s && r0 < rows; r0 += 16) {
+        __m512 v[16];
+        for (int r = 0; r < 16; ++r)
+            v[r] = r0 + r < rows ? _mm512_loadu_ps(st + (r0 + r) * SF + SQ) : _mm512_setzero_ps();
+        const int n = rows - r0 < 16 ? rows - r0 : 16;
+        _mm512_mask_storeu_ps(s + r0, (__mmask16)((1u << n) - 1), lane_sums16(v));
     }
 }
 
@@ -184,12 +209,14 @@ static inline __attribute__((always_inline)) void save_state(float *st, int rows
     }
 }
 
-/* At a cut: the finished piece's outputs (through a state in L1) to stage, then zeroed sums. */
+/* At a cut: the finished piece's outputs to d (through a state in L1) and s, then zeroed sums. */
 static inline __attribute__((always_inline)) void finish_piece(int rows, __m512 sq[16], const int squares, int64_t nsc,
                                                               float *d, float *s) {
     float tmp[16 * SF] __attribute__((aligned(64)));
-    save_state(tmp, rows, sq, squares, 1);
-    dg_hc_amx_finish(tmp, rows, nsc, d, DG_HC_NS, squares ? s : NULL);
+    if (squares)
+        _mm512_mask_storeu_ps(s, (__mmask16)((1u << rows) - 1), lane_sums16(sq));
+    save_state(tmp, rows, sq, 0, 1);
+    finish_d(tmp, rows, nsc, d, DG_HC_NS);
 }
 
 /*
