@@ -87,6 +87,14 @@ static inline void split3(__m512 lo, __m512 hi, __m512i part[3]) {
         part[q] = (__m512i)_mm512_cvtne2ps_pbh(p[1][q], p[0][q]);
 }
 
+/* The parts of one k step of a row of b (br: its first element; m: the valid elements), with the
+ * same step PF_STEPS ahead hinted into the cache. */
+static inline void split_step(const float *br, __mmask32 m, __m512i part[3]) {
+    _mm_prefetch((const char *)(br + 32 * PF_STEPS), _MM_HINT_T0);
+    _mm_prefetch((const char *)(br + 32 * PF_STEPS + 16), _MM_HINT_T0);
+    split3(_mm512_maskz_loadu_ps((__mmask16)m, br), _mm512_maskz_loadu_ps((__mmask16)(m >> 16), br + 16), part);
+}
+
 void dg_hc_amx_pack_b(const float *b, int64_t ldb, int64_t nsc, int64_t k, int64_t s0, int64_t s1, uint16_t *bp) {
     for (int64_t s = s0; s < s1; ++s) {
         __m512i cols[DG_HC_AMX_COLS], t[16]; /* column c: its 16 k pairs */
@@ -95,11 +103,8 @@ void dg_hc_amx_pack_b(const float *b, int64_t ldb, int64_t nsc, int64_t k, int64
         for (int c = 0; c < DG_HC_AMX_COLS; ++c)
             cols[c] = _mm512_setzero_si512();
         for (int n = 0; n < nsc; ++n) {
-            const float *br = b + n * ldb + k0;
-            _mm_prefetch((const char *)(br + 32 * PF_STEPS), _MM_HINT_T0);
-            _mm_prefetch((const char *)(br + 32 * PF_STEPS + 16), _MM_HINT_T0);
             __m512i part[3];
-            split3(_mm512_maskz_loadu_ps((__mmask16)m, br), _mm512_maskz_loadu_ps((__mmask16)(m >> 16), br + 16), part);
+            split_step(b + n * ldb + k0, m, part);
             for (int q = 0; q < 3; ++q)
                 cols[q * DG_HC_NS + n] = part[q];
         }
@@ -339,11 +344,8 @@ void dg_hc_amx_block_t(const uint16_t *a, int64_t lda, int rows, int64_t k0, int
         const int64_t len = k1 - k < 32 ? k1 - k : 32;
         const __mmask32 m = len == 32 ? ~(__mmask32)0 : (((__mmask32)1 << len) - 1);
         for (int n = 0; n < nsc; ++n) {
-            const float *br = b + n * ldb + k;
-            _mm_prefetch((const char *)(br + 32 * PF_STEPS), _MM_HINT_T0);
-            _mm_prefetch((const char *)(br + 32 * PF_STEPS + 16), _MM_HINT_T0);
             __m512i part[3];
-            split3(_mm512_maskz_loadu_ps((__mmask16)m, br), _mm512_maskz_loadu_ps((__mmask16)(m >> 16), br + 16), part);
+            split_step(b + n * ldb + k, m, part);
             for (int q = 0; q < 3; ++q)
                 _mm512_store_si512(bq[q * DG_HC_NS + n], part[q]);
         }
