@@ -295,16 +295,19 @@ static void causal_ranges(mqa_case *c) {
 }
 
 /*
- * Every ISA the CPU has, 2 and 1 threads and a repeat: against the reference backend (only float
- * rounding differs: calc_diff < 5e-6, BF16 logits 3e-5), masks equal, and the three runs bitwise
- * equal. Shapes: heads not a multiple of 16 or 64, head dims 32/64/128, kv longer than one work
- * item (768 rows), random (empty, edge-touching) and causal ranges, compressed logits.
+ * Every ISA the CPU has (AMX included), 2 and 1 threads and a repeat: against the reference
+ * backend (only float rounding differs: calc_diff < 5e-6, BF16 logits 3e-5), masks equal, and
+ * the three runs bitwise equal. Shapes: heads not a multiple of 16 or 64 (1 to 70), head dims
+ * 1 to 128 (tails inside a k step of 32), kv longer than one work item (768 rows), more tokens
+ * than one prefill block, random (empty, edge-touching) and causal ranges, compressed logits.
  */
 static void test_fast_vs_reference(void) {
     static const struct { int64_t s, sk, h, d; int fp4, bf16, causal, compressed; dg_dtype out; } cases[] = {
         {24, 800, 20, 64, 0, 0, 0, 0, DG_FLOAT32},  {9, 130, 70, 128, 0, 1, 1, 0, DG_BFLOAT16},
         {17, 820, 17, 32, 0, 0, 1, 1, DG_FLOAT32},  {13, 790, 33, 128, 1, 0, 0, 0, DG_FLOAT32},
         {11, 300, 5, 64, 1, 1, 0, 1, DG_BFLOAT16},  {6, 50, 3, 40, 0, 0, 0, 0, DG_FLOAT32},
+        {19, 260, 48, 100, 0, 0, 1, 0, DG_FLOAT32}, {7, 140, 1, 1, 0, 1, 0, 1, DG_BFLOAT16},
+        {40, 900, 16, 96, 0, 0, 0, 0, DG_FLOAT32},
     };
     const dg_isa saved_isa = dg_get_isa();
     const int saved_sms = dg_get_num_sms();
@@ -328,7 +331,7 @@ static void test_fast_vs_reference(void) {
         dg_set_backend(DG_BACKEND_REFERENCE);
         TU_CHECK_OK(run(&c, 1, max_k, &ref));
         dg_set_backend(DG_BACKEND_AUTO); /* the fast kernels, whatever DG_BACKEND says */
-        for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AVX512_BF16; ++isa) {
+        for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AMX; ++isa) {
             if (dg_set_isa((dg_isa)isa) != DG_OK)
                 continue;
             char tag[160];
@@ -354,6 +357,72 @@ static void test_fast_vs_reference(void) {
         free_case(&c);
     }
     dg_set_backend(saved_backend);
+}
+
+/*
+ * A logit's bits depend only on its inputs: the same query tokens at other positions (reversed,
+ * after filler tokens: other work items and places in them) against the same kv rows moved by
+ * `off` rows (other panels and lanes), at every ISA, must give bitwise the same logits. Odd head
+ * counts and head dims (d tails inside a k step of 32) included.
+ */
+static void test_position_invariance(void) {
+    static const struct { int64_t s, sk, h, d; int fp4; } cases[] = {
+        {20, 300, 20, 64, 0}, {9, 150, 48, 100, 0}, {5, 90, 3, 33, 0}, {6, 120, 5, 64, 1}, {40, 200, 16, 1, 0},
+    };
+    const dg_isa saved_isa = dg_get_isa();
+    const int64_t off = 7, fill = 3;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        tu_rng rng = {k + 901};
+        mqa_case a;
+        make_case(&a, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fp4, 0);
+        random_ranges(&a, &rng);
+        const int64_t s = a.s, sk = a.sk, h = a.h, sb = s + fill, skb = sk + off;
+        const int64_t qrow = a.fp4 ? h * a.d / 2 : h * a.d, kvrow = a.fp4 ? a.d / 2 : a.d;
+        mqa_case b = a; /* the same shapes, B's own tensors */
+        b.s = sb, b.sk = skb;
+        b.tq = tu_alloc3(a.tq.dtype, sb, h, a.tq.shape[2]);
+        b.tkv = tu_alloc2(a.tkv.dtype, skb, a.tkv.shape[1]);
+        const int64_t skb1[1] = {skb}, sb1[1] = {sb};
+        b.tkvsf = tu_alloc(a.tkvsf.dtype, 1, skb1);
+        b.tqsf = a.fp4 ? tu_alloc2(DG_INT32, sb, h) : (dg_tensor){0};
+        b.tw = tu_alloc2(DG_FLOAT32, sb, h);
+        b.tks = tu_alloc(DG_INT32, 1, sb1);
+        b.tke = tu_alloc(DG_INT32, 1, sb1);
+        /* kv: `off` rows of A's tail, then A's rows */
+        memcpy(b.tkv.data, (uint8_t *)a.tkv.data + (sk - off) * kvrow, (size_t)(off * kvrow));
+        memcpy((uint8_t *)b.tkv.data + off * kvrow, a.tkv.data, (size_t)(sk * kvrow));
+        memcpy(b.tkvsf.data, (uint8_t *)a.tkvsf.data + (sk - off) * 4, (size_t)(off * 4));
+        memcpy((uint8_t *)b.tkvsf.data + off * 4, a.tkvsf.data, (size_t)(sk * 4));
+        /* B's token i: a filler (A's token 0, full range) or A's token s - 1 - (i - fill) */
+        for (int64_t i = 0; i < sb; ++i) {
+            const int64_t src = i < fill ? 0 : s - 1 - (i - fill);
+            memcpy((uint8_t *)b.tq.data + i * qrow, (uint8_t *)a.tq.data + src * qrow, (size_t)qrow);
+            memcpy((float *)b.tw.data + i * h, (float *)a.tw.data + src * h, (size_t)h * sizeof(float));
+            if (a.fp4)
+                memcpy((int32_t *)b.tqsf.data + i * h, (int32_t *)a.tqsf.data + src * h, (size_t)h * 4);
+            ((int32_t *)b.tks.data)[i] = i < fill ? 0 : ((int32_t *)a.tks.data)[src] + (int32_t)off;
+            ((int32_t *)b.tke.data)[i] = i < fill ? (int32_t)skb : ((int32_t *)a.tke.data)[src] + (int32_t)off;
+        }
+        for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AMX; ++isa) {
+            if (dg_set_isa((dg_isa)isa) != DG_OK)
+                continue;
+            dg_tensor oa = tu_alloc2(DG_FLOAT32, s, sk), ob = tu_alloc2(DG_FLOAT32, sb, skb);
+            TU_CHECK_OK(run(&a, 1, 0, &oa));
+            TU_CHECK_OK(run(&b, 1, 0, &ob));
+            int bad = 0;
+            for (int64_t i = 0; i < s; ++i)
+                for (int64_t j = ((int32_t *)a.tks.data)[i]; j < ((int32_t *)a.tke.data)[i]; ++j)
+                    bad += memcmp((float *)oa.data + i * oa.strides[0] + j,
+                                  (float *)ob.data + (fill + s - 1 - i) * ob.strides[0] + j + off, 4) != 0;
+            TU_CHECK(bad == 0, "%s: S=%lld SK=%lld H=%lld D=%lld fp4=%d: %d logits change with the positions",
+                     dg_isa_name((dg_isa)isa), (long long)s, (long long)sk, (long long)h, (long long)a.d, a.fp4, bad);
+            tu_free(&oa), tu_free(&ob);
+        }
+        dg_set_isa(saved_isa);
+        tu_free(&b.tq), tu_free(&b.tkv), tu_free(&b.tkvsf), tu_free(&b.tqsf), tu_free(&b.tw);
+        tu_free(&b.tks), tu_free(&b.tke);
+        free_case(&a);
+    }
 }
 
 static void test_query_strides(void) {
@@ -519,5 +588,6 @@ int main(void) {
     test_query_strides();
     test_bad_inputs();
     test_fast_vs_reference();
+    test_position_invariance();
     return tu_finish();
 }

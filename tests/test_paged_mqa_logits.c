@@ -518,15 +518,17 @@ static void compare_outputs(const dg_tensor *got, const dg_tensor *want, double 
 }
 
 /*
- * Every ISA the CPU has, 2 and 1 threads and a repeat, against the reference backend: masks
- * equal, calc_diff < 5e-6 (BF16 logits 3e-5), the three runs bitwise equal. block_kv = 300
- * makes contexts longer than one work item (768 positions) and not multiples of the panel;
- * heads not a multiple of 16 or 64; 1-D and 2-D context lengths, next_n 1 and 2, varlen.
+ * Every ISA the CPU has (AMX included), 2 and 1 threads and a repeat, against the reference
+ * backend: masks equal, calc_diff < 5e-6 (BF16 logits 3e-5), the three runs bitwise equal.
+ * block_kv = 300 makes contexts longer than one work item (768 positions) and not multiples of
+ * the panel; heads not a multiple of 16 or 64; head dims not a multiple of 32 (d = 1, 40, 100);
+ * 1-D and 2-D context lengths, next_n 1 to 3, varlen.
  */
 static void test_fast_vs_reference(void) {
     static const struct { int64_t b, n, h, d, bk, pad; int fp4, bf16, lens_2d; } cases[] = {
         {3, 2, 20, 64, 300, 0, 0, 0, 0}, {4, 1, 70, 128, 64, 4, 0, 1, 0}, {3, 2, 17, 32, 300, 0, 0, 0, 1},
         {3, 1, 33, 128, 300, 0, 1, 0, 0}, {2, 2, 5, 64, 48, 8, 1, 1, 1}, {3, 2, 3, 40, 7, 0, 0, 0, 0},
+        {2, 3, 48, 100, 64, 0, 0, 0, 1},  {3, 1, 16, 1, 20, 4, 0, 1, 0},  {2, 1, 64, 96, 512, 0, 0, 0, 0},
     };
     const dg_isa saved_isa = dg_get_isa();
     const int saved_sms = dg_get_num_sms();
@@ -549,7 +551,7 @@ static void test_fast_vs_reference(void) {
         TU_CHECK_OK(run(&c, 1, &ref));
         dg_set_backend(DG_BACKEND_AUTO); /* the fast kernels, whatever DG_BACKEND says */
         const size_t bytes = dg_tensor_nbytes(&ref);
-        for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AVX512_BF16; ++isa) {
+        for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AMX; ++isa) {
             if (dg_set_isa((dg_isa)isa) != DG_OK)
                 continue;
             char tag[160];

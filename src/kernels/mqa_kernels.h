@@ -20,9 +20,19 @@
  * about half the FP32 FMA rate (dgbench: ~116 vs ~230 GFLOPS per core), and E4M3 x E4M3
  * products are exact in float32 either way.
  *
+ * AMX level, FP8 (amx/mqa_amx.c): the dot products come from TDPBF16PS instead of the FMA
+ * chain. E4M3 * 2^-8 is exact in BF16, the products are exact, and each k step of 32 (d
+ * zero-padded to a multiple of 32, steps in increasing k) adds its 32 products to the float32
+ * sum in the hardware's fixed order (not the FMA chain's bits, nor one rounding of the exact
+ * sum). The head/relu/weight chain above is unchanged. A logit still depends only on its inputs:
+ * not on the thread count, the panel, the lane or the query's position. FP4 keeps the VNNI
+ * integer kernel at the AMX level (it is exact).
+ *
  * Layouts (float32): q as prep_q leaves it (default: [h][d] row-major, row stride d; at most
- * align(h, 16) * d floats); panel as pack leaves it (default: [d][nw], kv row c, element k at
- * panel[k * nw + c]; AVX-512: the rows themselves, [nw][d]); rows past the valid ones are zero.
+ * align(h, 16) * align(d, 32) floats); panel as pack leaves it (default: [d][nw], kv row c,
+ * element k at panel[k * nw + c]; AVX-512: the rows themselves, [nw][d]; at most
+ * nw * align(d, 32) floats); rows past the valid ones are zero. AMX: q is BF16 [hp][dp] and the
+ * panel BF16 k pairs x nw (see mqa_amx.c), in the same float buffers.
  */
 #ifndef DG_KERNELS_MQA_KERNELS_H
 #define DG_KERNELS_MQA_KERNELS_H
@@ -67,10 +77,12 @@ typedef struct dg_mqa_kernel {
     dg_mqa_q4_prep_fn q4_prep; /* NULL: FP4 goes through float32 like FP8 */
     dg_mqa_kv4_pack_fn kv4_pack;
     dg_mqa_tile4_fn tile4;
+    void (*begin)(void); /* NULL, or run by each thread of a call before its first tile (AMX: the tile config) */
+    int qb;              /* prefill tokens per work item sharing a packed panel; 0: the driver's default */
 } dg_mqa_kernel;
 
-/* The kernel for an ISA level (falls back to lower levels). */
-const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa);
+/* The kernel for an ISA level and FP4 or FP8 inputs (falls back to lower levels). */
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fp4);
 
 /* Generic pieces (src/kernels/generic/mqa_generic.c), usable by every ISA. */
 void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out);
@@ -99,6 +111,22 @@ void dg_mqa_tile4_vnni(const void *q, int64_t h, int64_t d, const float *w, cons
                        const uint8_t *const *pf, int npf);
 #else
 #define DG_MQA_HAVE_X86 0
+#endif
+
+#if DG_MQA_HAVE_X86 && defined(DG_HAVE_AMX) /* the build has AMX kernels (CMakeLists.txt) */
+#define DG_MQA_HAVE_AMX 1
+#define DG_MQA_NW_AMX 64 /* a multiple of 32 (blocks of two column tiles); 128 measured no faster */
+/* Prefill tokens per item: packing a panel costs about 1.3 tokens' tiles (measured: 16 ~5% faster
+ * than 32, ~15% faster than 8). */
+#define DG_MQA_QB_AMX 16
+void dg_mqa_amx_begin(void);
+void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out);
+void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+                     float *panel);
+void dg_mqa_tile_amx(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
+                     const uint8_t *const *pf, int npf);
+#else
+#define DG_MQA_HAVE_AMX 0
 #endif
 
 /* Fast entry points (src/kernels/mqa_logits.c); arguments already validated. Fail only with

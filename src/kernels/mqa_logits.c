@@ -2,7 +2,7 @@
  * mqa_logits.c - driver of the fast MQA logits (SPEC 5): prefill over a contiguous KV and
  * paged decode. See mqa_kernels.h for the kernels and the numerics.
  *
- * Work items: (query block of MQA_QB tokens, kv chunk) for prefill, (sequence, kv chunk) for
+ * Work items: (query block of qb tokens, kv chunk) for prefill, (sequence, kv chunk) for
  * paged decode; a chunk is MQA_CHUNK kv rows cut into panels of the kernel's nw rows. Only
  * the union of the block's ranges (prefill) or the sequence's visible length (paged) is
  * visited, and per token only the panels overlapping its own range run the tile (causal
@@ -23,22 +23,34 @@
 #include <omp.h>
 #endif
 
-#define MQA_QB 8      /* prefill tokens per item: their float32 q (8 x 32 KiB at H = 64) stays in L2 */
+#define MQA_QB 8      /* prefill tokens per item unless the kernel sets qb: 8 x 32 KiB of float32 q stay in L2 */
 #define MQA_CHUNK 768 /* kv rows per item, a multiple of every nw */
 #define MQA_MIN_FLOPS_PER_THREAD 2e6
 #define DG_MQA_MAX_THREADS 256
 
-const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa) {
-    static const dg_mqa_kernel generic = {"generic", DG_MQA_NW_GENERIC, dg_mqa_convert_generic, NULL, NULL,
-                                          dg_mqa_tile_generic, NULL, NULL, NULL};
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fp4) {
+    static const dg_mqa_kernel generic = {.name = "generic", .nw = DG_MQA_NW_GENERIC,
+                                          .convert = dg_mqa_convert_generic, .tile = dg_mqa_tile_generic};
 #if DG_MQA_HAVE_X86
-    static const dg_mqa_kernel avx2 = {"avx2", DG_MQA_NW_AVX2, dg_mqa_convert_avx2, NULL, NULL, dg_mqa_tile_avx2,
-                                       NULL, NULL, NULL};
-    static const dg_mqa_kernel avx512 = {"avx512", DG_MQA_NW_AVX512, dg_mqa_convert_avx512, dg_mqa_pack_avx512,
-                                         dg_mqa_prep_q_avx512, dg_mqa_tile_avx512, NULL, NULL, NULL};
-    static const dg_mqa_kernel vnni = {"avx512_vnni", DG_MQA_NW_AVX512, dg_mqa_convert_avx512, dg_mqa_pack_avx512,
-                                       dg_mqa_prep_q_avx512, dg_mqa_tile_avx512, dg_mqa_q4_prep_vnni,
-                                       dg_mqa_kv4_pack_vnni, dg_mqa_tile4_vnni};
+    static const dg_mqa_kernel avx2 = {.name = "avx2", .nw = DG_MQA_NW_AVX2, .convert = dg_mqa_convert_avx2,
+                                       .tile = dg_mqa_tile_avx2};
+    static const dg_mqa_kernel avx512 = {.name = "avx512", .nw = DG_MQA_NW_AVX512, .convert = dg_mqa_convert_avx512,
+                                         .pack = dg_mqa_pack_avx512, .prep_q = dg_mqa_prep_q_avx512,
+                                         .tile = dg_mqa_tile_avx512};
+    static const dg_mqa_kernel vnni = {.name = "avx512_vnni", .nw = DG_MQA_NW_AVX512,
+                                       .convert = dg_mqa_convert_avx512, .pack = dg_mqa_pack_avx512,
+                                       .prep_q = dg_mqa_prep_q_avx512, .tile = dg_mqa_tile_avx512,
+                                       .q4_prep = dg_mqa_q4_prep_vnni, .kv4_pack = dg_mqa_kv4_pack_vnni,
+                                       .tile4 = dg_mqa_tile4_vnni};
+#if DG_MQA_HAVE_AMX
+    /* FP8 only; FP4 keeps the exact VNNI integer kernel. The pack uses VBMI byte permutes
+     * (every AMX CPU so far has them; checked anyway). */
+    static const dg_mqa_kernel amx = {.name = "amx", .nw = DG_MQA_NW_AMX, .convert = dg_mqa_convert_avx512,
+                                      .pack = dg_mqa_pack_amx, .prep_q = dg_mqa_prep_q_amx,
+                                      .tile = dg_mqa_tile_amx, .begin = dg_mqa_amx_begin, .qb = DG_MQA_QB_AMX};
+    if (isa >= DG_ISA_AMX && !fp4 && __builtin_cpu_supports("avx512vbmi"))
+        return &amx;
+#endif
     if (isa >= DG_ISA_AVX512_BF16)
         return &vnni;
     if (isa >= DG_ISA_AVX512)
@@ -46,7 +58,7 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa) {
     if (isa >= DG_ISA_AVX2)
         return &avx2;
 #endif
-    (void)isa;
+    (void)isa, (void)fp4;
     return &generic;
 }
 
@@ -92,8 +104,8 @@ static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
             s->field = (type *)(void *)(base + off);              \
         off += up64((size_t)(count) * sizeof(type));              \
     } while (0)
-    TAKE(tmp, float, nw * c->d);
-    TAKE(panel, float, nw * c->d);
+    TAKE(tmp, float, nw * dg_align(c->d, 32));
+    TAKE(panel, float, nw * dg_align(c->d, 32));
     TAKE(sum, float, nw);
     TAKE(qf, float, c->tokens_per_unit * c->q_floats);
     TAKE(qtmp, float, c->h * c->d);
@@ -210,6 +222,8 @@ static int64_t take(uint64_t *range, int back) {
 static void run_thread(mqa_ctx *c, int t) {
     mqa_scratch s;
     scratch_layout(c, c->scratch + (size_t)t * c->scratch_bytes, &s);
+    if (c->kern->begin)
+        c->kern->begin();
     for (int64_t it; (it = take(&c->ranges[t], 0)) >= 0;)
         c->run(c, &s, &c->items[it]);
     for (int k = 1; k < c->threads; ++k)
@@ -242,7 +256,7 @@ static int choose_threads(int64_t items, double flops) {
 
 /* Allocates the scratch, runs every item, frees. */
 static dg_status run_all(mqa_ctx *c, double flops) {
-    c->q_floats = dg_align(c->h, 16) * c->d;
+    c->q_floats = dg_align(c->h, 16) * dg_align(c->d, 32);
     c->threads = choose_threads(c->nitems, flops);
     c->scratch_bytes = scratch_layout(c, NULL, NULL);
     c->scratch = dg_malloc(c->scratch_bytes * (size_t)c->threads);
@@ -264,7 +278,8 @@ static dg_status run_all(mqa_ctx *c, double flops) {
 
 static void run_prefill_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it) {
     const dg_mqa_problem *p = c->problem;
-    const int64_t i0 = it->unit, i1 = i0 + MQA_QB < p->s ? i0 + MQA_QB : p->s, nw = c->kern->nw;
+    const int64_t qb = c->tokens_per_unit, nw = c->kern->nw;
+    const int64_t i0 = it->unit, i1 = i0 + qb < p->s ? i0 + qb : p->s;
     if (s->unit != i0) {
         for (int64_t i = i0; i < i1; ++i)
             load_token(c, s, p->q, p->q_sf, p->weights, i, i - i0);
@@ -314,17 +329,17 @@ static void clean_prefill(const dg_mqa_problem *p, int threads) {
 }
 
 dg_status dg_mqa_logits_fast(const dg_mqa_problem *p) {
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa()), .h = p->h, .d = p->d,
-                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = MQA_QB, .fp4 = p->fp4,
-                 .problem = p, .run = run_prefill_item};
-    const int64_t nw = c.kern->nw;
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
+                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .fp4 = p->fp4, .problem = p, .run = run_prefill_item};
+    const int64_t nw = c.kern->nw, qb = c.kern->qb > 0 ? c.kern->qb : MQA_QB;
+    c.tokens_per_unit = qb;
     double pairs = 0, cum = 0;
     /* Two passes: count the items, then fill them. */
     for (int pass = 0; pass < 2; ++pass) {
         int64_t n = 0;
-        for (int64_t i0 = 0; i0 < p->s; i0 += MQA_QB) {
+        for (int64_t i0 = 0; i0 < p->s; i0 += qb) {
             int64_t lo = p->sk, hi = 0;
-            for (int64_t i = i0; i < i0 + MQA_QB && i < p->s; ++i)
+            for (int64_t i = i0; i < i0 + qb && i < p->s; ++i)
                 if (p->ks[i] < p->ke[i]) {
                     lo = p->ks[i] < lo ? p->ks[i] : lo;
                     hi = p->ke[i] > hi ? p->ke[i] : hi;
@@ -335,7 +350,7 @@ dg_status dg_mqa_logits_fast(const dg_mqa_problem *p) {
                     continue;
                 const int64_t r1 = r0 + MQA_CHUNK < hi ? r0 + MQA_CHUNK : hi;
                 double cost = 0.25 * (double)(r1 - r0); /* packing: about a quarter of one token's tile */
-                for (int64_t i = i0; i < i0 + MQA_QB && i < p->s; ++i) {
+                for (int64_t i = i0; i < i0 + qb && i < p->s; ++i) {
                     const int64_t a = p->ks[i] > r0 ? p->ks[i] : r0, b = p->ke[i] < r1 ? p->ke[i] : r1;
                     cost += a < b ? (double)(b - a) : 0.0;
                 }
@@ -425,7 +440,7 @@ static void run_paged_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it)
 }
 
 dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa()), .h = p->h, .d = p->d,
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
                  .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = p->next_n, .fp4 = p->fp4,
                  .problem = p, .run = run_paged_item};
     double pairs = 0, cum = 0;

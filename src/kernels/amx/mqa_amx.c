@@ -1,0 +1,234 @@
+/*
+ * mqa_amx.c - FP8 (E4M3) MQA logits on AMX BF16 tiles (see mqa_kernels.h).
+ *
+ * E4M3 codes times 2^-8 are exact in BF16 (3 mantissa bits; exponents 2^-17 .. 2^0, far from
+ * BF16's denormals, which the tiles would flush), so TDPBF16PS multiplies them exactly and adds
+ * in float32, in its own fixed order per k step of 32 (d zero-padded to a multiple of 32).
+ * Per query token and panel the tiles give dots[h][c] with heads as tile rows (q is the A
+ * operand straight from its padded [hp][dp] rows) and kv rows as tile columns (the panel is the
+ * VNNI B operand: k pairs x NW columns); each element depends only on its q row, kv row and the
+ * k steps, never on the tile, panel or thread. The epilogue then runs, per 16 kv rows (one
+ * vector), the chain s = fma(w[h], relu(dot[h]), s) for h = 0, 1, ... as every kernel does.
+ *
+ * Blocks of 16 heads x 32 kv rows, head tiles outer (a q tile is reused from L1 by the panel's
+ * column pairs), alternate between two accumulator sets (tiles 0-1 with q in 4, tiles 2-3 with
+ * q in 5; 6-7 hold the panel): a block's products start while the previous block's tiles are
+ * stored, and the chain of the block before that runs meanwhile. The chain state of the NW kv
+ * rows stays in registers across the head tiles. Measured (one core, H = 64, d = 128, NW = 64,
+ * 3.3 GHz): ~1900 cycles per token and panel (1024 at the TDPBF16PS peak; the blocks load 1.5
+ * tiles per product); a 2 x 2 block of 32 heads x 32 rows (one accumulator set, operands
+ * reloaded early, the next block's first operands loaded by the last step) was 5-12% slower,
+ * panels of 128 rows no faster. Packing a 64-row panel costs ~2500 cycles (byte permutes and a
+ * 32-bit transpose on port 5), so prefill shares a panel among 16 tokens (DG_MQA_QB_AMX).
+ */
+#include "../mqa_kernels.h"
+#include "amx_tiles.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define NW DG_MQA_NW_AMX
+
+/* Static: see amx_tiles.h. */
+static const dg_amx_tilecfg kCfg = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+void dg_mqa_amx_begin(void) { _tile_loadconfig(&kCfg); }
+
+/* Low and high bytes of BF16(E4M3 value * 2^-8) by code & 0x7f (generated; exact: normal codes
+ * have exponent e + 112 and the mantissa shifted up by 4, subnormal ones are m * 2^-17, 0x7f is
+ * NaN). The sign is the code's bit 7, moved to bit 15. */
+static const uint8_t kLo[128] __attribute__((aligned(64))) = {
+    0x00, 0x00, 0x80, 0xc0, 0x00, 0x20, 0x40, 0x60, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xc0,
+};
+static const uint8_t kHi[128] __attribute__((aligned(64))) = {
+    0x00, 0x37, 0x37, 0x37, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38,
+    0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39,
+    0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a,
+    0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b,
+    0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c,
+    0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d,
+    0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e,
+    0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x7f,
+};
+
+/* Interleaves the low and high BF16 bytes of row a (codes 0-31 of x) and of row b (codes 32-63). */
+static const uint8_t kMixA[64] __attribute__((aligned(64))) = {
+    0,  64, 1,  65, 2,  66, 3,  67, 4,  68, 5,  69, 6,  70, 7,  71, 8,  72, 9,  73, 10, 74,
+    11, 75, 12, 76, 13, 77, 14, 78, 15, 79, 16, 80, 17, 81, 18, 82, 19, 83, 20, 84, 21, 85,
+    22, 86, 23, 87, 24, 88, 25, 89, 26, 90, 27, 91, 28, 92, 29, 93, 30, 94, 31, 95,
+};
+static const uint8_t kMixB[64] __attribute__((aligned(64))) = {
+    32, 96,  33, 97,  34, 98,  35, 99,  36, 100, 37, 101, 38, 102, 39, 103, 40, 104, 41, 105, 42, 106,
+    43, 107, 44, 108, 45, 109, 46, 110, 47, 111, 48, 112, 49, 113, 50, 114, 51, 115, 52, 116, 53, 117,
+    54, 118, 55, 119, 56, 120, 57, 121, 58, 122, 59, 123, 60, 124, 61, 125, 62, 126, 63, 127,
+};
+
+/* Two rows' 32 codes (cnt < 32: the rest zero) -> BF16, 16 k pairs per row: *v0 for row a, *v1
+ * for row b. VBMI byte permutes (every CPU with AMX-BF16 has AVX512-VBMI; the kernel selection
+ * checks it). */
+__attribute__((target("avx512vbmi"))) static inline void e4m3_rows(const uint8_t *a, const uint8_t *b, int cnt,
+                                                                  __m512i *v0, __m512i *v1) {
+    const __mmask32 m = cnt >= 32 ? 0xffffffffu : (((__mmask32)1 << cnt) - 1);
+    const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
+                                         _mm256_maskz_loadu_epi8(m, b), 1);
+    const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(kLo), x, _mm512_load_si512(kLo + 64));
+    __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kHi), x, _mm512_load_si512(kHi + 64));
+    hi = _mm512_ternarylogic_epi32(hi, x, _mm512_set1_epi8((char)0x80), 0xf8); /* hi | (x & 0x80) */
+    *v0 = _mm512_permutex2var_epi8(lo, _mm512_load_si512(kMixA), hi);
+    *v1 = _mm512_permutex2var_epi8(lo, _mm512_load_si512(kMixB), hi);
+}
+
+/* 16 x 16 transpose of 32-bit words: out[c] word r = in[r] word c. */
+static inline void transpose16(const __m512i in[16], __m512i out[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* u[i + c], 128-bit lane L: word 4L + c of rows i .. i + 3 */
+        u[i + 0] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+        const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512i y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        out[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        out[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+        out[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        out[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+    }
+}
+
+/* q [h][d] float32 (value * 2^-8, exact in BF16) -> BF16 [hp][dp], zero-padded heads and k. */
+void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out) {
+    const int64_t hp = dg_align(h, 16), dp = dg_align(d, 32);
+    uint16_t *o = (uint16_t *)(void *)out;
+    for (int64_t hh = 0; hh < hp; ++hh)
+        for (int64_t k = 0; k < dp; k += 32) {
+            const int64_t cnt = hh < h ? (d - k < 32 ? d - k : 32) : 0;
+            const __mmask32 m = cnt >= 32 ? 0xffffffffu : (((__mmask32)1 << cnt) - 1);
+            const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)m, q + hh * d + k);
+            const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), q + hh * d + k + 16);
+            _mm512_storeu_si512(o + hh * dp + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)); /* exact */
+        }
+}
+
+/* The panel as the VNNI B operand: per k step s of 32, 16 pair rows of NW columns, 32-bit word
+ * [(16 s + p) * NW + c] = BF16 (kv[c][32 s + 2p], kv[c][32 s + 2p + 1]); zero past n and d. */
+__attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n,
+                                                          int64_t d, int fp4, float *tmp, float *panel) {
+    (void)sf, (void)fp4, (void)tmp; /* FP8 only: FP4 takes the VNNI integer kernel */
+    uint32_t *o = (uint32_t *)(void *)panel;
+    const int64_t dp = dg_align(d, 32);
+    for (int g = 0; g < NW; g += 16)
+        for (int64_t k = 0; k < dp; k += 32) {
+            const int cnt = (int)(d - k < 32 ? d - k : 32);
+            __m512i v[16], t[16];
+            for (int r = 0; r < 16; r += 2) {
+                if (g + r + 1 < n) {
+                    e4m3_rows(rows[g + r] + k, rows[g + r + 1] + k, cnt, &v[r], &v[r + 1]);
+                } else if (g + r < n) {
+                    e4m3_rows(rows[g + r] + k, rows[g + r] + k, cnt, &v[r], &v[r + 1]);
+                    v[r + 1] = _mm512_setzero_si512();
+                } else {
+                    v[r] = v[r + 1] = _mm512_setzero_si512();
+                }
+            }
+            transpose16(v, t);
+            for (int j = 0; j < 16; ++j)
+                _mm512_storeu_si512(o + (k / 2 + j) * NW + g, t[j]);
+        }
+}
+
+/* Chains of 32 kv rows over heads [0, hn) of a stored block (rows 32 floats apart). */
+static inline void chain(const float *buf, int hn, const float *w, __m512 *s0, __m512 *s1) {
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 a = *s0, b = *s1;
+    for (int l = 0; l < hn; ++l) {
+        const __m512 wl = _mm512_set1_ps(w[l]);
+        a = _mm512_fmadd_ps(wl, _mm512_max_ps(_mm512_load_ps(buf + 32 * l), zero), a);
+        b = _mm512_fmadd_ps(wl, _mm512_max_ps(_mm512_load_ps(buf + 32 * l + 16), zero), b);
+    }
+    *s0 = a, *s1 = b;
+}
+
+/* One head tile x 32 kv columns into accumulators c0, c1 (q in tile qt). Tile numbers must be
+ * literals (they are assembled into the instructions). */
+#define BLOCK1(c0, c1, qt, qq)                                                                                    \
+    do {                                                                                                          \
+        _tile_zero(c0);                                                                                           \
+        _tile_zero(c1);                                                                                           \
+        for (int64_t s = 0; s < steps; ++s) {                                                                     \
+            _tile_loadd(qt, (qq) + 32 * s, dp * 2);                                                               \
+            _tile_loadd(6, pb + s * 32 * NW, NW * 4);                                                             \
+            _tile_loadd(7, pb + s * 32 * NW + 32, NW * 4);                                                        \
+            _tile_dpbf16ps(c0, qt, 6);                                                                            \
+            _tile_dpbf16ps(c1, qt, 7);                                                                            \
+        }                                                                                                         \
+    } while (0)
+#define STORE1(c0, c1, b)                                                                                         \
+    do {                                                                                                          \
+        _tile_stored(c0, (b), 128);                                                                               \
+        _tile_stored(c1, (b) + 16, 128);                                                                          \
+    } while (0)
+
+void dg_mqa_tile_amx(const float *qv, int64_t h, int64_t d, const float *w, const float *panelv, float *sum,
+                     const uint8_t *const *pf, int npf) {
+    const uint16_t *q = (const uint16_t *)(const void *)qv, *panel = (const uint16_t *)(const void *)panelv;
+    const int64_t dp = dg_align(d, 32), steps = dp / 32, ht = dg_ceil_div(h, 16);
+    enum { NJ = NW / 32 };
+    float buf[2][16 * 32] __attribute__((aligned(64)));
+    __m512 acc[2 * NJ];
+    for (int j = 0; j < 2 * NJ; ++j)
+        acc[j] = _mm512_setzero_ps();
+    const int64_t blocks = NJ * ht;
+    int64_t pfi = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+        for (const int64_t end = npf * (b + 1) / blocks; pfi < end; ++pfi)
+            _mm_prefetch((const char *)pf[pfi], _MM_HINT_T0);
+        const int64_t i = b / NJ, j = b % NJ;
+        const uint16_t *pb = panel + 64 * j, *qq = q + 16 * i * dp;
+        if (b & 1) {
+            BLOCK1(2, 3, 5, qq);
+            STORE1(0, 1, buf[0]);
+        } else {
+            BLOCK1(0, 1, 4, qq);
+            if (b)
+                STORE1(2, 3, buf[1]);
+        }
+        if (b >= 2) { /* block b - 2's chain runs while these products execute */
+            const int64_t i2 = (b - 2) / NJ, j2 = (b - 2) % NJ;
+            const int hn = (int)(h - 16 * i2 < 16 ? h - 16 * i2 : 16);
+            chain(buf[b & 1], hn, w + 16 * i2, &acc[2 * j2], &acc[2 * j2 + 1]);
+        }
+    }
+    for (int64_t b = blocks; b < blocks + 2; ++b) {
+        if (b == blocks) {
+            if (b & 1)
+                STORE1(0, 1, buf[0]);
+            else
+                STORE1(2, 3, buf[1]);
+        }
+        if (b >= 2) {
+            const int64_t i2 = (b - 2) / NJ, j2 = (b - 2) % NJ;
+            const int hn = (int)(h - 16 * i2 < 16 ? h - 16 * i2 : 16);
+            chain(buf[b & 1], hn, w + 16 * i2, &acc[2 * j2], &acc[2 * j2 + 1]);
+        }
+    }
+    for (int j = 0; j < 2 * NJ; ++j)
+        _mm512_storeu_ps(sum + 16 * j, acc[j]);
+}
