@@ -350,8 +350,14 @@ DG_API dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tenso
  * format for the ISA level (and kernel) current at packing: NR-row panels, K padded to even,
  * values as BF16 k pairs (AVX-512 levels) or float32 (AVX2 / portable kernels), FP8/FP4
  * widened to BF16 exactly, power-of-two (UE8M0) scales folded into the values, other
- * float32 scales kept per panel and K block (src/engine/engine.h documents the layout). It
- * does not refer to b/sfb afterwards. A packed B is read-only: GEMMs may share it across
+ * float32 scales kept per panel and K block (src/engine/engine.h documents the layout).
+ * An FP8 B packed on the AMX level also keeps its E4M3 codes K-major (1 byte per weight) and
+ * its scales as float32: calls with M <= 64 (decoding) run the unpacked call's small-M path on
+ * them, reading 1 byte per weight instead of the panels' 2, and large M runs on the panels.
+ * Such an object thus takes 3 bytes per weight instead of 2 (+50%; a 2112 x 7168 B: 15 MB of
+ * codes, 30 MB of panels). Packing per large-M call instead (codes only) was measured (one
+ * thread, N 2112, K 7168) at 3.6x the time at M = 65, 1.8x at M = 256, 1.2x at M = 1024.
+ * It does not refer to b/sfb afterwards. A packed B is read-only: GEMMs may share it across
  * threads. Free it with dg_packed_b_free (NULL is a no-op).
  * The `_nt_packed` GEMMs give bitwise the D of dg_bf16_gemm_nt / dg_fp8_fp4_gemm_nt on the same
  * inputs. They fail with DG_ERR_VALUE (nothing written) when dg_set_isa changed the kernel
@@ -432,7 +438,8 @@ DG_API dg_status dg_m_grouped_fp8_gemm_nt_masked(const dg_tensor *a, const dg_te
  * dg_pack_b_grouped takes b [G, N, K] (any strides) as the m-grouped `_nt` GEMMs do: BF16 with
  * sfb = NULL (opts ignored), or FLOAT8_E4M3 / packed FP4 with sfb [G, ...] and the recipe
  * (opts, NULL = defaults). The result is one dg_packed_b holding G dense packed B's (each as
- * dg_pack_b packs that group, for the current ISA); it does not refer to b/sfb afterwards, is
+ * dg_pack_b packs that group, for the current ISA, FP8 groups keeping their E4M3 codes too as
+ * dg_pack_b describes); it does not refer to b/sfb afterwards, is
  * read-only, and is freed with dg_packed_b_free. G, N, K > 0.
  * The `_packed` m-grouped GEMMs take it in place of b/sfb, with every other argument and rule
  * of the unpacked `_nt` call (a K-major; a's groups / K and d's N must match the packed G, K,

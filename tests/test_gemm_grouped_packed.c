@@ -3,7 +3,8 @@
  * dg_m_grouped_*_gemm_nt_{masked,contiguous}_packed). On every engine variant this CPU runs, D
  * is bitwise D of the unpacked grouped call on the same inputs, for 1, 2 and 3 threads: BF16,
  * FP8 1D2D float, FP8 1D1D float with one group's scales powers of two (folded for that group
- * only), FP8 UE8M0, FP8 x FP4; masked (empty groups, 1..70 rows, a single group, D rows past
+ * only), FP8 with B scale blocks of 96 rows (the kept FP8 codes' scales are sliced at 1024
+ * columns), FP8 UE8M0, FP8 x FP4; masked (empty groups, 1..70 rows, a single group, D rows past
  * masked_m keep their sentinel) and contiguous (index form with -1 rows and a group in two
  * runs, psum form with zero padding); N past one work-item chunk. D is also checked against
  * the test's own formula (loose bound), so that both calls cannot be wrong the same way.
@@ -27,6 +28,7 @@ static const pcase kCases[] = {
     {"bf16", TQ_BF16, TQ_BF16, 1, 1, 1, {0, 0}, {0, 0}, 0},
     {"fp8 1D2D float", TQ_FP8_F32, TQ_FP8_F32, 128, 128, 128, {0, 0}, {0, 0}, 0},
     {"fp8 1D1D float, group 0 folded", TQ_FP8_F32, TQ_FP8_F32, 128, 128, 1, {1, 128}, {1, 128}, 1},
+    {"fp8 B 96x128", TQ_FP8_F32, TQ_FP8_F32, 128, 128, 96, {1, 128}, {96, 128}, 0},
     {"fp8 ue8m0", TQ_FP8_UE8M0, TQ_FP8_UE8M0, 128, 128, 1, {0, 0}, {0, 0}, 0},
     {"fp8 x fp4", TQ_FP8_UE8M0, TQ_FP4_UE8M0, 128, 32, 1, {1, 128}, {1, 32}, 0},
 };

@@ -1,9 +1,10 @@
 /*
  * test_gemm_packed.c - pre-packed B (dg_pack_b, dg_*_gemm_nt_packed): on every ISA level this
  * CPU runs (AVX-512 BF16 with both kernels), D from the packed call is bitwise D from the
- * unpacked `_nt` call on the same inputs, for M = 1, 16, 64, 300 (small-M and large-M paths),
- * N and K tails, K- and MN-major B, BF16 / FP8 float scales (1D2D and 1D1D, A's gran_k finer
- * than B's) / UE8M0 / FP8 x FP4 / FP4 x FP4, BF16 and FP32 D, C separate and in place; one
+ * unpacked `_nt` call on the same inputs, for M = 1, 16, 17, 33, 64, 300 (small-M and large-M
+ * paths; small M on FP8 B reads its kept E4M3 codes on AMX), N and K tails, K- and MN-major
+ * B, BF16 / FP8 float scales (1D2D and 1D1D, A's gran_k finer than B's, B's gran_mn 96: kept
+ * scales at 32-row blocks) / UE8M0 / FP8 x FP4 / FP4 x FP4, BF16 and FP32 D, C separate and in place; one
  * packed B serves several A. D is also checked against the naive formula (loose bound), so
  * that "both wrong in the same way" cannot pass. Bad inputs fail, name the argument, and
  * leave D untouched; a packed B used after dg_set_isa changed the kernel fails with
@@ -82,11 +83,11 @@ static int64_t count_far(const top *a, const top *b, const dg_tensor *d, const d
 
 /* One case on the current ISA: pack B once, then each M (and C mode) against the unpacked call. */
 static void run_case(const pcase *e, const char *isa_name, tu_rng *r) {
-    const int64_t ms[4] = {1, 16, 64, 300};
+    const int64_t ms[6] = {1, 16, 17, 33, 64, 300}; /* AMX small M: 1 and 2 tiles, odd rows */
     top b = top_make(r, e->db, e->n, e->k, e->b_mn_major, e->gran_b[0], e->gran_b[1], e->packed, 0);
     dg_packed_b *pb = NULL;
     TU_CHECK_OK(pack(e, &b, &pb));
-    for (int mi = 0; mi < 4 && pb; ++mi) {
+    for (int mi = 0; mi < 6 && pb; ++mi) {
         const int64_t m = ms[mi];
         top a = top_make(r, e->da, m, e->k, 0, e->gran_a[0], e->gran_a[1], e->packed, 0);
         const dg_dtype out = mi % 2 ? DG_BFLOAT16 : DG_FLOAT32;
@@ -122,6 +123,8 @@ static const pcase kCases[] = {
     {"fp8 1D1D float", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 0, 45, 257, 0},
     {"fp8 A gran_k 64, B 128 (regrid)", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 64}, {1, 128}, 0, 40, 300, 0},
     {"fp8 float B mn-major", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {128, 128}, 0, 64, 200, 1},
+    {"fp8 B gran (96, 128)", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {96, 128}, 0, 100, 256, 0},
+    {"fp8 N, K odd", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {128, 128}, 0, 33, 161, 0},
     {"fp8 ue8m0", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 1, 70, 300, 0},
     {"fp8 x fp4 ue8m0/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 70, 300, 0},
     {"fp4 x fp4 ue8m0/32", DG_FP4_E2M1X2, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 38, 160, 0},
@@ -139,24 +142,29 @@ static void test_equivalence(void) {
     dg_engine_set_dpbf16(-1);
 }
 
-/* Bitwise the same for any thread count (the order of the K reduction never depends on it). */
+/* Bitwise the same for any thread count (the order of the K reduction never depends on it);
+ * M = 20 runs the small-M path (FP8: on the kept codes), M = 100 the large-M one. */
 static void test_threads(void) {
     tu_rng r = {77};
     const pcase *e = &kCases[2];
-    top b = top_make(&r, e->db, 96, 384, 0, 128, 128, 0, 0), a = top_make(&r, e->da, 100, 384, 0, 1, 128, 0, 0);
+    top b = top_make(&r, e->db, 96, 384, 0, 128, 128, 0, 0);
     dg_packed_b *pb = NULL;
     TU_CHECK_OK(pack(e, &b, &pb));
-    dg_tensor d0 = tg_out(&r, DG_FLOAT32, 100, 96, 0, 0), d1 = clone(&d0), d2 = clone(&d0);
-    const int sms = dg_get_num_sms();
-    TU_CHECK_OK(dg_set_num_sms(1));
-    TU_CHECK_OK(packed(e, &a, pb, &d1, NULL));
-    TU_CHECK_OK(dg_set_num_sms(3));
-    TU_CHECK_OK(packed(e, &a, pb, &d2, NULL));
-    TU_CHECK_OK(dg_set_num_sms(sms));
-    TU_CHECK(same_span(&d1, &d2), "1 thread and 3 threads differ");
+    for (int64_t m = 20; m <= 100 && pb; m += 80) {
+        top a = top_make(&r, e->da, m, 384, 0, 1, 128, 0, 0);
+        dg_tensor d0 = tg_out(&r, DG_FLOAT32, m, 96, 0, 0), d1 = clone(&d0), d2 = clone(&d0);
+        const int sms = dg_get_num_sms();
+        TU_CHECK_OK(dg_set_num_sms(1));
+        TU_CHECK_OK(packed(e, &a, pb, &d1, NULL));
+        TU_CHECK_OK(dg_set_num_sms(3));
+        TU_CHECK_OK(packed(e, &a, pb, &d2, NULL));
+        TU_CHECK_OK(dg_set_num_sms(sms));
+        TU_CHECK(same_span(&d1, &d2), "M=%lld: 1 thread and 3 threads differ", (long long)m);
+        free(d0.data), free(d1.data), free(d2.data);
+        top_free(&a);
+    }
     dg_packed_b_free(pb);
-    free(d0.data), free(d1.data), free(d2.data);
-    top_free(&a), top_free(&b);
+    top_free(&b);
 }
 
 /* A failing call: the wanted status, a message naming `arg`, and D (and C) untouched. */
@@ -171,7 +179,7 @@ static void test_threads(void) {
 
 static void test_bad(void) {
     tu_rng r = {99};
-    const pcase *f8 = &kCases[2], *bf = &kCases[0], *ue = &kCases[6];
+    const pcase *f8 = &kCases[2], *bf = &kCases[0], *ue = &kCases[8];
     top a8 = top_make(&r, DG_FLOAT8_E4M3, 5, 256, 0, 1, 128, 0, 0);
     top b8 = top_make(&r, DG_FLOAT8_E4M3, 40, 256, 0, 128, 128, 0, 0);
     top a16 = top_make(&r, DG_BFLOAT16, 5, 256, 0, 0, 0, 0, 0);

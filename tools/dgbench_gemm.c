@@ -9,9 +9,11 @@
  *   fp4_fp4_nt     A and B packed FP4, 1x32 UE8M0-valued float32 scales; D BF16. Integer dot
  *                  products (src/engine/fp4x4.h): rated against the INT8 peak
  *   *_nt_prepacked the same with B pre-packed by dg_pack_b at setup (decoding: the weights are
- *                  packed once); one packed copy per B copy, rotated like B. Bytes still count
- *                  B as stored (its GB/s is "GB/s of B"); the packed panels are the engine's
- *                  format (BF16 pairs on AVX-512 levels, float32 on AVX2 / portable kernels).
+ *                  packed once); one packed copy per B copy, rotated like B. Bytes count B as
+ *                  stored: what these small-M runs read on the AMX level (BF16 panels for BF16
+ *                  B; for FP8 B its kept E4M3 codes and float32 scales of sfb's size, see
+ *                  src/engine/prepack.h). Below AMX FP8 B is read as BF16 panels (AVX-512
+ *                  levels) or float32 ones (AVX2 / portable), so GB/s there is "GB/s of B".
  *
  * Large M (4096) is compute-bound: its limit is the BF16 dot-product peak of the library's ISA
  * level (AMX tiles on isa amx; else VDPBF16PS, or FP32 FMA where that is faster; see

@@ -19,8 +19,8 @@
  * essentially the weights (B and its scales), which rotate through enough copies (> 1 GiB) that
  * every run reads them from DRAM, so GB/s is the weight bandwidth and %lim its share of the
  * measured DRAM limit. Prepacked cases rotate packed copies the same way and count the weight
- * bytes as packed (what the run streams: BF16 k pairs on AVX-512 / AMX levels, float32 below;
- * FP8 widened to BF16; kept float32 scales per NR columns and 128 of K) for the non-empty groups.
+ * bytes the run streams for the non-empty groups (packed_group_bytes: FP8 weights their kept
+ * E4M3 codes on the AMX level; else BF16 panels on AVX-512 levels, float32 panels below).
  * diff: the reference backend computes a sample of rows (first and last computed row of the
  * first and last group) through the public API on sliced views; the engine run copies the same
  * rows out of D (a negligible part of the timed work).
@@ -75,12 +75,17 @@ static void grouped_free(void *state) {
     bench_pool_state_free(state);
 }
 
-/* Bytes of one group's packed B as the engine lays it out (engine.h): N x K values (BF16 pairs
- * on AVX-512 and AMX levels, float32 below) and, for float32 scales that are not powers of two
- * (this tool's 0.5..2 uniform ones), one float per column and 128 of K. */
+/* Bytes of one group's packed B that a decoding run reads (src/engine/prepack.h): FP8 weights
+ * on the AMX level stream their kept E4M3 codes (1 byte each) and float32 scales per 128x128
+ * block (the panels are for large M); otherwise the panels, N x K
+ * values (BF16 pairs on AVX-512 / AMX levels, float32 below) and, for float32 scales that are not
+ * powers of two (this tool's 0.5..2 uniform ones), one float per column and 128 of K. */
 static double packed_group_bytes(const gstate *s) {
+    const double kb = (double)((s->k + 127) / 128);
+    if (s->p->fp8 && dg_get_isa() >= DG_ISA_AMX)
+        return (double)s->n * s->k + (double)((s->n + 127) / 128) * kb * 4;
     const double es = dg_get_isa() >= DG_ISA_AVX512 ? 2 : 4;
-    return (double)s->n * s->k * es + (s->sfb ? (double)s->n * ((s->k + 127) / 128) * 4 : 0);
+    return (double)s->n * s->k * es + (s->sfb ? (double)s->n * kb * 4 : 0);
 }
 
 /* B [copies * G, N, K] (+ 128x128 scales), copy 0 random, the others identical. */

@@ -49,9 +49,12 @@ void dg_packed_b_free(dg_packed_b *p) {
     if (!p || p->magic != DG_PACKED_B_MAGIC)
         return;
     p->magic = 0;
-    for (int64_t g = 0; g < p->groups; ++g) /* grouped: each group's FP4 copy (prepack.h) */
+    for (int64_t g = 0; g < p->groups; ++g) { /* grouped: each group's FP4 / FP8 copy (prepack.h) */
         dg_free(p->group[g].fp4_mem);
+        dg_free(p->group[g].fp8_mem);
+    }
     dg_free(p->fp4_mem);
+    dg_free(p->fp8_mem);
     dg_engine_packed_free(&p->pk);
     dg_free(p);
 }

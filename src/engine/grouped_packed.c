@@ -24,7 +24,7 @@
 #include <sys/mman.h>
 
 #define SMALL_M 64   /* rows up to which a group is cut into column chunks (smallm.c's bound) */
-#define CHUNK 1024   /* columns per work item: a multiple of every NR */
+#define CHUNK DG_PACKED_SLICE /* columns per work item: a multiple of every NR (1024) */
 
 static size_t up64(size_t x) { return (x + 63) / 64 * 64; }
 
@@ -44,6 +44,13 @@ static dg_status pack_group(const dg_operand *b, int64_t g, struct dg_packed_b *
              "group %lld of 'b' cannot be viewed as a 2-D operand", (long long)g);
     memset(one, 0, sizeof *one);
     return dg_engine_prepack_b(&og, one);
+}
+
+/* A group's kept FP4 / FP8 codes (prepack.h), on failure paths. */
+static void free_kept(struct dg_packed_b *one) {
+    dg_free(one->fp4_mem);
+    dg_free(one->fp8_mem);
+    one->fp4_mem = one->fp8_mem = NULL;
 }
 
 static void *alloc_block(size_t bytes) {
@@ -72,9 +79,11 @@ dg_status dg_engine_prepack_b_grouped(const dg_operand *b, struct dg_packed_b *o
     char *block = alloc_block(table + (size_t)G * sizeof(struct dg_packed_b));
     if (!block) {
         dg_engine_packed_free(&one.pk);
+        free_kept(&one);
         return dg_fail(DG_ERR_ALLOC, "out of memory for a packed grouped B of %zu bytes", table);
     }
     struct dg_packed_b *groups = (struct dg_packed_b *)(block + table);
+    memset(groups, 0, (size_t)G * sizeof *groups);
     dg_status st = DG_OK;
     for (int64_t g = 0; g < G && st == DG_OK; ++g) {
         if (g > 0)
@@ -83,6 +92,7 @@ dg_status dg_engine_prepack_b_grouped(const dg_operand *b, struct dg_packed_b *o
             break;
         if (scale_bytes(&one.pk) > sstride || panel_bytes(&one.pk) > dstride) {
             dg_engine_packed_free(&one.pk);
+            free_kept(&one);
             st = dg_fail(DG_ERR_INTERNAL, "group %lld of 'b' packed to an unexpected size", (long long)g);
             break;
         }
@@ -101,6 +111,8 @@ dg_status dg_engine_prepack_b_grouped(const dg_operand *b, struct dg_packed_b *o
         dg_engine_packed_free(&one.pk);
     }
     if (st != DG_OK) {
+        for (int64_t g = 0; g < G; ++g) /* groups packed so far (the others are zeroed) */
+            free_kept(&groups[g]);
         free(block);
         return st;
     }
@@ -136,6 +148,11 @@ static void slice_panels(const struct dg_packed_b *gb, int64_t p0, int64_t np, s
     if (gb->fp4_codes) { /* the kept FP4 rows of these columns (prepack.h) */
         out->fp4_codes = gb->fp4_codes + p0 * pk->r * ((gb->k + 1) / 2);
         out->fp4_sf = gb->fp4_sf + p0 * pk->r * dg_ceil_div(gb->k, gb->gran_b[1]);
+    }
+    if (gb->fp8_codes) { /* the kept FP8 rows; p0 * r is a multiple of CHUNK, so of fp8_gran_mn */
+        out->fp8_codes = gb->fp8_codes + p0 * pk->r * gb->k;
+        if (gb->fp8_sf)
+            out->fp8_sf = gb->fp8_sf + p0 * pk->r / gb->fp8_gran_mn * dg_ceil_div(gb->k, gb->gran_b[1]);
     }
     const int64_t cols = gb->n - p0 * pk->r;
     out->pk.mn = out->n = cols < np * pk->r ? cols : np * pk->r;

@@ -13,6 +13,8 @@
  * (O(N K), as the unpacked call's own packing). Elsewhere the panels are the kernel's format.
  * On AMX (DG_PACK_AMX_B panels) small M streams the panels with A as 16-row AMX_A tiles
  * (kernels/amx/smallm_amx.c): the large-M kernel's TDPBF16PS steps per element, so the same bits.
+ * FP8 B keeps its E4M3 codes besides (prepack.h: fp8_codes) on AMX, and small M runs smallm.c
+ * on them (fp8_small): the unpacked call's own path, 1 byte per weight.
  */
 #include "prepack.h"
 
@@ -30,6 +32,19 @@
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
+/* Memory for a large read-mostly block: 2 MiB aligned and huge-page advised when large (fewer
+ * TLB misses over the decoding stream), else 64-byte aligned; free(). NULL when out of memory. */
+static void *own_block(size_t bytes) {
+    const size_t huge = (size_t)2 << 20, align = bytes >= 2 * huge ? huge : 64;
+    const size_t cap = (bytes + align - 1) / align * align;
+    void *p = aligned_alloc(align, cap);
+#ifdef MADV_HUGEPAGE
+    if (p && align == huge)
+        madvise(p, cap, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 /*
  * Moves the panels out of the workspace pool (workspace.c) into memory of their own: a packed
  * B lives for the program, and holding a pool slot would make every later GEMM allocate (and
@@ -37,21 +52,41 @@ static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
  * frees blocks that are not the pool's).
  */
 static dg_status own_memory(dg_packed *pk) {
-    const size_t huge = (size_t)2 << 20, es = pk->fmt == DG_PACK_F32 ? 4 : 2;
+    const size_t es = pk->fmt == DG_PACK_F32 ? 4 : 2;
     const size_t bytes = (size_t)(pk->panels * pk->kp * pk->r) * es + 64;
-    const size_t align = bytes >= 2 * huge ? huge : 64, cap = (bytes + align - 1) / align * align;
-    void *own = aligned_alloc(align, cap);
+    void *own = own_block(bytes);
     if (!own) {
         dg_engine_packed_free(pk);
         return dg_fail(DG_ERR_ALLOC, "out of memory for a packed B of %zu bytes", bytes);
     }
-#ifdef MADV_HUGEPAGE
-    if (align == huge)
-        madvise(own, cap, MADV_HUGEPAGE);
-#endif
     memcpy(own, pk->data, bytes);
     dg_ws_put(pk->data);
     pk->data = own;
+    return DG_OK;
+}
+
+/* The E4M3 copy of b for small-M calls (prepack.h: fp8_codes), scales as float32. */
+static dg_status keep_fp8(const dg_operand *b, struct dg_packed_b *out) {
+    const int gmn = b->sf ? gcd(b->gran_mn, DG_PACKED_SLICE) : 1;
+    const int64_t rows = b->sf ? dg_ceil_div(b->mn, gmn) : 0, nkb = b->sf ? dg_ceil_div(b->k, b->gran_k) : 0;
+    const size_t code_bytes = (size_t)dg_align(b->mn * b->k, 64);
+    uint8_t *mem = own_block(code_bytes + (size_t)(rows * nkb) * sizeof(float) + 64);
+    DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for the FP8 codes of a packed B");
+    const dg_tensor *t = b->data;
+    const uint8_t *src = t->data;
+    for (int64_t j = 0; j < b->mn; ++j) {
+        uint8_t *row = mem + j * b->k;
+        if (t->strides[1] == 1)
+            memcpy(row, src + j * t->strides[0], (size_t)b->k);
+        else
+            for (int64_t kk = 0; kk < b->k; ++kk)
+                row[kk] = src[j * t->strides[0] + kk * t->strides[1]];
+    }
+    float *sf = (float *)(void *)(mem + code_bytes);
+    for (int64_t r = 0; r < rows; ++r) /* gmn divides gran_mn: the same value per element */
+        for (int64_t q = 0; q < nkb; ++q)
+            sf[r * nkb + q] = dg_operand_scale(b, 0, r * gmn, q * b->gran_k);
+    out->fp8_mem = mem, out->fp8_codes = mem, out->fp8_sf = rows ? sf : NULL, out->fp8_gran_mn = gmn;
     return DG_OK;
 }
 
@@ -86,11 +121,21 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
     const dg_pack_fmt fmt = cfg->pack_bf16 && cfg->ukr_small[0] ? DG_PACK_BF16 : cfg->fmt;
     if (b->data->dtype == DG_FP4_E2M1X2 && b->k > 0 && b->sf)
         DG_TRY(keep_fp4(b, out));
-    dg_status st = dg_engine_pack(b, plan.fold_b, plan.gblk, fmt, cfg->nr, cfg, &out->pk);
+    dg_operand one; /* whether this configuration has a small-M path at all */
+    memset(&one, 0, sizeof one);
+    one.mn = 1;
+    dg_status st = DG_OK;
+    if (b->data->dtype == DG_FLOAT8_E4M3 && b->mn > 0 && b->k > 0 && cfg->amx &&
+        dg_engine_small_applies(cfg, &one, b))
+        st = keep_fp8(b, out);
+    if (st == DG_OK)
+        st = dg_engine_pack(b, plan.fold_b, plan.gblk, fmt, cfg->nr, cfg, &out->pk);
     st = st == DG_OK ? own_memory(&out->pk) : st;
     if (st != DG_OK) {
         dg_free(out->fp4_mem);
+        dg_free(out->fp8_mem);
         out->fp4_mem = NULL, out->fp4_codes = NULL, out->fp4_sf = NULL;
+        out->fp8_mem = NULL, out->fp8_codes = NULL, out->fp8_sf = NULL;
     }
     return st;
 }
@@ -340,6 +385,27 @@ static dg_status pp_small(const dg_engine_cfg *cfg, const dg_operand *a, int fol
     return DG_OK;
 }
 
+/* A small-M call on an FP8 B runs the unpacked call's small-M path on the kept codes (prepack.h:
+ * fp8_codes) with the scale plan the unpacked call makes (B's part fixed at packing). */
+static bool fp8_small(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *b, int fold_a,
+                      int gblk, const dg_tensor *d, const dg_tensor *c, dg_status *st) {
+    dg_tensor t, sf;
+    dg_operand ob;
+    memset(&ob, 0, sizeof ob);
+    t = dg_tensor_2d((void *)b->fp8_codes, DG_FLOAT8_E4M3, b->n, b->k);
+    ob.data = &t, ob.groups = 1, ob.mn = b->n, ob.k = b->k, ob.fp4_dim = -1;
+    if (!b->fp8_codes || !dg_engine_small_applies(cfg, a, &ob))
+        return false;
+    if (b->fp8_sf) {
+        sf = dg_tensor_2d((void *)b->fp8_sf, DG_FLOAT32, dg_ceil_div(b->n, b->fp8_gran_mn),
+                          dg_ceil_div(b->k, b->gran_b[1]));
+        ob.sf = &sf, ob.gran_mn = b->fp8_gran_mn, ob.gran_k = b->gran_b[1];
+    }
+    const dg_scale_plan plan = {fold_a, b->fold_b, gblk};
+    *st = dg_engine_gemm_small(cfg, a, &ob, &plan, d, c);
+    return true;
+}
+
 /* ---- the GEMM ------------------------------------------------------------------------------ */
 
 dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b *b, const dg_tensor *d,
@@ -361,12 +427,14 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
              "scale blocks of odd length (gran_k %d) are outside the engine; use the unpacked GEMM", gblk);
     DG_CHECK(!cfg->amx || gblk % 32 == 0, DG_ERR_UNSUPPORTED,
              "scale blocks of %d elements are not whole AMX k steps (32); use the unpacked GEMM", gblk);
+    dg_status st;
+    if (fp8_small(cfg, a, b, fold_a, gblk, d, c, &st))
+        return st;
     dg_packed pb;
     DG_TRY(regrid(&b->pk, gblk, &pb));
     dg_operand ob;
     memset(&ob, 0, sizeof ob);
     ob.mn = b->n, ob.k = b->k, ob.groups = 1, ob.fp4_dim = -1;
-    dg_status st;
     if (dg_engine_small_applies(cfg, a, &ob)) {
         st = pp_small(cfg, a, fold_a, gblk, &pb, d, c);
     } else {

@@ -9,6 +9,8 @@
 #include "engine.h"
 
 #define DG_PACKED_B_MAGIC 0x44475042u /* "DGPB": catches a stray pointer or a double free */
+/* Column slices of a packed B (grouped_packed.c's work items) start at multiples of this. */
+#define DG_PACKED_SLICE 1024
 
 struct dg_packed_b {
     uint32_t magic;
@@ -25,6 +27,22 @@ struct dg_packed_b {
     void *fp4_mem;
     const uint8_t *fp4_codes;
     const float *fp4_sf;
+    /* FP8 B on AMX configurations: its E4M3 codes K-major [n][k] (1 byte per weight) and, with
+     * scales, float32 scales [ceil(n / fp8_gran_mn)][ceil(k / gran_b[1])], fp8_gran_mn =
+     * gcd(gran_b[0], DG_PACKED_SLICE) (the same values; a column slice at a multiple of
+     * DG_PACKED_SLICE still indexes them), in the block fp8_mem (dg_free). Small-M calls run
+     * smallm.c on them as on an unpacked K-major FP8 B (bitwise the unpacked call's D) and read
+     * 1 byte per weight instead of the panels' 2.
+     * Not on the AVX-512 levels: their small-M kernels are bound by the float32 FMAs, not by
+     * reading B, and staging codes per K slice cost more than widening BF16 panels (measured:
+     * grouped FP8 decoding 94 ms on codes vs 72 ms on panels).
+     * Large-M calls keep using the BF16 panels (pk): the object then holds both, 3 bytes per
+     * weight instead of 2 (+50%), because packing B per large-M call instead was measured at
+     * 3.6x the time at M = 65, 1.8x at 256, 1.2x at 1024 (N 2112, K 7168, one thread). */
+    void *fp8_mem;
+    const uint8_t *fp8_codes;
+    const float *fp8_sf;
+    int fp8_gran_mn;
     /* Grouped weights (dg_pack_b_grouped, src/engine/grouped_packed.c): groups = G > 0 and
      * group[g] is group g's dense packed B (fold_b, pk of its own). pk.data is then the one
      * block holding every group's panels, kept scales and this table (freed with it); pk

@@ -134,6 +134,7 @@ typedef struct amx_job {
     const dg_packed *pa; /* A as DG_PACK_AMX_B panels of 16 rows (VNNI pairs: the tile-B operand) */
     int64_t chunk;       /* K per piece of B: a multiple of 32 and of gblk */
     bool bf16_kmajor, e4m3_kmajor, e2m1_kmajor, scaled_b;
+    bool e4m3_fused; /* e4m3_kmajor, widened inside the tile loop (dg_amx_small_t_e4m3) */
 } amx_job;
 
 /* B row n at k in memory (K-major layouts; NULL otherwise), to prefetch the widened path. */
@@ -218,13 +219,25 @@ static const float *amx_scales_b(const amx_job *j, int64_t n0, int64_t cols, int
     return sb;
 }
 
+/* k steps from kb (k index; chunk at k0) of B rows [n0, n0 + 16) into out: E4M3 codes widened per k step
+ * (codes != NULL: whole rows, whole steps inside K) or the staged BF16 rows src. */
+static void amx_steps(const amx_job *j, const uint8_t *codes, const uint16_t *src, int64_t ld, int64_t pf,
+                      int64_t k0, int64_t kb, int64_t steps, float *out, int accumulate, uint16_t *buf) {
+    const dg_packed *pa = j->pa;
+    const uint16_t *ad = (const uint16_t *)pa->data + kb * 16;
+    if (codes)
+        dg_amx_small_t_e4m3(steps, codes + kb, j->b->data->strides[0], pf, ad, pa->kp * 16, (int)pa->panels, out,
+                            accumulate, buf);
+    else
+        dg_amx_small_t(steps, src + (kb - k0), ld, pf, ad, pa->kp * 16, (int)pa->panels, out, accumulate);
+}
+
 /* Blocks [g0, g0 + nblk) of 16 B rows into total [nblk][mt][16 n][16 m]. */
 static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scratch, float *acc, float *total,
-                      float *sb, const float *ones) {
+                      float *sb, const float *ones, uint16_t *buf) {
     const dg_packed *pa = j->pa;
     const int mt = (int)pa->panels, gblk = j->plan->gblk;
     const int64_t kp = pa->kp, n = j->b->mn, per = mt * 256;
-    const uint16_t *ad = pa->data;
     if (gblk || kp == 0)
         memset(total, 0, (size_t)(nblk * per) * sizeof(float));
     dg_amx_small_begin();
@@ -232,16 +245,24 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
         const int64_t k1 = kp - k0 < j->chunk ? kp : k0 + j->chunk;
         for (int64_t bi = 0; bi < nblk; ++bi) {
             const int64_t n0 = (g0 + bi) * 16, cols = n - n0 < 16 ? n - n0 : 16;
-            int64_t ld, pf;
-            const uint16_t *src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
+            int64_t ld = 0, pf = 0;
+            const uint8_t *codes = NULL;
+            const uint16_t *src = NULL;
+            if (j->e4m3_fused && cols == 16 && k1 <= j->b->k) { /* codes read in place */
+                const dg_tensor *t = j->b->data;
+                codes = (const uint8_t *)t->data + n0 * t->strides[0];
+                pf = k1 < j->b->k ? j->chunk : 0;
+            } else {
+                src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
+            }
             float *tot = total + bi * per;
             if (!gblk) {
-                dg_amx_small_t((k1 - k0) / 32, src, ld, pf, ad + k0 * 16, kp * 16, mt, tot, k0 > 0);
+                amx_steps(j, codes, src, ld, pf, k0, k0, (k1 - k0) / 32, tot, k0 > 0, buf);
                 continue;
             }
             for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
                 const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
-                dg_amx_small_t((kb1 - kb0) / 32, src + (kb0 - k0), ld, pf, ad + kb0 * 16, kp * 16, mt, acc, 0);
+                amx_steps(j, codes, src, ld, pf, k0, kb0, (kb1 - kb0) / 32, acc, 0, buf);
                 const float *sbp = amx_scales_b(j, n0, cols, kb0, sb, ones);
                 if (pa->scales)
                     dg_amx_small_t_scale(mt, acc, tot, pa->scales + (kb0 / gblk) * 16, pa->nkb * 16, sbp);
@@ -257,17 +278,20 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     if (a->mn == 0 || b->mn == 0)
         return DG_OK;
     const dg_tensor *bt = b->data;
-    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false};
+    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false, false};
     j.bf16_kmajor = bt->dtype == DG_BFLOAT16 && bt->strides[1] == 1;
     j.e4m3_kmajor = bt->dtype == DG_FLOAT8_E4M3 && bt->strides[1] == 1 && !(plan->fold_b && b->sf);
     j.scaled_b = !plan->fold_b && b->sf;
+    j.e4m3_fused = j.e4m3_kmajor && dg_amx_has_vbmi();
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_AMX_B, 16, cfg, &pa));
     j.pa = &pa;
     const int64_t n = b->mn, blocks = dg_ceil_div(n, 16), mt = pa.panels, m = a->mn;
-    /* K per chunk (a multiple of 32): B read in place takes long chunks; widened B a piece that
+    /* K per chunk (a multiple of 32): B read in place (BF16, or E4M3 widened per k step) takes
+     * long chunks: few row streams at a time, which the hardware prefetcher follows (FP8 B in
+     * chunks of 256 held 128 short streams per thread: ~60% of DRAM); widened B a piece that
      * stays in L1 between widening and the tile loads. */
-    int64_t want = j.bf16_kmajor ? AMX_KC_MAX : AMX_KC_WIDE;
+    int64_t want = j.bf16_kmajor || j.e4m3_fused ? AMX_KC_MAX : AMX_KC_WIDE;
     want = want < pa.kp ? want : pa.kp > 32 ? pa.kp : 32;
     j.chunk = plan->gblk ? plan->gblk * (want / plan->gblk > 0 ? want / plan->gblk : 1) : want;
     j.e2m1_kmajor = b->fp4_dim == 1 && bt->strides[1] == 1 && j.chunk <= AMX_KC_WIDE &&
@@ -277,8 +301,9 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     group = group < 1 ? 1 : group > AMX_GROUP ? AMX_GROUP : group;
     const int64_t items = dg_ceil_div(blocks, group);
     const int threads = (int)(items < nt ? items : nt);
-    /* Per thread (floats): totals, acc, ones, B scales, output row, then the BF16 scratch. */
-    const int64_t per_thread = dg_align(group * mt * 256 + mt * 256 + 32 + group * 16 + 8 * j.chunk, 16);
+    /* Per thread (floats): totals, acc, ones, B scales, output row, the BF16 scratch, then the
+     * four tile buffers of the fused FP8 kernel. */
+    const int64_t per_thread = dg_align(group * mt * 256 + mt * 256 + 32 + group * 16 + 8 * j.chunk + 1024, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
     if (!mem) {
         dg_engine_packed_free(&pa);
@@ -292,14 +317,14 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
 #endif
         float *total = mem + tid * per_thread, *acc = total + group * mt * 256, *ones = acc + mt * 256;
         float *sb = ones + 16, *row = sb + 16;
-        uint16_t *scratch = (uint16_t *)(row + group * 16);
+        uint16_t *scratch = (uint16_t *)(row + group * 16), *buf = scratch + 16 * j.chunk; /* 4 KiB, aligned */
         for (int s = 0; s < 16; ++s)
             ones[s] = 1.0f;
 #pragma omp for schedule(dynamic, 1) /* any order: each block's result is fixed */
         for (int64_t it = 0; it < items; ++it) {
             const int64_t g0 = it * group, nblk = blocks - g0 < group ? blocks - g0 : group;
             const int64_t n0 = g0 * 16, cols = n - n0 < nblk * 16 ? n - n0 : nblk * 16;
-            amx_group(&j, g0, nblk, scratch, acc, total, sb, ones);
+            amx_group(&j, g0, nblk, scratch, acc, total, sb, ones, buf);
             for (int64_t i = 0; i < m; ++i) { /* D^T tiles -> row i */
                 for (int64_t s = 0; s < cols; ++s)
                     row[s] = total[(s / 16) * mt * 256 + (i / 16) * 256 + (s % 16) * 16 + i % 16];
