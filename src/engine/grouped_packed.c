@@ -21,7 +21,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #define SMALL_M 64   /* rows up to which a group is cut into column chunks (smallm.c's bound) */
 #define CHUNK DG_PACKED_SLICE /* columns per work item: a multiple of every NR (1024) */
@@ -53,17 +52,6 @@ static void free_kept(struct dg_packed_b *one) {
     one->fp4_mem = one->fp8_mem = NULL;
 }
 
-static void *alloc_block(size_t bytes) {
-    const size_t huge = (size_t)2 << 20, align = bytes >= 2 * huge ? huge : 64;
-    const size_t cap = (bytes + align - 1) / align * align;
-    void *p = aligned_alloc(align, cap);
-#ifdef MADV_HUGEPAGE
-    if (p && align == huge)
-        madvise(p, cap, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
 dg_status dg_engine_prepack_b_grouped(const dg_operand *b, struct dg_packed_b *out) {
     const int64_t G = b->groups;
     struct dg_packed_b one;
@@ -76,7 +64,7 @@ dg_status dg_engine_prepack_b_grouped(const dg_operand *b, struct dg_packed_b *o
     if (sstride < up64(scale_bytes(&one.pk)))
         sstride = up64(scale_bytes(&one.pk));
     const size_t table = (size_t)G * (dstride + sstride);
-    char *block = alloc_block(table + (size_t)G * sizeof(struct dg_packed_b));
+    char *block = dg_packed_alloc(table + (size_t)G * sizeof(struct dg_packed_b));
     if (!block) {
         dg_engine_packed_free(&one.pk);
         free_kept(&one);

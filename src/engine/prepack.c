@@ -32,9 +32,7 @@
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
-/* Memory for a large read-mostly block: 2 MiB aligned and huge-page advised when large (fewer
- * TLB misses over the decoding stream), else 64-byte aligned; free(). NULL when out of memory. */
-static void *own_block(size_t bytes) {
+void *dg_packed_alloc(size_t bytes) {
     const size_t huge = (size_t)2 << 20, align = bytes >= 2 * huge ? huge : 64;
     const size_t cap = (bytes + align - 1) / align * align;
     void *p = aligned_alloc(align, cap);
@@ -54,7 +52,7 @@ static void *own_block(size_t bytes) {
 static dg_status own_memory(dg_packed *pk) {
     const size_t es = pk->fmt == DG_PACK_F32 ? 4 : 2;
     const size_t bytes = (size_t)(pk->panels * pk->kp * pk->r) * es + 64;
-    void *own = own_block(bytes);
+    void *own = dg_packed_alloc(bytes);
     if (!own) {
         dg_engine_packed_free(pk);
         return dg_fail(DG_ERR_ALLOC, "out of memory for a packed B of %zu bytes", bytes);
@@ -70,7 +68,7 @@ static dg_status keep_fp8(const dg_operand *b, struct dg_packed_b *out) {
     const int gmn = b->sf ? gcd(b->gran_mn, DG_PACKED_SLICE) : 1;
     const int64_t rows = b->sf ? dg_ceil_div(b->mn, gmn) : 0, nkb = b->sf ? dg_ceil_div(b->k, b->gran_k) : 0;
     const size_t code_bytes = (size_t)dg_align(b->mn * b->k, 64);
-    uint8_t *mem = own_block(code_bytes + (size_t)(rows * nkb) * sizeof(float) + 64);
+    uint8_t *mem = dg_packed_alloc(code_bytes + (size_t)(rows * nkb) * sizeof(float) + 64);
     DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for the FP8 codes of a packed B");
     const dg_tensor *t = b->data;
     const uint8_t *src = t->data;

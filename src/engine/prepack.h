@@ -51,6 +51,11 @@ struct dg_packed_b {
     const struct dg_packed_b *group;
 };
 
+/* Memory for a large read-mostly block of a packed B: 2 MiB aligned and huge-page advised when
+ * large (fewer TLB misses over the decoding stream), else 64-byte aligned; dg_free() it. NULL
+ * when out of memory. */
+void *dg_packed_alloc(size_t bytes);
+
 /* Packs operand b (its scales, if any, at gran (gran_mn, gran_k) already attached) for the
  * current configuration into out (fields above). */
 dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out);

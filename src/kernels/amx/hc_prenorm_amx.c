@@ -22,6 +22,7 @@
  * increasing k; both kernels do it the same way.
  */
 #include "../hc_prenorm_kernels.h"
+#include "../transpose16_avx512.h"
 #include "amx_tiles.h"
 
 #include <immintrin.h>
@@ -42,31 +43,6 @@ static const dg_amx_tilecfg kCfg[17] = {
     {0},    CFG(1),  CFG(2),  CFG(3),  CFG(4),  CFG(5),  CFG(6),  CFG(7),  CFG(8),
     CFG(9), CFG(10), CFG(11), CFG(12), CFG(13), CFG(14), CFG(15), CFG(16),
 };
-
-/* 16 x 16 transpose of 32-bit elements: out[c] lane i = in[i] lane c. */
-static inline void transpose16(const __m512i in[16], __m512i out[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
-    }
-    /* u[4i + c], 128-bit lane j: column 4j + c of rows 4i .. 4i + 3 */
-    for (int i = 0; i < 4; ++i) {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int c = 0; c < 4; ++c) {
-        const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
-        const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44),
-                      y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
-        out[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-        out[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
-        out[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-        out[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
-    }
-}
 
 /* The three BF16 parts of 32 floats (lo: k 0-15, hi: k 16-31), each as 16 k pairs. */
 static inline void split3(__m512 lo, __m512 hi, __m512i part[3]) {
@@ -110,7 +86,7 @@ void dg_hc_amx_pack_b(const float *b, int64_t ldb, int64_t nsc, int64_t k, int64
         }
         uint16_t *out = bp + s * STEP;
         for (int q = 0; q < NT; ++q) {
-            transpose16(cols + 16 * q, t); /* tile row p: pair p of the tile's 16 columns */
+            dg_transpose16_epi32(cols + 16 * q, t); /* tile row p: pair p of the tile's 16 columns */
             for (int p = 0; p < 16; ++p)
                 _mm512_store_si512(out + q * 512 + 32 * p, t[p]);
         }
@@ -359,7 +335,7 @@ void dg_hc_amx_block_t(const uint16_t *a, int64_t lda, int rows, int64_t k0, int
                 sq[r] = _mm512_dpbf16_ps(sq[r], (__m512bh)x[r], (__m512bh)x[r]);
             }
         }
-        transpose16(x, t); /* row p: pair p of every row of A */
+        dg_transpose16_epi32(x, t); /* row p: pair p of every row of A */
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(av[p], t[p]);
         _tile_loadd(6, av, 64);

@@ -22,7 +22,9 @@
  * 32-bit transpose on port 5), so prefill shares a panel among 16 tokens (DG_MQA_QB_AMX).
  */
 #include "../mqa_kernels.h"
+#include "../transpose16_avx512.h"
 #include "amx_tiles.h"
+#include "e4m3_bf16_bytes.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -38,19 +40,9 @@ static const dg_amx_tilecfg kCfg = {
 
 void dg_mqa_amx_begin(void) { _tile_loadconfig(&kCfg); }
 
-/* Low and high bytes of BF16(E4M3 value * 2^-8) by code & 0x7f (generated; exact: normal codes
- * have exponent e + 112 and the mantissa shifted up by 4, subnormal ones are m * 2^-17, 0x7f is
- * NaN). The sign is the code's bit 7, moved to bit 15. */
-static const uint8_t kLo[128] __attribute__((aligned(64))) = {
-    0x00, 0x00, 0x80, 0xc0, 0x00, 0x20, 0x40, 0x60, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xc0,
-};
+/* High bytes of BF16(E4M3 value * 2^-8) by code & 0x7f (the low bytes: e4m3_bf16_bytes.h;
+ * generated; exact: normal codes have exponent e + 112 and the mantissa shifted up by 4,
+ * subnormal ones are m * 2^-17, 0x7f is NaN). The sign is the code's bit 7, moved to bit 15. */
 static const uint8_t kHi[128] __attribute__((aligned(64))) = {
     0x00, 0x37, 0x37, 0x37, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38,
     0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39,
@@ -82,35 +74,12 @@ __attribute__((target("avx512vbmi"))) static inline void e4m3_rows(const uint8_t
     const __mmask32 m = cnt >= 32 ? 0xffffffffu : (((__mmask32)1 << cnt) - 1);
     const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
                                          _mm256_maskz_loadu_epi8(m, b), 1);
-    const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(kLo), x, _mm512_load_si512(kLo + 64));
+    const __m512i lo =
+        _mm512_permutex2var_epi8(_mm512_load_si512(dg_e4m3_bf16_lo), x, _mm512_load_si512(dg_e4m3_bf16_lo + 64));
     __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kHi), x, _mm512_load_si512(kHi + 64));
     hi = _mm512_ternarylogic_epi32(hi, x, _mm512_set1_epi8((char)0x80), 0xf8); /* hi | (x & 0x80) */
     *v0 = _mm512_permutex2var_epi8(lo, _mm512_load_si512(kMixA), hi);
     *v1 = _mm512_permutex2var_epi8(lo, _mm512_load_si512(kMixB), hi);
-}
-
-/* 16 x 16 transpose of 32-bit words: out[c] word r = in[r] word c. */
-static inline void transpose16(const __m512i in[16], __m512i out[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) { /* u[i + c], 128-bit lane L: word 4L + c of rows i .. i + 3 */
-        u[i + 0] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int c = 0; c < 4; ++c) {
-        const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
-        const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-        const __m512i y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
-        out[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-        out[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
-        out[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-        out[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
-    }
 }
 
 /* q [h][d] float32 (value * 2^-8, exact in BF16) -> BF16 [hp][dp], zero-padded heads and k. */
@@ -148,7 +117,7 @@ __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const 
                     v[r] = v[r + 1] = _mm512_setzero_si512();
                 }
             }
-            transpose16(v, t);
+            dg_transpose16_epi32(v, t);
             for (int j = 0; j < 16; ++j)
                 _mm512_storeu_si512(o + (k / 2 + j) * NW + g, t[j]);
         }

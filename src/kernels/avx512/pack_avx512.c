@@ -8,34 +8,9 @@
  * Rows past `rows` and k past `k` are zero. Any panel width r <= 32.
  */
 #include "../../engine/engine.h"
+#include "../transpose16_avx512.h"
 
 #include <immintrin.h>
-
-/* 16 x 16 transpose of 32-bit words: out[j] lane i = in[i] lane j. */
-static inline void transpose16(const __m512i in[16], __m512i out[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* u[4q + j], 128-bit lane L: column 4L + j of rows 4q .. 4q + 3 */
-    for (int j = 0; j < 4; ++j) {
-        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
-        const __m512i v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
-        const __m512i w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-        const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
-        out[j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-        out[8 + j] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
-        out[4 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-        out[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
-    }
-}
 
 /*
  * Rows [0, rows) of src (row i at src + i * ld, BF16, k contiguous), k in [k0, k0 + kc)
@@ -55,7 +30,7 @@ void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, i
             for (int i = 0; i < 16; ++i)
                 in[i] = i0 + i < rows ? _mm512_maskz_loadu_epi16(load_mask, src + (i0 + i) * ld + kk)
                                       : _mm512_setzero_si512();
-            transpose16(in, out);
+            dg_transpose16_epi32(in, out);
             const int pairs = (int)((k0 + kc - kk) / 2 < 16 ? (k0 + kc - kk) / 2 : 16);
             for (int p = 0; p < pairs; ++p) {
                 const int64_t q = (kk - k0) / 2 + p; /* pair index inside the slice */
@@ -143,11 +118,11 @@ void dg_pack_bf16_mn_amx_a_avx512(const uint16_t *src, int64_t ld, int64_t rows,
         lo[p] = _mm512_permutex2var_epi16(x, idx0, y);
         hi[p] = _mm512_permutex2var_epi16(x, idx1, y);
     }
-    transpose16(lo, out);
+    dg_transpose16_epi32(lo, out);
     for (int i = 0; i < 16; ++i)
         _mm512_storeu_si512(dst + 32 * i, out[i]);
     if (r > 16) {
-        transpose16(hi, out);
+        dg_transpose16_epi32(hi, out);
         for (int i = 0; i < 16; ++i)
             _mm512_storeu_si512(dst + 32 * (16 + i), out[i]);
     }

@@ -6,6 +6,7 @@
  * 16 dwords (4 k each) become 16 vectors of one dword from each row.
  */
 #include "../../engine/fp4x4.h"
+#include "../transpose16_avx512.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -38,32 +39,6 @@ void dg_f4_pack_a_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbyte
         }
 }
 
-/* r[e] := dword e of every row (16 x 16 dword transpose). */
-static inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) { /* lane L of r[4i + q]: rows 4i .. 4i+3, dword 4L + q */
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int q = 0; q < 4; ++q) {
-        const __m512i u0 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0x44), u1 = _mm512_shuffle_i32x4(r[q], r[4 + q], 0xEE);
-        const __m512i u2 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0x44);
-        const __m512i u3 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0xEE);
-        t[q] = _mm512_shuffle_i32x4(u0, u2, 0x88);
-        t[4 + q] = _mm512_shuffle_i32x4(u0, u2, 0xDD);
-        t[8 + q] = _mm512_shuffle_i32x4(u1, u3, 0x88);
-        t[12 + q] = _mm512_shuffle_i32x4(u1, u3, 0xDD);
-    }
-    for (int e = 0; e < 16; ++e)
-        r[e] = t[e];
-}
-
 void dg_f4_pack_b_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int spb,
                          int8_t *dst, int32_t *bsum) {
     const __m512i table = lut(0), ones = _mm512_set1_epi8(1);
@@ -72,11 +47,11 @@ void dg_f4_pack_b_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbyte
     for (int h = 0; h < 2; ++h)
         for (int64_t s = 0; s < steps; s += 2) {
             const int64_t off = s * 16, left = kbytes - off;
-            __m512i r[16];
+            __m512i in[16], r[16]; /* r[e]: dword e of every row */
             for (int rr = 0; rr < 16; ++rr)
-                r[rr] = 16 * h + rr < rows ? decode64(src + (16 * h + rr) * ld + off, left < 0 ? 0 : left, table)
-                                           : _mm512_setzero_si512();
-            transpose16(r);
+                in[rr] = 16 * h + rr < rows ? decode64(src + (16 * h + rr) * ld + off, left < 0 ? 0 : left, table)
+                                            : _mm512_setzero_si512();
+            dg_transpose16_epi32(in, r);
             const int ne = s + 1 < steps ? 16 : 8;
             __m512i cs[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
             for (int e = 0; e < ne; ++e) {
