@@ -95,6 +95,7 @@ static inline int64_t dg_align(int64_t a, int64_t b) { return dg_ceil_div(a, b) 
 /* ---- settings (runtime/settings.c) ------------------------------------------------------- */
 
 const dg_cpu_info *dg_cpu(void); /* detected once; never clears the error message */
+bool dg_cpu_has_avx512_vbmi(void); /* byte permutes (VPERMB/VPERMI2B) the OS lets us use */
 int dg_num_threads(void);          /* dg_get_num_sms() */
 bool dg_use_reference(void);       /* DG_BACKEND=reference or dg_set_backend */
 

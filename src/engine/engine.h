@@ -171,10 +171,9 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
                             int64_t ldd);
 /* dg_amx_small_t with B given as E4M3 codes (16 rows at b, row stride ldb bytes, 32 * steps
  * codes each), widened per k step into buf (4 KiB, 64-byte aligned) with the values of
- * dg_amx_widen_e4m3_rows: the same bits as widening first. Needs AVX512-VBMI: dg_amx_has_vbmi. */
+ * dg_amx_widen_e4m3_rows: the same bits as widening first. Needs AVX512-VBMI: dg_cpu_has_avx512_vbmi. */
 void dg_amx_small_t_e4m3(int64_t steps, const uint8_t *b, int64_t ldb, int64_t pf, const uint16_t *a, int64_t lda,
                          int mt, float *acc, int accumulate, uint16_t *buf);
-int dg_amx_has_vbmi(void);
 /* n E2M1 values (K-contiguous nibble pairs, n even) -> BF16 times scales[q] per blk values
  * (blk % 32 == 0): the values of dg_widen_e2m1_avx512 block by block. */
 void dg_amx_widen_e2m1_row(const uint8_t *src, int64_t n, int64_t blk, const float *scales, uint16_t *out);

@@ -282,7 +282,7 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     j.bf16_kmajor = bt->dtype == DG_BFLOAT16 && bt->strides[1] == 1;
     j.e4m3_kmajor = bt->dtype == DG_FLOAT8_E4M3 && bt->strides[1] == 1 && !(plan->fold_b && b->sf);
     j.scaled_b = !plan->fold_b && b->sf;
-    j.e4m3_fused = j.e4m3_kmajor && dg_amx_has_vbmi();
+    j.e4m3_fused = j.e4m3_kmajor && dg_cpu_has_avx512_vbmi();
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_AMX_B, 16, cfg, &pa));
     j.pa = &pa;

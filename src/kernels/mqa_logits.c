@@ -48,7 +48,7 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fp4) {
     static const dg_mqa_kernel amx = {.name = "amx", .nw = DG_MQA_NW_AMX, .convert = dg_mqa_convert_avx512,
                                       .pack = dg_mqa_pack_amx, .prep_q = dg_mqa_prep_q_amx,
                                       .tile = dg_mqa_tile_amx, .begin = dg_mqa_amx_begin, .qb = DG_MQA_QB_AMX};
-    if (isa >= DG_ISA_AMX && !fp4 && __builtin_cpu_supports("avx512vbmi"))
+    if (isa >= DG_ISA_AMX && !fp4 && dg_cpu_has_avx512_vbmi())
         return &amx;
 #endif
     if (isa >= DG_ISA_AVX512_BF16)

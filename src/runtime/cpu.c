@@ -17,6 +17,8 @@
 #endif
 
 static dg_cpu_info g_info;
+/* Features only kernels ask about (not in the public dg_cpu_info): set by detect(). */
+static bool g_avx512_vbmi;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_int g_isa = -1;
 
@@ -64,6 +66,7 @@ static void detect_x86(dg_cpu_info *ci) {
         ci->avx512bw = os_avx512 && ((b >> 30) & 1);
         ci->avx512vl = os_avx512 && ((b >> 31) & 1);
         ci->avx512_vnni = os_avx512 && ((c >> 11) & 1);
+        g_avx512_vbmi = os_avx512 && ((c >> 1) & 1);
         ci->amx_bf16 = os_amx && ((d >> 22) & 1);
         ci->amx_int8 = os_amx && ((d >> 25) & 1);
         __get_cpuid_count(7, 1, &a, &b, &c, &d);
@@ -134,6 +137,11 @@ static void detect(void) {
 const dg_cpu_info *dg_cpu(void) {
     pthread_once(&g_once, detect);
     return &g_info;
+}
+
+bool dg_cpu_has_avx512_vbmi(void) {
+    pthread_once(&g_once, detect);
+    return g_avx512_vbmi;
 }
 
 dg_status dg_get_cpu_info(dg_cpu_info *out) {

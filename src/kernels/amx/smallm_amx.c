@@ -31,6 +31,35 @@ void dg_amx_small_begin(void) { _tile_loadconfig(&kSmallTiles); }
 /* One k step of dg_amx_small_t with B in tile BT, accumulators C0..C3 (tile numbers must be
  * literal tokens for the AMX intrinsics). B alternates between tiles 4 and 5 and A between 6
  * and 7, so that the next load does not wait for the products still reading a tile. */
+/* Accumulator tiles 0 .. mt - 1 (16 x 16 floats, 256 apart in acc): loaded when `accumulate`,
+ * else zeroed; stored back at the end. */
+static inline void acc_begin(const float *acc, int mt, int accumulate) {
+    if (accumulate) {
+        _tile_loadd(0, acc, 64);
+        if (mt > 1)
+            _tile_loadd(1, acc + 256, 64);
+        if (mt > 2)
+            _tile_loadd(2, acc + 512, 64);
+        if (mt > 3)
+            _tile_loadd(3, acc + 768, 64);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+}
+
+static inline void acc_end(float *acc, int mt) {
+    _tile_stored(0, acc, 64);
+    if (mt > 1)
+        _tile_stored(1, acc + 256, 64);
+    if (mt > 2)
+        _tile_stored(2, acc + 512, 64);
+    if (mt > 3)
+        _tile_stored(3, acc + 768, 64);
+}
+
 #define SMALL_T_STEP(BT, s, C0, C1, C2, C3)                                                        \
     do {                                                                                           \
         const uint16_t *bs = b + (s) * 32, *as = a + (s) * 512;                                    \
@@ -58,20 +87,7 @@ void dg_amx_small_begin(void) { _tile_loadconfig(&kSmallTiles); }
 
 #define SMALL_T_BODY(C0, C1, C2, C3)                                                               \
     do {                                                                                           \
-        if (accumulate) {                                                                          \
-            _tile_loadd(C0, acc, 64);                                                              \
-            if (mt > 1)                                                                            \
-                _tile_loadd(C1, acc + 256, 64);                                                    \
-            if (mt > 2)                                                                            \
-                _tile_loadd(C2, acc + 512, 64);                                                    \
-            if (mt > 3)                                                                            \
-                _tile_loadd(C3, acc + 768, 64);                                                    \
-        } else {                                                                                   \
-            _tile_zero(C0);                                                                        \
-            _tile_zero(C1);                                                                        \
-            _tile_zero(C2);                                                                        \
-            _tile_zero(C3);                                                                        \
-        }                                                                                          \
+        acc_begin(acc, mt, accumulate);                                                            \
         int64_t s = 0;                                                                             \
         for (; s + 1 < steps; s += 2) {                                                            \
             SMALL_T_STEP(4, s, C0, C1, C2, C3);                                                    \
@@ -79,13 +95,7 @@ void dg_amx_small_begin(void) { _tile_loadconfig(&kSmallTiles); }
         }                                                                                          \
         if (s < steps)                                                                             \
             SMALL_T_STEP(4, s, C0, C1, C2, C3);                                                    \
-        _tile_stored(C0, acc, 64);                                                                 \
-        if (mt > 1)                                                                                \
-            _tile_stored(C1, acc + 256, 64);                                                       \
-        if (mt > 2)                                                                                \
-            _tile_stored(C2, acc + 512, 64);                                                       \
-        if (mt > 3)                                                                                \
-            _tile_stored(C3, acc + 768, 64);                                                       \
+        acc_end(acc, mt);                                                                          \
     } while (0)
 
 void dg_amx_small_t(int64_t steps, const uint16_t *b, int64_t ldb, int64_t pf, const uint16_t *a, int64_t lda,
@@ -196,6 +206,12 @@ static const uint8_t kE4m3Hi[128] __attribute__((aligned(64))) = {
     0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x7f,
 };
 
+/* Hints the n bytes of a row `ahead` bytes past s into L2 (nothing when ahead is 0). */
+static inline void prefetch_ahead(const uint8_t *s, int64_t n, int64_t ahead) {
+    for (int64_t l = 0; ahead && l < n; l += 64)
+        _mm_prefetch((const char *)s + ahead + l, _MM_HINT_T1);
+}
+
 /* Byte q of table half h: kE4m3[64 h + q]'s low byte (lo_t) and high byte (hi_t). */
 static inline void e4m3_byte_tables(__m512i lo_t[2], __m512i hi_t[2]) {
     for (int h = 0; h < 2; ++h) {
@@ -217,9 +233,7 @@ __attribute__((target("avx512vbmi"))) static void widen_e4m3_vbmi(const uint8_t 
     for (int r = 0; r < rows; ++r) {
         const uint8_t *s = src + r * ld;
         uint16_t *o = dst + r * ldd;
-        if (ahead)
-            for (int64_t l = 0; l < n; l += 64)
-                _mm_prefetch((const char *)s + ahead + l, _MM_HINT_T1);
+        prefetch_ahead(s, n, ahead);
         for (int64_t i = 0; i < n; i += 64) {
             const int64_t c = n - i < 64 ? n - i : 64;
             const __mmask64 mask = c == 64 ? ~(__mmask64)0 : ((__mmask64)1 << c) - 1;
@@ -240,7 +254,7 @@ __attribute__((target("avx512vbmi"))) static void widen_e4m3_vbmi(const uint8_t 
  * each row `ahead` bytes further on. Table lookups: a third of the widening's instructions. */
 void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n, int64_t ahead, uint16_t *dst,
                             int64_t ldd) {
-    if (dg_amx_has_vbmi()) {
+    if (dg_cpu_has_avx512_vbmi()) {
         widen_e4m3_vbmi(src, ld, rows, n, ahead, dst, ldd);
         return;
     }
@@ -250,9 +264,7 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
     for (int r = 0; r < rows; ++r) {
         const uint8_t *s = src + r * ld;
         uint16_t *o = dst + r * ldd;
-        if (ahead)
-            for (int64_t l = 0; l < n; l += 64)
-                _mm_prefetch((const char *)s + ahead + l, _MM_HINT_T1);
+        prefetch_ahead(s, n, ahead);
         for (int64_t i = 0; i < n; i += 32) {
             const __mmask32 mask = n - i >= 32 ? 0xffffffffu : (1u << (n - i)) - 1;
             const __m512i v = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, s + i));
@@ -345,20 +357,7 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e4m3(int64_t steps, co
     __m512i lo_t[2], hi_t[2];
     e4m3_byte_tables(lo_t, hi_t);
     const __m512i order = _mm512_set_epi64(7, 3, 6, 2, 5, 1, 4, 0), sign = _mm512_set1_epi8((char)0x80);
-    if (accumulate) {
-        _tile_loadd(0, acc, 64);
-        if (mt > 1)
-            _tile_loadd(1, acc + 256, 64);
-        if (mt > 2)
-            _tile_loadd(2, acc + 512, 64);
-        if (mt > 3)
-            _tile_loadd(3, acc + 768, 64);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
+    acc_begin(acc, mt, accumulate);
     /* Widening runs two steps ahead of the tile ops (four buffers): a tile load does not take
      * data from the store buffer, and stores reach L1 only after they retire, so a step's
      * stores must be older than the previous step's tile ops (one step ahead: ~6% slower). */
@@ -377,24 +376,9 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e4m3(int64_t steps, co
     if (s < steps)
         E4M3_TILES(4, s, BUF(s));
 #undef BUF
-    _tile_stored(0, acc, 64);
-    if (mt > 1)
-        _tile_stored(1, acc + 256, 64);
-    if (mt > 2)
-        _tile_stored(2, acc + 512, 64);
-    if (mt > 3)
-        _tile_stored(3, acc + 768, 64);
+    acc_end(acc, mt);
 }
 #undef E4M3_TILES
 #undef E4M3_WIDEN
 #undef E4M3_ROWS2
 
-int dg_amx_has_vbmi(void) {
-    static int vbmi = -1; /* every thread computes the same value */
-    int has = __atomic_load_n(&vbmi, __ATOMIC_RELAXED);
-    if (has < 0) {
-        has = __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
-        __atomic_store_n(&vbmi, has, __ATOMIC_RELAXED);
-    }
-    return has;
-}
