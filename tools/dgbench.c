@@ -3,7 +3,7 @@
  * compute, DRAM read bandwidth) on all kernel threads, then times each kernel case and
  * prints, in one table: best time, GFLOPS, GB/s, the share of the case's limit reached, and
  * calc_diff of the default backend's output against the reference backend's output. Cases
- * that describe their GEMM to the peer libraries found at run time (oneDNN, OpenBLAS; see
+ * that describe their GEMM to the peer libraries found at run time (oneDNN, MKL, OpenBLAS; see
  * dgbench_peer.h) get one more line per peer: its time on the same inputs and ours/peer.
  *
  *   dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [--no-peers] [FILTER...]
@@ -58,12 +58,13 @@ static void usage(FILE *f) {
             "  --json FILE  also write the results as JSON to FILE\n"
             "  --reps N     timed repetitions per case after one warm-up (default 3)\n"
             "  --no-peaks   skip measuring the machine's limits\n"
-            "  --no-peers   do not time oneDNN / OpenBLAS on the same inputs\n"
+            "  --no-peers   do not time oneDNN / MKL / OpenBLAS on the same inputs\n"
             "  --list       print the case names and exit\n"
             "  --info       print what the library sees on this CPU and exit\n"
             "  FILTER       run only cases whose name contains FILTER\n"
             "Environment: DG_NUM_THREADS, DG_BACKEND, DG_ISA (see README.md); DGBENCH_ONEDNN,\n"
-            "DGBENCH_OPENBLAS: the peer library files to load instead of the default names.\n");
+            "DGBENCH_MKL, DGBENCH_OPENBLAS: the peer library files to load instead of searching;\n"
+            "ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS: cap the peers' ISA (set from DG_ISA if unset).\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {

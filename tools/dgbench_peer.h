@@ -6,17 +6,31 @@
  * case's own runs. Peers are loaded with dlopen at run time, so dgbench neither builds nor
  * runs against them; a missing peer is reported once and skipped.
  *
- *   oneDNN    libdnnl.so.3 or libdnnl.so.2 (or the file named by $DGBENCH_ONEDNN): dnnl_matmul
- *             with BF16 inputs. Plain B: the weights memory in the user's layout (repacked by
- *             oneDNN inside each call, as our unpacked GEMM repacks). Pre-packed: the weights
- *             in the layout oneDNN picks (format_tag any), reordered once before timing.
- *             FP8 / FP4 inputs: the chain a user would otherwise run, a plain C dequantization
- *             to BF16 (timed) and then the BF16 matmul; pre-packed weights are dequantized and
- *             reordered once before timing, so only A is dequantized in the timed part.
- *   OpenBLAS  libopenblas.so.0 (or $DGBENCH_OPENBLAS): cblas_sbgemm for BF16 inputs where the
+ * Each library is the file named by its variable, else the first of its names that the
+ * loader finds, else the first in a Python environment's lib directory ($VIRTUAL_ENV,
+ * $CONDA_PREFIX, the prefixes and user base of the python3 on PATH, /usr/local), which is
+ * where `pip install onednn-cpu-gomp mkl` puts them.
+ *
+ *   oneDNN    libdnnl.so.3 or libdnnl.so.2 ($DGBENCH_ONEDNN): dnnl_matmul with BF16 inputs.
+ *             Plain B: the weights memory in the user's layout (repacked by oneDNN inside
+ *             each call, as our unpacked GEMM repacks). Pre-packed: the weights in the layout
+ *             oneDNN picks (format_tag any), reordered once before timing. Where it has no
+ *             BF16 matmul (oneDNN 3.2 on AVX2-only CPUs) it runs in FP32 with FP32 D: BF16
+ *             weights widened once at setup, A in every run ("+widen f32").
+ *   MKL       libmkl_rt.so.3 / .so.2 ($DGBENCH_MKL): cblas_gemm_bf16bf16f32 for BF16 inputs,
+ *             cblas_sgemm for FLOAT32; pre-packed B through their _pack / _compute. FP32 D.
+ *             GNU OpenMP threading layer unless MKL_THREADING_LAYER is set (one OpenMP
+ *             runtime with oneDNN's); MKL_ENABLE_INSTRUCTIONS is MKL's own.
+ *   OpenBLAS  libopenblas.so.0 ($DGBENCH_OPENBLAS): cblas_sbgemm for BF16 inputs where the
  *             build exports it (Debian's 0.3.21 does not), cblas_sgemm for FLOAT32 inputs;
- *             plain B only. Both write FLOAT32 D.
- * Peers run on dg_get_num_sms() threads (omp_set_num_threads, openblas_set_num_threads).
+ *             plain B only. FP32 D.
+ * FP8 / FP4 inputs (oneDNN, MKL): the chain a user would otherwise run, a plain C
+ * dequantization to the peer's input type (timed) and then its GEMM; pre-packed weights are
+ * dequantized and packed once before timing, so only A is dequantized in the timed part.
+ * Peers run on dg_get_num_sms() threads (omp_set_num_threads through oneDNN's handle,
+ * mkl_set_num_threads, openblas_set_num_threads). When DG_ISA caps the library below the
+ * CPU's best level, ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS are set to the same level
+ * unless already set.
  */
 #ifndef DGBENCH_PEER_H
 #define DGBENCH_PEER_H
@@ -46,7 +60,7 @@ typedef struct bench_peer_gemm {
     int nrows;
 } bench_peer_gemm;
 
-#define BENCH_PEER_MAX 2
+#define BENCH_PEER_MAX 3
 
 typedef struct bench_peer_result {
     char name[64];     /* e.g. "onednn 2.6.3 plain" */
