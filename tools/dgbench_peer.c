@@ -187,7 +187,7 @@ static void *open_first(const char *env, const char *const *names, char *file, s
         const char *slash = strrchr(path, '/');
         snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
         snprintf(file, file_size, "%s", path);
-        void *h = open_in_dir(dir, slash ? slash + 1 : path);
+        void *h = slash ? open_in_dir(dir, slash + 1) : open_in_dir(NULL, path); /* a bare name: the loader's search */
         if (!h)
             snprintf(why, 160, "%s=%.60s not loaded: %.80s", env, path, g_dlerr);
         return h;
