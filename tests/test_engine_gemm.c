@@ -165,7 +165,7 @@ static void check(tu_rng *r, const ecase *e, int64_t m, int64_t n, int64_t k, in
 /* Shapes hitting every block tail: MR 4/6/14, NR 16/32, KC 256, MC 64..224, NC 256/512. */
 static const int64_t kShapes[][3] = {{1, 1, 1},   {1, 33, 7},   {2, 17, 2},    {15, 33, 129},
                                      {29, 65, 300}, {227, 517, 34}, {3, 40, 1024},
-                                     {5, 70, 1101}, {64, 33, 520}};
+                                     {5, 70, 1101}, {64, 33, 520}, {1, 72, 320}, {2, 45, 1100}};
 
 static void test_bf16(void) {
     tu_rng r = {11};
@@ -192,6 +192,9 @@ static void test_scaled(void) {
         {DG_FP4_E2M1X2, DG_FLOAT8_E4M3, {1, 32}, {1, 128}, 0, DG_FLOAT32, 1, 0},
         /* FP4 x FP4 */
         {DG_FP4_E2M1X2, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, DG_FLOAT32, 0, 0},
+        /* FP8 (1, 128) x FP4 (1, 32), both packed, B K-major (even index): a K tail inside A's
+         * last block; M <= 2 runs the decode kernels */
+        {DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, DG_FLOAT32, 1, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
         for (size_t s = 0; s < sizeof kShapes / sizeof kShapes[0]; ++s)

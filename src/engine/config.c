@@ -40,7 +40,11 @@
 static const dg_engine_cfg kCfg[] = {
     [DG_ISA_GENERIC] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},
 #if DG_X86
-    [DG_ISA_AVX2] = {"avx2/f32", DG_PACK_F32, 6, 16, 192, 512, 256, dg_ukr_f32_avx2},
+    [DG_ISA_AVX2] = {"avx2/f32", DG_PACK_F32, 6, 16, 192, 512, 256, dg_ukr_f32_avx2,
+                     dg_pack_bf16_kmajor_avx2, dg_pack_bf16_mnmajor_avx2, dg_widen_e4m3_avx2, dg_widen_e2m1_avx2,
+                     {dg_ukr_f32_avx2_mr1, dg_ukr_f32_avx2_mr2, dg_ukr_f32_avx2_mr4, dg_ukr_f32_avx2},
+                     .small_mr = {1, 2, 4, 6},
+                     .decode = {dg_decode_bf16_avx2, dg_decode_e4m3_avx2, dg_decode_e2m1_avx2}},
     [DG_ISA_AVX512] = {"avx512/f32", DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512,
                        dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                        dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
@@ -85,4 +89,33 @@ const dg_engine_cfg *dg_engine_config_for(const dg_engine_cfg *cfg, const dg_sca
     if (cfg->amx && plan->gblk % 32 != 0)
         return dg_engine_config(cfg->fallback);
     return cfg;
+}
+
+/*
+ * The small-M kernel for M rows. Default ({1, 2, 4, 8}): the smallest that holds M, else the
+ * largest. With small_mr given (AVX2: 2 x 8 columns per row, 16 registers): an MR-row kernel
+ * runs 2 * MR independent FMA chains, one FMA per k each; with FMA latency 4 and 2 FMAs per
+ * cycle, chains of fewer than 4 rows wait on latency, so a k step costs max(MR, 4) half-cycles
+ * per panel and M rows cost ceil(M / MR) * max(MR, 4): M = 8 and 16 run 4-row panels (no
+ * padding), M = 6 the 6-row kernel.
+ */
+int dg_engine_small_kernel(const dg_engine_cfg *cfg, int64_t m, int *mr) {
+    static const int kDefault[4] = {1, 2, 4, 8};
+    if (!cfg->small_mr[0]) {
+        int which = 3;
+        while (which > 0 && kDefault[which - 1] >= m)
+            --which;
+        *mr = kDefault[which];
+        return which;
+    }
+    int best = 0;
+    int64_t best_cost = -1;
+    for (int i = 0; i < 4; ++i) {
+        const int r = cfg->small_mr[i];
+        const int64_t cost = (m + r - 1) / r * (r > 4 ? r : 4);
+        if (best_cost < 0 || cost < best_cost)
+            best = i, best_cost = cost;
+    }
+    *mr = cfg->small_mr[best];
+    return best;
 }

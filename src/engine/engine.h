@@ -99,6 +99,38 @@ typedef void (*dg_ukr_fn)(int64_t kc, const void *a, const void *b, float *c, in
 typedef void (*dg_pack_bf16_fn)(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                                 int64_t k, dg_pack_fmt fmt, void *dst);
 
+/* ---- Decoding kernels (M <= 2; smallm.c) ------------------------------------------------
+ * One call: the M (1 or 2) rows of A against 32 rows of B read in place, all of K. B row r is
+ * at b + r * ldb bytes, K contiguous: BF16 bits, E4M3 codes, or E2M1 nibble pairs (low nibble
+ * first); rows >= rows and k >= k read as zero. A: float32 rows at a + m * lda, zero from K up
+ * to K rounded to the kernel's step (DG_DECODE_STEP: 8 k; E2M1 16). Per element, exactly the
+ * chain above: per K block of gblk (0: one block) acc chained from 0 over the block's pairs,
+ * total = fma(sa[m * sa_stride + kb] * sb[kb * 32 + r], acc, total) (gblk = 0: total = acc);
+ * out[m * 32 + r] = total. E4M3 / E2M1 values are multiplied by fm[(k / fblk) * 32 + r], the
+ * folded power-of-two scale times the format's unit (E4M3 2^120, E2M1 1: see decode_avx2.c), or by
+ * the unit alone when fm is NULL; gblk and fblk are multiples of the step. Returns false when
+ * it met an E4M3 NaN code (out is then garbage; the caller recomputes the block exactly). */
+#define DG_DECODE_STEP 16 /* a multiple of every format's step */
+typedef struct dg_decode_job {
+    const uint8_t *b;
+    int64_t ldb;
+    int rows;
+    int64_t k;
+    const float *a;
+    int64_t lda;
+    int m;
+    int64_t gblk;
+    const float *sa, *sb;
+    int64_t sa_stride;
+    int64_t fblk;
+    const float *fm;
+    float *out;
+} dg_decode_job;
+typedef bool (*dg_decode_fn)(const dg_decode_job *j);
+/* 0 turns the decode kernels off (M <= 2 then runs the small-M kernels: the same bits; tests). */
+void dg_engine_set_decode(int use);
+enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2 };
+
 /* One ISA's configuration: data, not code (BLIS config/<cpu>/). */
 typedef struct dg_engine_cfg {
     const char *name;
@@ -114,6 +146,11 @@ typedef struct dg_engine_cfg {
     /* Small M (decoding): microkernels for MR = 1, 2, 4, 8 with NR = nr on DG_PACK_F32
      * panels (NULL: small M takes the general path). */
     dg_ukr_fn ukr_small[4];
+    /* Rows of ukr_small[i] when they are not {1, 2, 4, 8}; then dg_engine_small_kernel weighs
+     * padding against FMA latency (config.c). */
+    int small_mr[4];
+    /* Decoding kernels per B format (DG_DECODE_*; NULL: M <= 2 takes the small-M kernels). */
+    dg_decode_fn decode[3];
     /* AMX tile kernels: A is packed DG_PACK_AMX_A (B: fmt = DG_PACK_AMX_B), K blocks of
      * unfolded scales must be whole tile steps (gblk % 32 == 0), else the engine runs
      * `fallback`. Their order differs from the chain below (see kernels/amx/ukr_amx.c). */
@@ -127,6 +164,9 @@ typedef struct dg_engine_cfg {
 
 /* The packed format of A (the MR-row operand) under configuration cfg. */
 static inline dg_pack_fmt dg_engine_fmt_a(const dg_engine_cfg *cfg) { return cfg->amx ? DG_PACK_AMX_A : cfg->fmt; }
+
+/* Which of cfg->ukr_small runs an M-row small-M call (index 0..3); *mr gets its rows. */
+int dg_engine_small_kernel(const dg_engine_cfg *cfg, int64_t m, int *mr);
 
 /* The configuration for an ISA level (never NULL: generic is always there). */
 const dg_engine_cfg *dg_engine_config(dg_isa isa);
@@ -143,6 +183,21 @@ void dg_ukr_f32_generic(int64_t kc, const void *a, const void *b, float *c, int6
                         const float *sa, const float *sb);
 void dg_ukr_f32_avx2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                      const float *sa, const float *sb);
+void dg_ukr_f32_avx2_mr1(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                         const float *sa, const float *sb);
+void dg_ukr_f32_avx2_mr2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                         const float *sa, const float *sb);
+void dg_ukr_f32_avx2_mr4(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                         const float *sa, const float *sb);
+void dg_pack_bf16_kmajor_avx2(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
+                              int64_t k, dg_pack_fmt fmt, void *dst);
+void dg_pack_bf16_mnmajor_avx2(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
+                               int64_t k, dg_pack_fmt fmt, void *dst);
+bool dg_decode_bf16_avx2(const dg_decode_job *j);
+bool dg_decode_e4m3_avx2(const dg_decode_job *j);
+bool dg_decode_e2m1_avx2(const dg_decode_job *j);
+void dg_widen_e4m3_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
+void dg_widen_e2m1_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_ukr_f32_avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                        const float *sa, const float *sb);
 void dg_ukr_bf16_amx_begin(void);

@@ -6,7 +6,7 @@
  * (dg_engine_run_packed) and the small-M path runs the same kernels per K slice as smallm.c.
  * Per element the operation order is therefore the unpacked call's (engine.h), and D is
  * bitwise the same.
- * Panel format: where the configuration has a small-M path (AVX-512 levels) the panels are
+ * Panel format: where the configuration has a small-M path (AVX2, AVX-512 levels) the panels are
  * always DG_PACK_BF16, even when its large-M kernel takes DG_PACK_F32: decoding is bound by
  * reading B, and BF16 pairs are half the bytes. The small-M path widens each K slice to
  * float32 in L1 (exact); a large-M call on a float32 kernel widens the whole B once per call
@@ -185,11 +185,15 @@ typedef struct pp_job {
 
 /* BF16 pair panel rows (r, k) for k pairs [0, pairs) -> float32 [2 * pairs][r] (exact). The
  * word (k pair q, row i) holds k = 2q in its low half, 2q + 1 in its high half. BF16 panels
- * with float32 kernels only occur on AVX-512 configurations (dg_engine_prepack_b). */
+ * with float32 kernels occur on the AVX2 and AVX-512 configurations (dg_engine_prepack_b). */
 static void widen_pairs(const uint32_t *src, int64_t pairs, int r, uint32_t *dst) {
 #if defined(__x86_64__) || defined(_M_X64)
     if (dg_get_isa() >= DG_ISA_AVX512) {
         dg_widen_pairs_avx512(src, pairs, r, dst);
+        return;
+    }
+    if (dg_get_isa() >= DG_ISA_AVX2) {
+        dg_widen_pairs_avx2(src, pairs, r, dst);
         return;
     }
 #endif
@@ -340,11 +344,9 @@ static dg_status pp_small(const dg_engine_cfg *cfg, const dg_operand *a, int fol
     if (cfg->amx)
         return pp_small_amx(cfg, a, fold_a, gblk, pb, d, c);
 #endif
-    static const int kMr[4] = {1, 2, 4, 8};
-    int which = 3;
-    while (which > 0 && kMr[which - 1] >= a->mn)
-        --which;
-    pp_job j = {cfg, NULL, pb, cfg->ukr_small[which], kMr[which], gblk, PP_SMALL_KC, NULL};
+    int mr;
+    const int which = dg_engine_small_kernel(cfg, a->mn, &mr);
+    pp_job j = {cfg, NULL, pb, cfg->ukr_small[which], mr, gblk, PP_SMALL_KC, NULL};
     if (gblk)
         j.slice = gblk * (PP_SMALL_KC / gblk > 0 ? PP_SMALL_KC / gblk : 1);
     dg_packed pa;

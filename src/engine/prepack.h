@@ -71,8 +71,9 @@ dg_status dg_packed_b_make(dg_operand *ob, const dg_tensor *b, const dg_tensor *
 dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b *b, const dg_tensor *d,
                                    const dg_tensor *c);
 
-/* BF16-pair panel words [pairs][r] -> float32 panel [2 * pairs][r] (src/kernels/avx512/;
- * x86-64 only, called only on AVX-512 configurations). */
+/* BF16-pair panel words [pairs][r] -> float32 panel [2 * pairs][r] (src/kernels/avx512/ and
+ * avx2/; x86-64 only, called only on configurations of that level or above). */
 void dg_widen_pairs_avx512(const uint32_t *src, int64_t pairs, int r, uint32_t *dst);
+void dg_widen_pairs_avx2(const uint32_t *src, int64_t pairs, int r, uint32_t *dst);
 
 #endif /* DG_ENGINE_PREPACK_H */

@@ -10,8 +10,8 @@
  * fma chain over k pairs, odd k first, blocks combined in order), so a row of D does not
  * depend on M or on which path ran it (batch invariance).
  *
- * Applies on ISAs with a BF16 packer and small-M kernels (AVX-512 levels); elsewhere small M
- * takes the general path.
+ * Applies on ISAs with a BF16 packer and small-M kernels (AVX2 and AVX-512 levels); elsewhere
+ * (portable C) small M takes the general path.
  *
  * On AMX configurations (section at the end) the large-M kernel's order is TDPBF16PS's, so
  * this path uses TDPBF16PS too, on D^T tiles: 16 rows of B (read in place when BF16 K-major,
@@ -22,6 +22,7 @@
  */
 #include "engine.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -112,6 +113,97 @@ static void run_block(const small_job *j, int64_t n0, int64_t cols, uint16_t *st
             }
         }
     }
+}
+
+/* ---- decoding (M <= 2): B read in place by the configuration's decode kernel -----------------
+ * Items of 32 columns (engine.h: dg_decode_job). The kernel's per-element operations are the
+ * small-M kernels' (same chain, same epilogue, same folded values), so a block may fall back
+ * to run_block at any time without changing bits: when the kernel met an E4M3 NaN code, or
+ * when a folded scale is outside the range where value * scale is one exact multiply. */
+
+static atomic_int g_decode = 1;
+
+void dg_engine_set_decode(int use) { atomic_store(&g_decode, use != 0); }
+
+typedef struct decode_plan {
+    dg_decode_fn fn;
+    int64_t lda;       /* A rows: float32, K zero-padded to a multiple of DG_DECODE_STEP */
+    float *arows, *sa; /* sa [m][nkb] (gblk > 0) */
+    int64_t nkb;       /* scale-epilogue blocks */
+    int64_t fblk, nkbf;/* fold blocks of B's folded scales (fblk 0: none) */
+    float unit;        /* the kernel's value unit for codes (2^120 E4M3, 1 E2M1) */
+} decode_plan;
+
+/* The decode kernel format of B, or -1. */
+static int decode_format(const dg_operand *b) {
+    const dg_tensor *t = b->data;
+    if (b->grouped || t->strides[1] != 1)
+        return -1;
+    if (t->dtype == DG_BFLOAT16 && !b->sf)
+        return DG_DECODE_BF16;
+    if (t->dtype == DG_FLOAT8_E4M3)
+        return DG_DECODE_E4M3;
+    return t->dtype == DG_FP4_E2M1X2 && b->fp4_dim == 1 ? DG_DECODE_E2M1 : -1;
+}
+
+/* Fills dp and returns true when the decode kernel takes this call. */
+static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
+                                const dg_scale_plan *plan, decode_plan *dp, bool *use) {
+    memset(dp, 0, sizeof *dp);
+    *use = false;
+    const int fmt = atomic_load(&g_decode) ? decode_format(b) : -1;
+    if (a->mn > 2 || a->mn < 1 || b->k < 1 || fmt < 0 || !cfg->decode[fmt] || plan->gblk % DG_DECODE_STEP)
+        return DG_OK;
+    if (plan->fold_b && b->sf) {
+        if (b->gran_k % DG_DECODE_STEP)
+            return DG_OK;
+        dp->fblk = b->gran_k, dp->nkbf = dg_ceil_div(b->k, b->gran_k);
+    }
+    dp->fn = cfg->decode[fmt];
+    dp->unit = fmt == DG_DECODE_E4M3 ? 0x1p120f : 1.0f;
+    dp->lda = dg_align(b->k > 0 ? b->k : 1, DG_DECODE_STEP);
+    dp->nkb = plan->gblk ? dg_ceil_div(dp->lda, plan->gblk) : 0;
+    const int64_t m = a->mn;
+    dp->arows = dg_malloc((size_t)(m * dp->lda + m * dp->nkb + 1) * sizeof(float) + (size_t)dp->lda * 2);
+    if (!dp->arows)
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the decoding GEMM's A rows");
+    dp->sa = dp->arows + m * dp->lda;
+    uint16_t *row = (uint16_t *)(dp->sa + m * dp->nkb + 1);
+    for (int64_t i = 0; i < m; ++i) {
+        dg_engine_fetch_bf16(a, i, plan->fold_a, 0, dp->lda, row, cfg);
+        for (int64_t kk = 0; kk < dp->lda; ++kk)
+            dp->arows[i * dp->lda + kk] = dg_engine_bf16_f32(row[kk]);
+        for (int64_t kb = 0; kb < dp->nkb; ++kb) /* as pack_scales: 1 where A's scales are folded */
+            dp->sa[i * dp->nkb + kb] = !plan->fold_a && a->sf && kb * plan->gblk < a->k
+                                           ? dg_operand_scale(a, 0, i, kb * plan->gblk) : 1.0f;
+    }
+    *use = true;
+    return DG_OK;
+}
+
+/* Columns [n0, n0 + cols) (cols <= 32) through the decode kernel into out [m][32]; false when
+ * the block must take the exact path instead. sb, fm: per-thread scratch. */
+static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_operand *b, const dg_scale_plan *plan,
+                         int64_t n0, int64_t cols, float *sb, float *fm, float *out) {
+    const dg_tensor *t = b->data;
+    const bool scaled_b = !plan->fold_b && b->sf;
+    for (int64_t kb = 0; kb < dp->nkb; ++kb)
+        for (int r = 0; r < 32; ++r)
+            sb[kb * 32 + r] = scaled_b && r < cols && kb * plan->gblk < b->k
+                                  ? dg_operand_scale(b, 0, n0 + r, kb * plan->gblk) : 1.0f;
+    for (int64_t q = 0; q < dp->nkbf; ++q)
+        for (int r = 0; r < 32; ++r) {
+            const float s = r < cols ? dg_operand_scale(b, 0, n0 + r, q * dp->fblk) : 1.0f;
+            /* exact as one multiply: value * s stays a normal float32, unit * s is finite */
+            if (!(s >= 0x1p-100f && s * dp->unit <= 0x1p127f))
+                return false;
+            fm[q * 32 + r] = s * dp->unit;
+        }
+    const int64_t es = t->dtype == DG_BFLOAT16 ? 2 : 1;
+    const dg_decode_job job = {(const uint8_t *)t->data + n0 * t->strides[0] * es, t->strides[0] * es, (int)cols,
+                               b->k, dp->arows, dp->lda, (int)a->mn, plan->gblk, dp->sa, sb, dp->nkb, dp->fblk,
+                               dp->nkbf ? fm : NULL, out};
+    return dp->fn(&job);
 }
 
 #if DG_X86 && defined(DG_HAVE_AMX)
@@ -344,25 +436,36 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     if (cfg->amx)
         return amx_small(cfg, a, b, plan, d, c);
 #endif
-    static const int kMr[4] = {1, 2, 4, 8};
-    int which = 3;
-    while (which > 0 && kMr[which - 1] >= a->mn)
-        --which;
-    small_job j = {cfg, b, plan, NULL, cfg->ukr_small[which], kMr[which], SMALL_KC, NULL};
+    int mr;
+    const int which = dg_engine_small_kernel(cfg, a->mn, &mr);
+    small_job j = {cfg, b, plan, NULL, cfg->ukr_small[which], mr, SMALL_KC, NULL};
     if (plan->gblk)
         j.slice = plan->gblk * (SMALL_KC / plan->gblk > 0 ? SMALL_KC / plan->gblk : 1);
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_F32, j.mr, cfg, &pa));
     j.pa = &pa;
 
+    decode_plan dp;
+    bool decode = false;
+    const dg_status dst = decode_prepare(cfg, a, b, plan, &dp, &decode);
+    if (dst != DG_OK) {
+        dg_engine_packed_free(&pa);
+        return dst;
+    }
     const int nr = cfg->nr;
-    const int64_t n = b->mn, blocks = dg_ceil_div(n, nr), mpad = pa.panels * j.mr;
-    const int threads = (int)(blocks < dg_num_threads() ? blocks : dg_num_threads());
-    /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, then the
-     * BF16 staging rows; a failure returns before anything is written. */
-    const int64_t per_thread = dg_align(j.slice * nr + mpad * nr + 2 * (nr + 8) + (j.slice * nr + 1) / 2, 16);
+    /* Work items: 32 columns for the decode kernel (whole NR blocks for the fallback), else NR. */
+    const int64_t n = b->mn, width = decode && 32 % nr == 0 ? 32 : nr, mpad = pa.panels * j.mr;
+    decode = decode && width == 32;
+    const int64_t items = dg_ceil_div(n, width);
+    const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
+    /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the
+     * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
+     * anything is written. */
+    const int64_t dec = decode ? 32 * (dp.nkb + dp.nkbf) + 64 : 0;
+    const int64_t per_thread = dg_align(j.slice * nr + mpad * nr + 2 * (nr + 8) + dec + (j.slice * nr + 1) / 2, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
     if (!mem) {
+        dg_free(dp.arows);
         dg_engine_packed_free(&pa);
         return dg_fail(DG_ERR_ALLOC, "out of memory for the small-M GEMM buffers");
     }
@@ -373,20 +476,29 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         tid = omp_get_thread_num();
 #endif
         float *bbuf = mem + tid * per_thread, *cbuf = bbuf + j.slice * nr, *ones = cbuf + mpad * nr;
-        float *sbuf = ones + nr + 8;
-        uint16_t *stage = (uint16_t *)(sbuf + nr + 8);
+        float *sbuf = ones + nr + 8, *dsb = sbuf + nr + 8, *dfm = dsb + 32 * dp.nkb, *dout = dfm + 32 * dp.nkbf;
+        uint16_t *stage = (uint16_t *)(sbuf + nr + 8 + dec);
         small_job jt = j;
         for (int s = 0; s < nr + 8; ++s)
             ones[s] = 1.0f;
         jt.ones = ones;
-#pragma omp for schedule(dynamic, 4) /* any block order: each block's result is fixed */
-        for (int64_t jb = 0; jb < blocks; ++jb) {
-            const int64_t n0 = jb * nr, cols = n - n0 < nr ? n - n0 : nr;
-            run_block(&jt, n0, cols, stage, bbuf, cbuf, sbuf);
-            for (int64_t i = 0; i < a->mn; ++i)
-                dg_engine_store_row(d, c, i, n0, cols, cbuf + i * nr);
+#pragma omp for schedule(dynamic, 2) /* any item order: each item's result is fixed */
+        for (int64_t it = 0; it < items; ++it) {
+            const int64_t i0 = it * width, icols = n - i0 < width ? n - i0 : width;
+            if (decode && decode_block(&dp, a, b, plan, i0, icols, dsb, dfm, dout)) {
+                for (int64_t i = 0; i < a->mn; ++i)
+                    dg_engine_store_row(d, c, i, i0, icols, dout + i * 32);
+                continue;
+            }
+            for (int64_t n0 = i0; n0 < i0 + icols; n0 += nr) {
+                const int64_t cols = n - n0 < nr ? n - n0 : nr;
+                run_block(&jt, n0, cols, stage, bbuf, cbuf, sbuf);
+                for (int64_t i = 0; i < a->mn; ++i)
+                    dg_engine_store_row(d, c, i, n0, cols, cbuf + i * nr);
+            }
         }
     }
+    dg_free(dp.arows);
     dg_free(mem);
     dg_engine_packed_free(&pa);
     return DG_OK;

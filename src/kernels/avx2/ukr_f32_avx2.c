@@ -56,3 +56,20 @@ void dg_ukr_f32_avx2(int64_t kc, const void *a, const void *b, float *c, int64_t
                      const float *sa, const float *sb) {
     ukr_body(kc, a, b, c, ldc, mode, sa, sb, AVX2_MR, AVX2_NV);
 }
+
+/* The small-M kernels (smallm.c): the same body for 1, 2 and 4 rows; the table's largest, 6
+ * rows, is dg_ukr_f32_avx2 itself. */
+void dg_ukr_f32_avx2_mr1(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                         const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, 1, AVX2_NV);
+}
+
+void dg_ukr_f32_avx2_mr2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                         const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, 2, AVX2_NV);
+}
+
+void dg_ukr_f32_avx2_mr4(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                         const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, 4, AVX2_NV);
+}

@@ -1,10 +1,13 @@
 /*
- * test_engine_smallm_amx.c - the AMX small-M paths (decoding, M <= 64; src/engine/smallm.c and
- * the small-M part of src/engine/prepack.c) against the large-M AMX path: rows of D computed
- * with M = 1 .. 64 (unpacked B and pre-packed B, 1, 2 and 3 threads) are bitwise the same rows
- * computed inside one M = 200 call, for BF16 (K- and MN-major B), FP8 1D2D float scales, FP8
- * UE8M0, FP8 x FP4 (gran 32, UE8M0 and float scales), with K and N tails; and within
- * DeepGEMM's calc_diff thresholds of exact math on the same values. Skipped without AMX.
+ * test_engine_smallm.c - the small-M paths (decoding, M <= 64; src/engine/smallm.c, its decode
+ * kernels for M <= 2, and the small-M part of src/engine/prepack.c) against the large-M path
+ * of the same ISA level, on every level from AVX2 up that this CPU runs: rows of D computed
+ * with M = 1 .. 64 (unpacked B and pre-packed B, 1, 2 and 3 threads, decode kernels on and
+ * off) are bitwise the same rows computed inside one M = 200 call, for BF16 (K- and MN-major
+ * B), FP8 1D2D float scales, FP8 UE8M0, FP8 x FP4 (gran 32, UE8M0 and float scales), with K
+ * and N tails and padded B rows; and within DeepGEMM's calc_diff thresholds of exact math on
+ * the same values. Then the decode kernels' exact fallbacks: FP8 B with NaN codes, and folded
+ * scales too large for one exact multiply.
  */
 #include "test_gemm_dense_util.h"
 
@@ -72,12 +75,38 @@ static double diff_vs_exact(const top *a, int64_t r0, const top *b, const dg_ten
     return diff;
 }
 
-static void check(const scase *c, int64_t n, int64_t k, tu_rng *r) {
+/* Special B contents for the decode kernels' fallbacks. */
+enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2 };
+
+/* One E4M3 NaN code (S.1111.111) in every third row of b, at a row-dependent k. */
+static void put_nans(top *b) {
+    for (int64_t i = 0; i < b->mn; i += 3)
+        ((uint8_t *)b->mem)[i * b->t.strides[0] + (i * 7) % b->k] = (uint8_t)(i & 1 ? 0xff : 0x7f);
+}
+
+/* A packed UE8M0 scale of 2^20 (byte 147) for the first K block of every other row of b:
+ * beyond one exact multiply in the decode kernels, so those blocks take the exact path. */
+static void put_big_scales(top *b) {
+    for (int64_t i = 0; i < b->sf.shape[0]; i += 2) {
+        uint32_t *w = (uint32_t *)b->sf.data + i * b->sf.strides[0];
+        *w = (*w & ~0xffu) | 147u;
+    }
+}
+
+static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int special);
+
+static void check(const scase *c, int64_t n, int64_t k, tu_rng *r) { check_special(c, n, k, r, PLAIN); }
+
+static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int special) {
     const int64_t big = 200;
     if (!top_layout_ok(c->db, n, k, c->b_mn_major) || !top_layout_ok(c->da, big, k, 0))
         return;
     top a = top_make(r, c->da, big, k, 0, c->gran_a[0], c->gran_a[1], c->packed, 0);
     top b = top_make(r, c->db, n, k, c->b_mn_major, c->gran_b[0], c->gran_b[1], c->packed, 0);
+    if (special == NAN_CODES)
+        put_nans(&b);
+    if (special == BIG_SCALES)
+        put_big_scales(&b);
     dg_packed_b *pb = NULL;
     const dg_gemm_options o = opts_of(c);
     TU_CHECK_OK(c->db == DG_BFLOAT16 ? dg_pack_b(&b.t, NULL, NULL, &pb) : dg_pack_b(&b.t, &b.sf, &o, &pb));
@@ -95,15 +124,18 @@ static void check(const scase *c, int64_t n, int64_t k, tu_rng *r) {
             TU_CHECK_OK(dg_set_num_sms(threads));
             dg_tensor sub, subsf;
             view_rows(&a, r0, m, &sub, &subsf);
-            for (int prepacked = 0; prepacked < 2; ++prepacked) {
+            for (int variant = 0; variant < 3; ++variant) { /* unpacked, pre-packed, unpacked without decode */
+                const int prepacked = variant == 1;
+                dg_engine_set_decode(variant != 2);
                 dg_tensor ds = gemm(c, &sub, &subsf, &b, prepacked ? pb : NULL);
+                dg_engine_set_decode(1);
                 int same = 1;
                 for (int64_t i = 0; i < m; ++i)
                     same &= rows_equal(&ds, i, &dbig, r0 + i);
-                TU_CHECK(same, "%s N=%lld K=%lld M=%lld (rows from %lld) %s, %d threads: rows differ from M = 200",
-                         c->what, (long long)n, (long long)k, (long long)m, (long long)r0,
-                         prepacked ? "pre-packed" : "unpacked", threads);
-                if (threads == 1 && (m == 1 || m == 64)) {
+                TU_CHECK(same, "%s %s N=%lld K=%lld M=%lld (rows from %lld) %s, %d threads: rows differ from M = 200",
+                         dg_engine_config(dg_get_isa())->name, c->what, (long long)n, (long long)k, (long long)m,
+                         (long long)r0, variant == 1 ? "pre-packed" : variant ? "no decode" : "unpacked", threads);
+                if (special == PLAIN && threads == 1 && (m == 1 || m == 64)) {
                     const double diff = diff_vs_exact(&a, r0, &b, &ds);
                     TU_CHECK(diff < c->max_diff, "%s N=%lld K=%lld M=%lld: calc_diff %.3g (limit %g)", c->what,
                              (long long)n, (long long)k, (long long)m, diff, c->max_diff);
@@ -139,17 +171,10 @@ static void test_widen_e4m3(void) {
 }
 #endif
 
-int main(void) {
-    const dg_isa best = dg_get_isa();
-    if (best < DG_ISA_AMX) { /* the paths are unreachable: the level must be refused */
-        TU_CHECK_STATUS(dg_set_isa(DG_ISA_AMX), DG_ERR_UNSUPPORTED);
-        printf("no AMX on this CPU (or in this build): the AMX small-M paths are not reachable\n");
-        return tu_finish();
-    }
-    TU_CHECK_OK(dg_set_isa(DG_ISA_AMX));
-#if defined(DG_HAVE_AMX) /* always, where the CPU has AMX: the library selects AMX only then */
-    test_widen_e4m3();
-#endif
+/* The levels from AVX2 up that this CPU runs (AVX-512 BF16 with either of its kernels). */
+static void run_level(dg_isa isa, int dpbf16) {
+    TU_CHECK_OK(dg_set_isa(isa));
+    dg_engine_set_dpbf16(dpbf16);
     const scase cases[] = {
         {"bf16", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 0, 1e-5},
         {"bf16 B mn-major", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 1, 1e-5},
@@ -165,6 +190,26 @@ int main(void) {
         for (size_t ni = 0; ni < 2; ++ni)
             for (size_t ki = 0; ki < 5; ++ki)
                 check(&cases[c], kN[ni], kK[ki], &r);
+    check_special(&cases[2], 70, 600, &r, NAN_CODES);
+    check_special(&cases[3], 70, 600, &r, NAN_CODES);
+    check_special(&cases[3], 70, 600, &r, BIG_SCALES);
+    check_special(&cases[4], 70, 600, &r, BIG_SCALES);
+    dg_engine_set_dpbf16(-1);
+}
+
+int main(void) {
+    const dg_isa best = dg_get_isa();
+#if defined(DG_HAVE_AMX) /* where the CPU has AMX: the library selects AMX only then */
+    if (best >= DG_ISA_AMX)
+        test_widen_e4m3();
+#endif
+    for (int isa = DG_ISA_AVX2; isa <= (int)best; ++isa) {
+        run_level((dg_isa)isa, 1);
+        if (isa == DG_ISA_AVX512_BF16)
+            run_level((dg_isa)isa, 0);
+    }
+    if (best < DG_ISA_AVX2)
+        printf("no AVX2 on this CPU: no small-M path to test\n");
     dg_set_isa(best);
     return tu_finish();
 }

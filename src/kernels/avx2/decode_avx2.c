@@ -1,0 +1,225 @@
+/*
+ * decode_avx2.c - AVX2 decoding kernels: one or two rows of A against 32 rows of B read in
+ * place (BF16, E4M3 or E2M1 codes, K contiguous), all of K in one call (contract:
+ * dg_decode_job in src/engine/engine.h).
+ *
+ * Why not the small-M kernels on a staged B: at M = 1 an MR = 1 kernel keeps 2 FMA chains
+ * (one per 8 columns) and waits on FMA latency; here 32 columns are 4 chains per row of A,
+ * and B goes from memory to registers without a trip through an L1 buffer.
+ *
+ * One step takes 8 rows of B and 8 k (E2M1: 16 k): the 16-byte pieces of rows j and j + 4
+ * share a register (one per 128-bit lane; codes zero-extended to 16 bits first), and a 4 x 4
+ * transpose of 32-bit words inside each lane leaves in register q the word (k pair q, E2M1:
+ * k quad q) of rows 0..7 in lane order. Each word then yields float32 values:
+ *   BF16: even = w << 16, odd = w & 0xffff0000 (exact);
+ *   E4M3: the code's sign to bit 31 and its 7 other bits to bits 26..20, as float32 that is
+ *         value * 2^-120 (subnormal codes included), times fm = 2^120 * folded scale (exact:
+ *         the driver only passes multipliers for which it is);
+ *         Codes with a zero exponent field (E4M3 subnormals) are float32 subnormals there,
+ *         which cost the multiply a slow path: rare in quantized weights (|x| < 2^-6 of a
+ *         block scaled to 448), common in uniformly random bytes;
+ *   E2M1: magnitude from an 8-entry table, sign to bit 31, times fm (1 when not folded).
+ * Products and sums are then exactly the engine's chain (engine.h): per k pair, the odd k
+ * first; per K block of gblk the scale epilogue. E4M3 NaN codes (S.1111.111) are only
+ * detected (a running byte maximum): the call returns false and the caller recomputes the
+ * block on its exact path.
+ */
+#include "../../engine/engine.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* Everything is instantiated per (M, format): the loops below must unroll into registers. */
+#define DG_INLINE static inline __attribute__((always_inline))
+
+enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2 };
+
+/* Bytes of one row piece per step (8 k of BF16 = 16, of E4M3 = 8, 16 k of E2M1 = 8). */
+DG_INLINE int piece_bytes(int fmt) { return fmt == FMT_BF16 ? 16 : 8; }
+
+/* Rows j and j + 4 of an 8-row group (row stride ld bytes) at p, as one register of 16-bit
+ * lanes: BF16 values, or codes zero-extended. */
+DG_INLINE __m256i load_pair(const uint8_t *p, int64_t ld, int j, int fmt) {
+    if (fmt == FMT_BF16)
+        return _mm256_loadu2_m128i((const __m128i *)(p + (j + 4) * ld), (const __m128i *)(p + j * ld));
+    const __m128i lo = _mm_loadl_epi64((const __m128i *)(p + j * ld));
+    const __m128i hi = _mm_loadl_epi64((const __m128i *)(p + (j + 4) * ld));
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(lo, hi));
+}
+
+/* 4 x 4 word transpose inside each lane: w[q] = word q of rows 0..7. */
+DG_INLINE void transpose4(const __m256i y[4], __m256i w[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    w[0] = _mm256_unpacklo_epi64(t0, t2), w[1] = _mm256_unpackhi_epi64(t0, t2);
+    w[2] = _mm256_unpacklo_epi64(t1, t3), w[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* Element t of each word as float32 (before the format's multiplier for E4M3 / E2M1). */
+DG_INLINE __m256 expand(__m256i w, int fmt, int t) {
+    if (fmt == FMT_BF16)
+        return _mm256_castsi256_ps(t ? _mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u))
+                                     : _mm256_slli_epi32(w, 16));
+    if (fmt == FMT_E4M3) { /* code t in the low byte of the word's 16-bit half t */
+        const __m256i top = _mm256_slli_epi32(w, t ? 8 : 24);
+        return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, 4), _mm256_set1_epi32((int)0x87f00000u)));
+    }
+    /* E2M1: nibble t of the word sits at bits 4 (t & 1) + 16 (t >> 1); its magnitude from an
+     * 8-entry table (VPERMPS reads the index's low 3 bits), its sign bit moved to bit 31 */
+    const int at = 4 * (t & 1) + 16 * (t >> 1);
+    const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f),
+                                                at ? _mm256_srli_epi32(w, at) : w);
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(w, 28 - at), _mm256_set1_epi32((int)0x80000000u));
+    return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+}
+
+/* One step of an 8-row group into the float32 panel slice dst [k][32] at lane offset 8g (dst
+ * points at lane 8g of the step's first k): rows at p (row stride ld bytes), values times mul
+ * (codes only). */
+DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, __m256i *nanmax, const int fmt) {
+    const int epw = fmt == FMT_E2M1 ? 4 : 2; /* elements per word */
+    __m256i y[4], w[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        y[j] = load_pair(p, ld, j, fmt);
+        if (fmt == FMT_E4M3)
+            *nanmax = _mm256_max_epu8(*nanmax, _mm256_and_si256(y[j], _mm256_set1_epi16(0x7f)));
+    }
+    transpose4(y, w);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+        for (int t = 0; t < epw; ++t) {
+            __m256 v = expand(w[q], fmt, t);
+            if (fmt != FMT_BF16)
+                v = _mm256_mul_ps(v, mul);
+            _mm256_storeu_ps(dst + (epw * q + t) * 32, v);
+        }
+}
+
+/* acc[m][g] chained over kc (even) k of the panel slice buf [k][32] against A at a (row m at
+ * a + m * lda): per pair the odd k first (engine.h). 4 M independent chains. */
+DG_INLINE void fma_slice(const float *buf, int64_t kc, const float *a, int64_t lda, __m256 acc[2][4], const int M) {
+    for (int64_t kk = 0; kk < kc; kk += 2)
+#pragma GCC unroll 2
+        for (int u = 1; u >= 0; --u) {
+            const float *b = buf + (kk + u) * 32;
+            const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16),
+                         b3 = _mm256_loadu_ps(b + 24);
+#pragma GCC unroll 2
+            for (int m = 0; m < M; ++m) {
+                const __m256 av = _mm256_broadcast_ss(a + m * lda + kk + u);
+                acc[m][0] = _mm256_fmadd_ps(av, b0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(av, b1, acc[m][1]);
+                acc[m][2] = _mm256_fmadd_ps(av, b2, acc[m][2]);
+                acc[m][3] = _mm256_fmadd_ps(av, b3, acc[m][3]);
+            }
+        }
+}
+
+#define CHUNK_K 128 /* k per staged chunk: [128][32] float32 = 16 KiB, in L1 */
+
+/* Group g's multiplier of step s: the folded row (fm[s]) or the format's unit. */
+DG_INLINE __m256 group_mul(const float *const *fm, int64_t s, int g, float unit) {
+    return fm ? _mm256_loadu_ps(fm[s] + 8 * g) : _mm256_set1_ps(unit);
+}
+
+/* Chunk [kk, kk + kc) of the 32 rows as float32 [kc][32] in buf. */
+DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64_t full, int64_t bytes, float *buf,
+                           uint8_t *tail, __m256i *nanmax, const int fmt) {
+    const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
+    const float unit = fmt == FMT_E4M3 ? 0x1p120f : 1.0f;
+    const float *fmrow[CHUNK_K / 8], *const *fm = j->fm ? fmrow : NULL;
+    for (int64_t s = 0; j->fm && s < kc; s += kstep) /* one division per step, not per group */
+        fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * 32;
+    if (kk + kc <= full) {
+        const int64_t off = kk / kstep * pb;
+        for (int r = 0; r < 32; ++r) /* two chunks ahead, into L2 (whole lines: kc * pb / kstep >= 64) */
+            for (int64_t o = 0; o < kc / kstep * pb; o += 64)
+                _mm_prefetch((const char *)(j->b + r * ld + off + 2 * kc / kstep * pb + o), _MM_HINT_T1);
+        for (int g = 0; g < 4; ++g) /* 8 rows' lines at a time */
+            for (int64_t s = 0; s < kc; s += kstep)
+                stage_step(j->b + (int64_t)(8 * g) * ld + off + s / kstep * pb, ld, group_mul(fm, s / kstep, g, unit),
+                           buf + s * 32 + 8 * g, nanmax, fmt);
+        return;
+    }
+    for (int64_t s = 0; s < kc; s += kstep) { /* partial steps: pieces copied into a zeroed block */
+        const int64_t off = (kk + s) / kstep * pb, valid = bytes - off < pb ? bytes - off : pb;
+        memset(tail, 0, 32 * 16);
+        for (int r = 0; r < j->rows && valid > 0; ++r)
+            memcpy(tail + r * pb, j->b + r * ld + off, (size_t)valid);
+        for (int g = 0; g < 4; ++g)
+            stage_step(tail + 8 * g * pb, pb, group_mul(fm, s / kstep, g, unit), buf + s * 32 + 8 * g, nanmax, fmt);
+    }
+}
+
+static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
+
+/*
+ * The body for M rows of A (1 or 2) and format fmt (constants after inlining). Per chunk of
+ * CHUNK_K k (a divisor of gblk when gblk is smaller), two phases:
+ *   staging: the 32 rows widened and transposed into a float32 slice [k][32] in L1, 8 rows at
+ *     a time (8 lines in flight: DeepSeek's K (2048, 7168, ...) make row strides that map all
+ *     rows to one or two L1 sets, so touching 16 or 32 rows per step refetched every line
+ *     from L2 each step: measured K = 2048 at 0.4x the speed of K = 2080);
+ *   FMAs: 4 M independent chains (32 columns x M rows) over the slice, one k at a time (a
+ *     single 8-row chain per row of A would wait on FMA latency).
+ */
+DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt) {
+    const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
+    const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
+    const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
+    const int64_t gblk = j->gblk ? j->gblk : kend, full = j->rows == 32 ? bytes / pb * kstep : 0;
+    const int64_t chunk = j->gblk ? gcd64(j->gblk, CHUNK_K) : CHUNK_K;
+    __m256 total[2][4], acc[2][4];
+    __m256i nanmax = _mm256_setzero_si256();
+    float buf[CHUNK_K * 32] __attribute__((aligned(32)));
+    uint8_t tail[32 * 16];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g)
+        total[0][g] = total[1][g] = _mm256_setzero_ps();
+    for (int64_t kb0 = 0; kb0 < kend; kb0 += gblk) {
+        const int64_t kb1 = kb0 + gblk < kend ? kb0 + gblk : kend;
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g)
+            acc[0][g] = acc[1][g] = _mm256_setzero_ps();
+        for (int64_t kk = kb0; kk < kb1; kk += chunk) {
+            const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
+            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, fmt);
+            fma_slice(buf, kc, j->a + kk, j->lda, acc, M);
+        }
+#pragma GCC unroll 2
+        for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; ++g) {
+                if (!j->gblk) {
+                    total[m][g] = acc[m][g];
+                    continue;
+                }
+                const int64_t kb = kb0 / gblk;
+                const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
+                                                _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
+                total[m][g] = _mm256_fmadd_ps(sc, acc[m][g], total[m][g]);
+            }
+    }
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g)
+            _mm256_storeu_ps(j->out + m * 32 + 8 * g, total[m][g]);
+    if (fmt == FMT_E4M3) /* a byte 0x7f: a NaN code was read */
+        return !_mm256_movemask_epi8(_mm256_cmpeq_epi8(nanmax, _mm256_set1_epi8(0x7f)));
+    return true;
+}
+
+bool dg_decode_bf16_avx2(const dg_decode_job *j) {
+    return j->m == 1 ? decode_body(j, 1, FMT_BF16) : decode_body(j, 2, FMT_BF16);
+}
+
+bool dg_decode_e4m3_avx2(const dg_decode_job *j) {
+    return j->m == 1 ? decode_body(j, 1, FMT_E4M3) : decode_body(j, 2, FMT_E4M3);
+}
+
+bool dg_decode_e2m1_avx2(const dg_decode_job *j) {
+    return j->m == 1 ? decode_body(j, 1, FMT_E2M1) : decode_body(j, 2, FMT_E2M1);
+}
