@@ -44,7 +44,7 @@ static const dg_engine_cfg kCfg[] = {
                      dg_pack_bf16_kmajor_avx2, dg_pack_bf16_mnmajor_avx2, dg_widen_e4m3_avx2, dg_widen_e2m1_avx2,
                      {dg_ukr_f32_avx2_mr1, dg_ukr_f32_avx2_mr2, dg_ukr_f32_avx2_mr4, dg_ukr_f32_avx2},
                      .small_mr = {1, 2, 4, 6},
-                     .decode = {dg_decode_bf16_avx2, dg_decode_e4m3_avx2, dg_decode_e2m1_avx2}},
+                     .decode = {dg_decode_bf16_avx2, dg_decode_e4m3_avx2, dg_decode_e2m1_avx2, dg_decode_pairs_avx2}},
     [DG_ISA_AVX512] = {"avx512/f32", DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512,
                        dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                        dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},

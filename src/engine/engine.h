@@ -129,7 +129,21 @@ typedef struct dg_decode_job {
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
 /* 0 turns the decode kernels off (M <= 2 then runs the small-M kernels: the same bits; tests). */
 void dg_engine_set_decode(int use);
-enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2 };
+/* DG_DECODE_PAIRS: pre-packed BF16-pair panels instead of B rows (prepack.c): two 16-row
+ * panels, the second at b + ldb bytes (read when rows > 16), k = the panels' padded K. */
+enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2, DG_DECODE_PAIRS = 3 };
+
+/* A's side of a decode call (smallm.c): rows [m][lda] float32 (A's values as the small-M
+ * kernels see them: BF16-rounded, folded scales applied; zero from K up to lda, a multiple of
+ * DG_DECODE_STEP) and sa [m][nkb] (gblk > 0: A's unfolded scale per block, else 1). */
+typedef struct dg_decode_a {
+    float *rows, *sa;
+    int64_t lda, nkb;
+} dg_decode_a;
+struct dg_engine_cfg;
+dg_status dg_engine_decode_a(const struct dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk,
+                             dg_decode_a *out);
+void dg_engine_decode_a_free(dg_decode_a *a);
 
 /* One ISA's configuration: data, not code (BLIS config/<cpu>/). */
 typedef struct dg_engine_cfg {
@@ -150,7 +164,7 @@ typedef struct dg_engine_cfg {
      * padding against FMA latency (config.c). */
     int small_mr[4];
     /* Decoding kernels per B format (DG_DECODE_*; NULL: M <= 2 takes the small-M kernels). */
-    dg_decode_fn decode[3];
+    dg_decode_fn decode[4];
     /* AMX tile kernels: A is packed DG_PACK_AMX_A (B: fmt = DG_PACK_AMX_B), K blocks of
      * unfolded scales must be whole tile steps (gblk % 32 == 0), else the engine runs
      * `fallback`. Their order differs from the chain below (see kernels/amx/ukr_amx.c). */
@@ -196,6 +210,7 @@ void dg_pack_bf16_mnmajor_avx2(const uint16_t *src, int64_t ld, int64_t rows, in
 bool dg_decode_bf16_avx2(const dg_decode_job *j);
 bool dg_decode_e4m3_avx2(const dg_decode_job *j);
 bool dg_decode_e2m1_avx2(const dg_decode_job *j);
+bool dg_decode_pairs_avx2(const dg_decode_job *j);
 void dg_widen_e4m3_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_widen_e2m1_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_ukr_f32_avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,

@@ -123,7 +123,7 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
     memset(&one, 0, sizeof one);
     one.mn = 1;
     dg_status st = DG_OK;
-    if (b->data->dtype == DG_FLOAT8_E4M3 && b->mn > 0 && b->k > 0 && cfg->amx &&
+    if (b->data->dtype == DG_FLOAT8_E4M3 && b->mn > 0 && b->k > 0 && (cfg->amx || cfg->decode[DG_DECODE_E4M3]) &&
         dg_engine_small_applies(cfg, &one, b))
         st = keep_fp8(b, out);
     if (st == DG_OK)
@@ -338,8 +338,57 @@ static dg_status pp_small_amx(const dg_engine_cfg *cfg, const dg_operand *a, int
 }
 #endif
 
+/* M <= 2 on BF16-pair panels: the configuration's pair decode kernel, two panels per call
+ * (engine.h: DG_DECODE_PAIRS), the same bits as pp_block. */
+static bool pp_decode_applies(const dg_engine_cfg *cfg, const dg_operand *a, const dg_packed *pb) {
+    return a->mn >= 1 && a->mn <= 2 && cfg->decode[DG_DECODE_PAIRS] && pb->fmt == DG_PACK_BF16 && pb->r == 16 &&
+           pb->kp > 0;
+}
+
+static dg_status pp_decode(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk, const dg_packed *pb,
+                           const dg_tensor *d, const dg_tensor *c) {
+    dg_decode_a da;
+    DG_TRY(dg_engine_decode_a(cfg, a, fold_a, gblk, &da));
+    const int64_t items = dg_ceil_div(pb->panels, 2), n = pb->mn, nkb = da.nkb;
+    const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
+    float *mem = dg_malloc((size_t)(threads * (32 * nkb + 64)) * sizeof(float));
+    if (!mem) {
+        dg_engine_decode_a_free(&da);
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the decoding GEMM buffers");
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *sb = mem + tid * (32 * nkb + 64), *out = sb + 32 * nkb;
+#pragma omp for schedule(dynamic, 2) /* any order: each item's result is fixed */
+        for (int64_t it = 0; it < items; ++it) {
+            const int64_t p0 = 2 * it, n0 = p0 * 16, cols = n - n0 < 32 ? n - n0 : 32;
+            for (int64_t kb = 0; kb < nkb; ++kb) /* the panels' kept scales, as pp_block reads them */
+                for (int r = 0; r < 32; ++r) {
+                    const int64_t p = p0 + r / 16;
+                    sb[kb * 32 + r] = pb->scales && p < pb->panels && kb < pb->nkb
+                                          ? pb->scales[(p * pb->nkb + kb) * 16 + r % 16] : 1.0f;
+                }
+            const size_t panel_bytes = (size_t)(pb->kp * 16) * 2;
+            const dg_decode_job job = {(const uint8_t *)pb->data + p0 * panel_bytes, (int64_t)panel_bytes, (int)cols,
+                                       pb->kp, da.rows, da.lda, (int)a->mn, gblk, da.sa, sb, nkb, 0, NULL, out};
+            cfg->decode[DG_DECODE_PAIRS](&job);
+            for (int64_t i = 0; i < a->mn; ++i)
+                dg_engine_store_row(d, c, i, n0, cols, out + i * 32);
+        }
+    }
+    dg_free(mem);
+    dg_engine_decode_a_free(&da);
+    return DG_OK;
+}
+
 static dg_status pp_small(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk, const dg_packed *pb,
                           const dg_tensor *d, const dg_tensor *c) {
+    if (pp_decode_applies(cfg, a, pb))
+        return pp_decode(cfg, a, fold_a, gblk, pb, d, c);
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(DG_HAVE_AMX)
     if (cfg->amx)
         return pp_small_amx(cfg, a, fold_a, gblk, pb, d, c);
@@ -396,11 +445,35 @@ static bool fp8_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
     ob.data = &t, ob.groups = 1, ob.mn = b->n, ob.k = b->k, ob.fp4_dim = -1;
     if (!b->fp8_codes || !dg_engine_small_applies(cfg, a, &ob))
         return false;
+    if (!cfg->amx && a->mn > 2) /* staging codes per K slice costs more than widening the panels */
+        return false;
     if (b->fp8_sf) {
         sf = dg_tensor_2d((void *)b->fp8_sf, DG_FLOAT32, dg_ceil_div(b->n, b->fp8_gran_mn),
                           dg_ceil_div(b->k, b->gran_b[1]));
         ob.sf = &sf, ob.gran_mn = b->fp8_gran_mn, ob.gran_k = b->gran_b[1];
     }
+    const dg_scale_plan plan = {fold_a, b->fold_b, gblk};
+    *st = dg_engine_gemm_small(cfg, a, &ob, &plan, d, c);
+    return true;
+}
+
+/* A decoding call (M <= 2, a configuration with decode kernels) with an FP4 B and another A
+ * runs the unpacked call's small-M path on B's kept codes (0.5 bytes per weight instead of
+ * the panels' 2), with the plan the unpacked call makes (B's part fixed at packing). */
+static bool fp4_small(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *b, int fold_a,
+                      int gblk, const dg_tensor *d, const dg_tensor *c, dg_status *st) {
+    if (!b->fp4_codes || a->data->dtype == DG_FP4_E2M1X2 || cfg->amx || !cfg->decode[DG_DECODE_E2M1] ||
+        a->mn > 2)
+        return false;
+    const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_b[1]);
+    dg_tensor t = dg_tensor_2d((void *)b->fp4_codes, DG_FP4_E2M1X2, b->n, kh);
+    dg_tensor sf = dg_tensor_2d((void *)b->fp4_sf, DG_FLOAT32, b->n, nkb);
+    dg_operand ob;
+    memset(&ob, 0, sizeof ob);
+    ob.data = &t, ob.sf = &sf, ob.groups = 1, ob.mn = b->n, ob.k = b->k, ob.fp4_dim = 1;
+    ob.gran_mn = 1, ob.gran_k = b->gran_b[1];
+    if (!dg_engine_small_applies(cfg, a, &ob))
+        return false;
     const dg_scale_plan plan = {fold_a, b->fold_b, gblk};
     *st = dg_engine_gemm_small(cfg, a, &ob, &plan, d, c);
     return true;
@@ -428,7 +501,7 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
     DG_CHECK(!cfg->amx || gblk % 32 == 0, DG_ERR_UNSUPPORTED,
              "scale blocks of %d elements are not whole AMX k steps (32); use the unpacked GEMM", gblk);
     dg_status st;
-    if (fp8_small(cfg, a, b, fold_a, gblk, d, c, &st))
+    if (fp8_small(cfg, a, b, fold_a, gblk, d, c, &st) || fp4_small(cfg, a, b, fold_a, gblk, d, c, &st))
         return st;
     dg_packed pb;
     DG_TRY(regrid(&b->pk, gblk, &pb));

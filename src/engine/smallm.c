@@ -23,6 +23,7 @@
 #include "engine.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -81,35 +82,47 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
     j->cfg->pack_bf16(stage, kc, nr, nr, 0, kc, kc, DG_PACK_F32, bbuf);
 }
 
-/* One NR-column block of D: every K slice, then the store. */
-static void run_block(const small_job *j, int64_t n0, int64_t cols, uint16_t *stage, float *bbuf, float *cbuf,
-                      float *sb) {
+/*
+ * nb adjacent NR-column blocks of D, columns [n0, n0 + cols) (cols <= nb * NR): per K slice,
+ * every block's piece of B is staged (bbuf [nb][slice][NR]), then each A panel runs against all
+ * of them, so a panel's slice is read once per nb blocks instead of once per block (at M = 64
+ * all of A is 1.8 MiB for K = 7168: from L3 every time). cbuf: [nb][panels][MR][NR].
+ */
+static void run_blocks(const small_job *j, int64_t n0, int64_t cols, int nb, uint16_t *stage, float *bbuf,
+                       float *cbuf, float *sb) {
     const dg_packed *pa = j->pa;
     const int nr = j->cfg->nr, mr = j->mr, gblk = j->plan->gblk;
-    const int64_t kp = pa->kp;
+    const int64_t kp = pa->kp, per = pa->panels * mr * nr, nblk = dg_ceil_div(cols, nr);
+    const bool scaled_b = !j->plan->fold_b && j->b->sf;
+    (void)nb;
     if (gblk || kp == 0)
-        memset(cbuf, 0, (size_t)(pa->panels * mr * nr) * sizeof(float));
+        memset(cbuf, 0, (size_t)(nblk * per) * sizeof(float));
     for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
         const int64_t kc = kp - k0 < j->slice ? kp - k0 : j->slice;
-        stage_b(j, n0, cols, k0, kc, stage, bbuf);
+        for (int64_t bi = 0; bi < nblk; ++bi)
+            stage_b(j, n0 + bi * nr, cols - bi * nr < nr ? cols - bi * nr : nr, k0, kc, stage,
+                    bbuf + bi * j->slice * nr);
         for (int64_t ir = 0; ir < pa->panels; ++ir) {
             const float *ap = (const float *)pa->data + ir * kp * mr;
-            if (!gblk) {
-                j->ukr(kc, ap + k0 * mr, bbuf, cbuf + ir * mr * nr, nr, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL,
-                       NULL);
-                continue;
-            }
-            for (int64_t kb0 = k0; kb0 < k0 + kc; kb0 += gblk) { /* one scale epilogue per block */
-                const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
-                const float *sbp = j->ones;
-                if (!j->plan->fold_b && j->b->sf) {
-                    for (int s = 0; s < nr; ++s)
-                        sb[s] = s < cols ? dg_operand_scale(j->b, 0, n0 + s, kb0) : 1.0f;
-                    sbp = sb;
+            for (int64_t bi = 0; bi < nblk; ++bi) {
+                const float *bb = bbuf + bi * j->slice * nr;
+                float *cb = cbuf + bi * per + ir * mr * nr;
+                if (!gblk) {
+                    j->ukr(kc, ap + k0 * mr, bb, cb, nr, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL, NULL);
+                    continue;
                 }
-                const float *sap = pa->scales ? pa->scales + (ir * pa->nkb + kb0 / gblk) * mr : j->ones;
-                j->ukr(kb1 - kb0, ap + kb0 * mr, bbuf + (kb0 - k0) * nr, cbuf + ir * mr * nr, nr, DG_UKR_SCALE,
-                       sap, sbp);
+                const int64_t c0 = n0 + bi * nr, bc = cols - bi * nr < nr ? cols - bi * nr : nr;
+                for (int64_t kb0 = k0; kb0 < k0 + kc; kb0 += gblk) { /* one scale epilogue per block */
+                    const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
+                    const float *sbp = j->ones;
+                    if (scaled_b) {
+                        for (int s = 0; s < nr; ++s)
+                            sb[s] = s < bc ? dg_operand_scale(j->b, 0, c0 + s, kb0) : 1.0f;
+                        sbp = sb;
+                    }
+                    const float *sap = pa->scales ? pa->scales + (ir * pa->nkb + kb0 / gblk) * mr : j->ones;
+                    j->ukr(kb1 - kb0, ap + kb0 * mr, bb + (kb0 - k0) * nr, cb, nr, DG_UKR_SCALE, sap, sbp);
+                }
             }
         }
     }
@@ -127,11 +140,9 @@ void dg_engine_set_decode(int use) { atomic_store(&g_decode, use != 0); }
 
 typedef struct decode_plan {
     dg_decode_fn fn;
-    int64_t lda;       /* A rows: float32, K zero-padded to a multiple of DG_DECODE_STEP */
-    float *arows, *sa; /* sa [m][nkb] (gblk > 0) */
-    int64_t nkb;       /* scale-epilogue blocks */
-    int64_t fblk, nkbf;/* fold blocks of B's folded scales (fblk 0: none) */
-    float unit;        /* the kernel's value unit for codes (2^120 E4M3, 1 E2M1) */
+    dg_decode_a a;
+    int64_t fblk, nkbf; /* fold blocks of B's folded scales (fblk 0: none) */
+    float unit;         /* the kernel's value unit for codes (2^120 E4M3, 1 E2M1) */
 } decode_plan;
 
 /* The decode kernel format of B, or -1. */
@@ -146,7 +157,32 @@ static int decode_format(const dg_operand *b) {
     return t->dtype == DG_FP4_E2M1X2 && b->fp4_dim == 1 ? DG_DECODE_E2M1 : -1;
 }
 
-/* Fills dp and returns true when the decode kernel takes this call. */
+dg_status dg_engine_decode_a(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk, dg_decode_a *out) {
+    const int64_t m = a->mn;
+    out->lda = dg_align(a->k > 0 ? a->k : 1, DG_DECODE_STEP);
+    out->nkb = gblk ? dg_ceil_div(out->lda, gblk) : 0;
+    out->rows = dg_malloc((size_t)(m * out->lda + m * out->nkb + 1) * sizeof(float) + (size_t)out->lda * 2);
+    if (!out->rows)
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the decoding GEMM's A rows");
+    out->sa = out->rows + m * out->lda;
+    uint16_t *row = (uint16_t *)(out->sa + m * out->nkb + 1);
+    for (int64_t i = 0; i < m; ++i) {
+        dg_engine_fetch_bf16(a, i, fold_a, 0, out->lda, row, cfg);
+        for (int64_t kk = 0; kk < out->lda; ++kk)
+            out->rows[i * out->lda + kk] = dg_engine_bf16_f32(row[kk]);
+        for (int64_t kb = 0; kb < out->nkb; ++kb) /* as pack_scales: 1 where A's scales are folded */
+            out->sa[i * out->nkb + kb] =
+                !fold_a && a->sf && kb * gblk < a->k ? dg_operand_scale(a, 0, i, kb * gblk) : 1.0f;
+    }
+    return DG_OK;
+}
+
+void dg_engine_decode_a_free(dg_decode_a *a) {
+    dg_free(a->rows);
+    a->rows = a->sa = NULL;
+}
+
+/* Fills dp and sets *use when the decode kernel takes this call. */
 static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                 const dg_scale_plan *plan, decode_plan *dp, bool *use) {
     memset(dp, 0, sizeof *dp);
@@ -161,22 +197,7 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     }
     dp->fn = cfg->decode[fmt];
     dp->unit = fmt == DG_DECODE_E4M3 ? 0x1p120f : 1.0f;
-    dp->lda = dg_align(b->k > 0 ? b->k : 1, DG_DECODE_STEP);
-    dp->nkb = plan->gblk ? dg_ceil_div(dp->lda, plan->gblk) : 0;
-    const int64_t m = a->mn;
-    dp->arows = dg_malloc((size_t)(m * dp->lda + m * dp->nkb + 1) * sizeof(float) + (size_t)dp->lda * 2);
-    if (!dp->arows)
-        return dg_fail(DG_ERR_ALLOC, "out of memory for the decoding GEMM's A rows");
-    dp->sa = dp->arows + m * dp->lda;
-    uint16_t *row = (uint16_t *)(dp->sa + m * dp->nkb + 1);
-    for (int64_t i = 0; i < m; ++i) {
-        dg_engine_fetch_bf16(a, i, plan->fold_a, 0, dp->lda, row, cfg);
-        for (int64_t kk = 0; kk < dp->lda; ++kk)
-            dp->arows[i * dp->lda + kk] = dg_engine_bf16_f32(row[kk]);
-        for (int64_t kb = 0; kb < dp->nkb; ++kb) /* as pack_scales: 1 where A's scales are folded */
-            dp->sa[i * dp->nkb + kb] = !plan->fold_a && a->sf && kb * plan->gblk < a->k
-                                           ? dg_operand_scale(a, 0, i, kb * plan->gblk) : 1.0f;
-    }
+    DG_TRY(dg_engine_decode_a(cfg, a, plan->fold_a, plan->gblk, &dp->a));
     *use = true;
     return DG_OK;
 }
@@ -187,7 +208,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
                          int64_t n0, int64_t cols, float *sb, float *fm, float *out) {
     const dg_tensor *t = b->data;
     const bool scaled_b = !plan->fold_b && b->sf;
-    for (int64_t kb = 0; kb < dp->nkb; ++kb)
+    for (int64_t kb = 0; kb < dp->a.nkb; ++kb)
         for (int r = 0; r < 32; ++r)
             sb[kb * 32 + r] = scaled_b && r < cols && kb * plan->gblk < b->k
                                   ? dg_operand_scale(b, 0, n0 + r, kb * plan->gblk) : 1.0f;
@@ -201,8 +222,8 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
         }
     const int64_t es = t->dtype == DG_BFLOAT16 ? 2 : 1;
     const dg_decode_job job = {(const uint8_t *)t->data + n0 * t->strides[0] * es, t->strides[0] * es, (int)cols,
-                               b->k, dp->arows, dp->lda, (int)a->mn, plan->gblk, dp->sa, sb, dp->nkb, dp->fblk,
-                               dp->nkbf ? fm : NULL, out};
+                               b->k, dp->a.rows, dp->a.lda, (int)a->mn, plan->gblk, dp->a.sa, sb, dp->a.nkb,
+                               dp->fblk, dp->nkbf ? fm : NULL, out};
     return dp->fn(&job);
 }
 
@@ -453,19 +474,23 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         return dst;
     }
     const int nr = cfg->nr;
-    /* Work items: 32 columns for the decode kernel (whole NR blocks for the fallback), else NR. */
-    const int64_t n = b->mn, width = decode && 32 % nr == 0 ? 32 : nr, mpad = pa.panels * j.mr;
+    /* Work items: 32 columns for the decode kernel (whole NR blocks for the fallback), else nb
+     * NR blocks (run_blocks). */
+    const int nb_env = getenv("DG_NB") ? atoi(getenv("DG_NB")) : 1;
+    const int nb = decode && 32 % nr == 0 ? 32 / nr : nb_env;
+    const int64_t n = b->mn, width = (int64_t)nb * nr, mpad = pa.panels * j.mr;
     decode = decode && width == 32;
     const int64_t items = dg_ceil_div(n, width);
     const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
     /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
-    const int64_t dec = decode ? 32 * (dp.nkb + dp.nkbf) + 64 : 0;
-    const int64_t per_thread = dg_align(j.slice * nr + mpad * nr + 2 * (nr + 8) + dec + (j.slice * nr + 1) / 2, 16);
+    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + 64 : 0;
+    const int64_t per_thread =
+        dg_align(nb * (j.slice * nr + mpad * nr) + 2 * (nr + 8) + dec + (j.slice * nr + 1) / 2, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
     if (!mem) {
-        dg_free(dp.arows);
+        dg_engine_decode_a_free(&dp.a);
         dg_engine_packed_free(&pa);
         return dg_fail(DG_ERR_ALLOC, "out of memory for the small-M GEMM buffers");
     }
@@ -475,8 +500,8 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *bbuf = mem + tid * per_thread, *cbuf = bbuf + j.slice * nr, *ones = cbuf + mpad * nr;
-        float *sbuf = ones + nr + 8, *dsb = sbuf + nr + 8, *dfm = dsb + 32 * dp.nkb, *dout = dfm + 32 * dp.nkbf;
+        float *bbuf = mem + tid * per_thread, *cbuf = bbuf + nb * j.slice * nr, *ones = cbuf + nb * mpad * nr;
+        float *sbuf = ones + nr + 8, *dsb = sbuf + nr + 8, *dfm = dsb + 32 * dp.a.nkb, *dout = dfm + 32 * dp.nkbf;
         uint16_t *stage = (uint16_t *)(sbuf + nr + 8 + dec);
         small_job jt = j;
         for (int s = 0; s < nr + 8; ++s)
@@ -490,15 +515,15 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
                     dg_engine_store_row(d, c, i, i0, icols, dout + i * 32);
                 continue;
             }
+            run_blocks(&jt, i0, icols, nb, stage, bbuf, cbuf, sbuf);
             for (int64_t n0 = i0; n0 < i0 + icols; n0 += nr) {
                 const int64_t cols = n - n0 < nr ? n - n0 : nr;
-                run_block(&jt, n0, cols, stage, bbuf, cbuf, sbuf);
                 for (int64_t i = 0; i < a->mn; ++i)
-                    dg_engine_store_row(d, c, i, n0, cols, cbuf + i * nr);
+                    dg_engine_store_row(d, c, i, n0, cols, cbuf + (n0 - i0) / nr * mpad * nr + i * nr);
             }
         }
     }
-    dg_free(dp.arows);
+    dg_engine_decode_a_free(&dp.a);
     dg_free(mem);
     dg_engine_packed_free(&pa);
     return DG_OK;

@@ -223,3 +223,77 @@ bool dg_decode_e4m3_avx2(const dg_decode_job *j) {
 bool dg_decode_e2m1_avx2(const dg_decode_job *j) {
     return j->m == 1 ? decode_body(j, 1, FMT_E2M1) : decode_body(j, 2, FMT_E2M1);
 }
+
+/*
+ * Pre-packed B (src/engine/prepack.c): two 16-row BF16-pair panels (engine.h DG_PACK_BF16; the
+ * second at j->b + j->ldb bytes, read only when j->rows > 16), word (k pair q, row i) at
+ * q * 16 + i, K zero-padded to j->k (even). The panels are already transposed: no staging,
+ * 4 M chains straight from the two streams. Same chain and epilogue as decode_body.
+ */
+DG_INLINE void pairs_body(const dg_decode_job *j, const int M) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    const uint32_t *p0 = (const uint32_t *)j->b;
+    const uint32_t *p1 = j->rows > 16 ? (const uint32_t *)(j->b + j->ldb) : p0;
+    const int64_t kp = j->k + (j->k & 1), gblk = j->gblk ? j->gblk : kp;
+    __m256 total[2][4], acc[2][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g)
+        total[0][g] = total[1][g] = _mm256_setzero_ps();
+    for (int64_t kb0 = 0; kb0 < kp; kb0 += gblk) {
+        const int64_t kb1 = kb0 + gblk < kp ? kb0 + gblk : kp;
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g)
+            acc[0][g] = acc[1][g] = _mm256_setzero_ps();
+        for (int64_t kk = kb0; kk < kb1; kk += 2) {
+            const int64_t q = kk / 2;
+            if ((q & 1) == 0) { /* 1 KiB ahead in both streams */
+                _mm_prefetch((const char *)(p0 + q * 16 + 256), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p1 + q * 16 + 256), _MM_HINT_T0);
+            }
+            const __m256i w[4] = {_mm256_loadu_si256((const __m256i *)(p0 + q * 16)),
+                                  _mm256_loadu_si256((const __m256i *)(p0 + q * 16 + 8)),
+                                  _mm256_loadu_si256((const __m256i *)(p1 + q * 16)),
+                                  _mm256_loadu_si256((const __m256i *)(p1 + q * 16 + 8))};
+#pragma GCC unroll 2
+            for (int u = 1; u >= 0; --u) { /* the odd k first */
+                __m256 v[4];
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; ++g)
+                    v[g] = _mm256_castsi256_ps(u ? _mm256_and_si256(w[g], hi) : _mm256_slli_epi32(w[g], 16));
+#pragma GCC unroll 2
+                for (int m = 0; m < M; ++m) {
+                    const __m256 av = _mm256_broadcast_ss(j->a + m * j->lda + kk + u);
+#pragma GCC unroll 4
+                    for (int g = 0; g < 4; ++g)
+                        acc[m][g] = _mm256_fmadd_ps(av, v[g], acc[m][g]);
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; ++g) {
+                if (!j->gblk) {
+                    total[m][g] = acc[m][g];
+                    continue;
+                }
+                const int64_t kb = kb0 / gblk;
+                const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
+                                                _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
+                total[m][g] = _mm256_fmadd_ps(sc, acc[m][g], total[m][g]);
+            }
+    }
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g)
+            _mm256_storeu_ps(j->out + m * 32 + 8 * g, total[m][g]);
+}
+
+bool dg_decode_pairs_avx2(const dg_decode_job *j) {
+    if (j->m == 1)
+        pairs_body(j, 1);
+    else
+        pairs_body(j, 2);
+    return true;
+}

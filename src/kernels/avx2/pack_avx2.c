@@ -22,18 +22,6 @@ static inline __m256i lane_mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 
-/* 16 bytes of row `row` at k pair offset: 8 BF16 from kk, zero past k (and for absent rows). */
-static inline __m128i load8(const uint16_t *src, int64_t ld, int64_t row, int64_t rows, int64_t kk, int64_t k) {
-    if (row >= rows || kk >= k)
-        return _mm_setzero_si128();
-    const uint16_t *p = src + row * ld + kk;
-    if (k - kk >= 8)
-        return _mm_loadu_si128((const __m128i *)p);
-    uint16_t tmp[8] = {0};
-    memcpy(tmp, p, (size_t)(k - kk) * 2);
-    return _mm_loadu_si128((const __m128i *)tmp);
-}
-
 /* Stores the 8 words w (rows i0..i0 + 7 of one k pair q) into the slice. */
 static inline void store_pair(__m256i w, dg_pack_fmt fmt, void *dst, int64_t q, int r, int i0, int lanes) {
     if (fmt != DG_PACK_F32) {
@@ -57,6 +45,28 @@ static inline void store_pair(__m256i w, dg_pack_fmt fmt, void *dst, int64_t q, 
     }
 }
 
+/* The 8 x 8 block at (rows i0.., k kk..) as 4 registers of words: w[q] = pair q of rows 0..7. */
+static inline void block8(const uint16_t *s, int64_t ld, __m256i w[4]) {
+    __m256i y[4];
+    for (int j = 0; j < 4; ++j)
+        y[j] = _mm256_loadu2_m128i((const __m128i *)(s + (j + 4) * ld), (const __m128i *)(s + j * ld));
+    /* per lane: words (row j, pair q) -> (pair q, row j) */
+    const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    w[0] = _mm256_unpacklo_epi64(t0, t2), w[1] = _mm256_unpackhi_epi64(t0, t2);
+    w[2] = _mm256_unpacklo_epi64(t1, t3), w[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* A block with row or k tails: the rows' pieces copied into a zeroed 8 x 8 block first. */
+static __attribute__((noinline)) void block8_tail(const uint16_t *src, int64_t ld, int64_t rows, int i0, int64_t kk,
+                                                  int64_t k, __m256i w[4]) {
+    uint16_t tmp[8 * 8] = {0};
+    for (int j = 0; j < 8; ++j)
+        if (i0 + j < rows && kk < k)
+            memcpy(tmp + 8 * j, src + (i0 + j) * ld + kk, (size_t)(k - kk < 8 ? k - kk : 8) * 2);
+    block8(tmp, 8, w);
+}
+
 /*
  * Rows [0, rows) of src (row i at src + i * ld, BF16, k contiguous), k in [k0, k0 + kc)
  * (kc even, values at k >= k are zero), into the panel slice dst of width r: element
@@ -64,24 +74,30 @@ static inline void store_pair(__m256i w, dg_pack_fmt fmt, void *dst, int64_t q, 
  */
 void dg_pack_bf16_kmajor_avx2(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                               int64_t k, dg_pack_fmt fmt, void *dst) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     for (int i0 = 0; i0 < r; i0 += 8) {
         const int lanes = r - i0 < 8 ? r - i0 : 8;
-        for (int64_t kk = k0; kk < k0 + kc; kk += 8) {
-            __m256i y[4];
-            if (i0 + 8 <= rows && kk + 8 <= k) { /* the common case: whole rows, whole k */
-                const uint16_t *s = src + i0 * ld + kk;
-                for (int j = 0; j < 4; ++j)
-                    y[j] = _mm256_loadu2_m128i((const __m128i *)(s + (j + 4) * ld), (const __m128i *)(s + j * ld));
-            } else {
-                for (int j = 0; j < 4; ++j)
-                    y[j] = _mm256_setr_m128i(load8(src, ld, i0 + j, rows, kk, k),
-                                             load8(src, ld, i0 + j + 4, rows, kk, k));
+        /* whole 8 x 8 blocks, F32 panels of full lanes: the common case, no branches inside */
+        int64_t kk = k0;
+        if (fmt == DG_PACK_F32 && lanes == 8 && i0 + 8 <= rows) {
+            const uint16_t *s = src + i0 * ld;
+            float *d = (float *)dst + i0;
+            for (; kk + 8 <= k0 + kc && kk + 8 <= k; kk += 8) {
+                __m256i w[4];
+                block8(s + kk, ld, w);
+                float *o = d + (kk - k0) * r;
+                for (int p = 0; p < 4; ++p) {
+                    _mm256_storeu_ps(o + 2 * p * r, _mm256_castsi256_ps(_mm256_slli_epi32(w[p], 16)));
+                    _mm256_storeu_ps(o + (2 * p + 1) * r, _mm256_castsi256_ps(_mm256_and_si256(w[p], hi)));
+                }
             }
-            /* per lane: words (row j, pair q) -> (pair q, row j) */
-            const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
-            const __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
-            const __m256i w[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                                  _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+        }
+        for (; kk < k0 + kc; kk += 8) {
+            __m256i w[4];
+            if (i0 + 8 <= rows && kk + 8 <= k)
+                block8(src + i0 * ld + kk, ld, w);
+            else
+                block8_tail(src, ld, rows, i0, kk, k, w);
             const int pairs = (int)((k0 + kc - kk) / 2 < 4 ? (k0 + kc - kk) / 2 : 4);
             for (int p = 0; p < pairs; ++p)
                 store_pair(w[p], fmt, dst, (kk - k0) / 2 + p, r, i0, lanes);
