@@ -52,7 +52,9 @@ typedef enum dg_status {
     DG_ERR_SHAPE = 3,        /* dimensions disagree with each other or with the contract */
     DG_ERR_LAYOUT = 4,       /* strides, contiguity, alignment or aliasing not supported */
     DG_ERR_VALUE = 5,        /* a scalar argument or an index tensor's contents are invalid */
-    DG_ERR_OVERFLOW = 6,     /* a size computation overflows */
+    DG_ERR_OVERFLOW = 6,     /* a size computation overflows, or a tensor (or a result the query
+                                form would describe) spans more than 2^56 bytes, which no process
+                                can address: refused from shapes and strides, no element read */
     DG_ERR_ALLOC = 7,        /* a temporary buffer could not be allocated */
     DG_ERR_UNSUPPORTED = 8,  /* a valid request this build does not implement */
     DG_ERR_INTERNAL = 9
@@ -164,6 +166,12 @@ DG_API void dg_set_pdl(int enable_pdl);
 DG_API int dg_get_pdl(void);
 DG_API void dg_set_ignore_compile_dims(int ignore);
 DG_API int dg_get_ignore_compile_dims(void);
+/* DeepGEMM 2.8's use_deterministic_algorithms(enabled). Every kernel here is always
+ * deterministic (the same bits for any thread count and any call), so the flag is accepted and
+ * changes nothing; dg_get_deterministic_algorithms() returns 1 whatever was asked. Should a
+ * path ever trade determinism for speed, it will be off by default and this switch will choose. */
+DG_API void dg_use_deterministic_algorithms(int enabled);
+DG_API int dg_get_deterministic_algorithms(void);
 DG_API dg_status dg_set_block_size_multiple_of(int block_m_multiple_of, int block_n_multiple_of);
 DG_API void dg_get_block_size_multiple_of(int *block_m_multiple_of, int *block_n_multiple_of);
 /* Row alignment of each group in m-grouped contiguous layouts (default 128, as DeepGEMM). */
@@ -348,12 +356,13 @@ DG_API dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tenso
  * or FLOAT8_E4M3 / packed FP4 with sfb and the recipe (opts, NULL = defaults) exactly as
  * dg_fp8_fp4_gemm_nt would take them. The packed form is private memory in the engine's panel
  * format for the ISA level (and kernel) current at packing: NR-row panels, K padded to even,
- * values as BF16 k pairs (AVX-512 levels) or float32 (AVX2 / portable kernels), FP8/FP4
+ * values as BF16 k pairs (AVX2 and AVX-512 levels) or float32 (portable kernels), FP8/FP4
  * widened to BF16 exactly, power-of-two (UE8M0) scales folded into the values, other
  * float32 scales kept per panel and K block (src/engine/engine.h documents the layout).
  * An FP8 B packed on the AMX level also keeps its E4M3 codes K-major (1 byte per weight) and
  * its scales as float32: calls with M <= 64 (decoding) run the unpacked call's small-M path on
  * them, reading 1 byte per weight instead of the panels' 2, and large M runs on the panels.
+ * On the AVX2 level the same codes (FP8: 1 byte, FP4: 0.5 bytes per weight) serve M <= 2.
  * Such an object thus takes 3 bytes per weight instead of 2 (+50%; a 2112 x 7168 B: 15 MB of
  * codes, 30 MB of panels). Packing per large-M call instead (codes only) was measured (one
  * thread, N 2112, K 7168) at 3.6x the time at M = 65, 1.8x at M = 256, 1.2x at M = 1024.

@@ -84,27 +84,32 @@ static void test_m_contiguous(tu_rng *rng) {
            "grouped_layout");
     idx[3] = 2;
     set_i32(&gl, idx);
-    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, NULL), DG_ERR_VALUE, "grouped_layout[3]");
-    EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(&Ab.data, &Bb.data, &d, &gl, NULL), DG_ERR_VALUE, "grouped_layout[3]");
+    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, NULL), DG_ERR_VALUE,
+           "'grouped_layout': entry 3");
+    EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(&Ab.data, &Bb.data, &d, &gl, NULL), DG_ERR_VALUE,
+           "'grouped_layout': entry 3");
     idx[3] = -2;
     set_i32(&gl, idx);
     EXPECT(dg_m_grouped_fp8_fp4_gemm_nn_contiguous(a, sfa, &bnn, &sfbnn, &d, &gl, NULL), DG_ERR_VALUE,
-           "grouped_layout[3]");
+           "'grouped_layout': entry 3");
     idx[3] = 0;
     set_i32(&gl, idx);
 
     dg_gemm_options o = dg_gemm_options_default();
     o.expected_m_for_psum_layout = 8;
     EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, &o), DG_ERR_VALUE,
-           "expected_m_for_psum_layout");
+           "'expected_m_for_psum_layout'");
     o = dg_gemm_options_default();
     o.recipe[0] = 1, o.recipe[1] = 128, o.recipe[2] = 128, o.recipe_a[0] = 1, o.recipe_a[1] = 128;
     o.recipe_b[0] = 128, o.recipe_b[1] = 128;
-    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, &o), DG_ERR_VALUE, "recipe");
-    EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(&Ab.data, &Bb.data, &d, &gl, &o), DG_ERR_VALUE, "recipe");
+    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, &o), DG_ERR_VALUE, "'recipe'");
+    EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(&Ab.data, &Bb.data, &d, &gl, &o), DG_ERR_VALUE, "'recipe'");
     o = dg_gemm_options_default();
     o.recipe_a[0] = 1, o.recipe_a[1] = 128;
-    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, &o), DG_ERR_VALUE, "recipe");
+    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, &o), DG_ERR_VALUE, "'recipe_a'");
+    o = dg_gemm_options_default();
+    o.recipe[0] = -1, o.recipe[1] = 128, o.recipe[2] = 128;
+    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &gl, &o), DG_ERR_VALUE, "'recipe'");
     EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(a, b, &d, &gl, NULL), DG_ERR_DTYPE, "'a'");
     EXPECT(dg_m_grouped_bf16_gemm_nn_contiguous(&Ab.data, &Ab.data, &d, &gl, NULL), DG_ERR_SHAPE, "'b'");
     EXPECT(dg_m_grouped_fp8_fp4_gemm_nn_contiguous(a, sfa, &bnn, NULL, &d, &gl, NULL), DG_ERR_NULL_POINTER, "sfb");
@@ -121,13 +126,16 @@ static void test_m_contiguous(tu_rng *rng) {
     tu_fill_bytes(&d, 0xA5);
     EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(&Ab.data, &Bb.data, &d, &gl, &o), DG_ERR_SHAPE, "grouped_layout");
     set_i32(&ps, (int[]){10, 5});
-    EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(&Ab.data, &Bb.data, &d, &ps, &o), DG_ERR_VALUE, "grouped_layout[1]");
+    EXPECT(dg_m_grouped_bf16_gemm_nt_contiguous(&Ab.data, &Bb.data, &d, &ps, &o), DG_ERR_VALUE,
+           "'grouped_layout': entry 1");
     set_i32(&ps, (int[]){3, 5}); /* group 1 starts at align(3, 8) = 8 */
-    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &ps, &o), DG_ERR_VALUE, "grouped_layout[1]");
+    EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, &d, &ps, &o), DG_ERR_VALUE,
+           "'grouped_layout': entry 1");
     set_i32(&ps, (int[]){8, 17});
-    EXPECT(dg_m_grouped_bf16_gemm_nn_contiguous(&Ab.data, &bbnn, &d, &ps, &o), DG_ERR_VALUE, "grouped_layout[1]");
+    EXPECT(dg_m_grouped_bf16_gemm_nn_contiguous(&Ab.data, &bbnn, &d, &ps, &o), DG_ERR_VALUE,
+           "'grouped_layout': entry 1");
     set_i32(&ps, (int[]){-1, 4});
-    EXPECT(dg_m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, &d, &ps, &o), DG_ERR_VALUE, "grouped_layout[0]");
+    EXPECT(dg_m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, &d, &ps, &o), DG_ERR_VALUE, "'grouped_layout': entry 0");
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(128));
 
     free(snap);
@@ -152,14 +160,23 @@ static void test_masked(tu_rng *rng) {
     tu_fill_bytes(&d, 0xA5);
 
     set_i32(&mm, (int[]){8, 9});
-    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 4, NULL), DG_ERR_VALUE, "masked_m[1]");
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 4, NULL), DG_ERR_VALUE, "'masked_m': entry 1");
     EXPECT(dg_m_grouped_fp8_gemm_nt_masked(&Aq.data, &Aq.sf, &Bq.data, &Bq.sf, &d, &mm, 4, NULL), DG_ERR_VALUE,
-           "masked_m[1]");
+           "'masked_m': entry 1");
     set_i32(&mm, (int[]){-1, 2});
     EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_masked(&Aq.data, &Aq.sf, &Bq.data, &Bq.sf, &d, &mm, 4, NULL), DG_ERR_VALUE,
-           "masked_m[0]");
+           "'masked_m': entry 0");
     set_i32(&mm, (int[]){8, 3});
-    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 0, NULL), DG_ERR_VALUE, "expected_m");
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 0, NULL), DG_ERR_VALUE, "'expected_m'");
+    /* empty extents name the operand they come from (issue 17: "groups, max_m, N and K ...") */
+    dg_tensor a0 = *a, b0 = *b;
+    a0.shape[1] = 0;
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(&a0, b, &d, &mm, 4, NULL), DG_ERR_SHAPE, "argument 'a'");
+    b0.shape[1] = 0;
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, &b0, &d, &mm, 4, NULL), DG_ERR_SHAPE, "argument 'b'");
+    a0 = *a, b0 = *b;
+    a0.shape[2] = b0.shape[2] = 0;
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(&a0, &b0, &d, &mm, 4, NULL), DG_ERR_SHAPE, "argument 'a'");
     EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, NULL, 4, NULL), DG_ERR_NULL_POINTER, "masked_m");
     dg_tensor m3 = mm;
     m3.shape[0] = 1;
@@ -179,10 +196,13 @@ static void test_masked(tu_rng *rng) {
     EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, NULL, &mm, 4, NULL), DG_ERR_NULL_POINTER, "'d'");
     dg_gemm_options o = dg_gemm_options_default();
     o.use_psum_layout = 1;
-    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 4, &o), DG_ERR_VALUE, "psum");
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 4, &o), DG_ERR_VALUE, "'use_psum_layout'");
+    o = dg_gemm_options_default();
+    o.expected_m_for_psum_layout = 8;
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 4, &o), DG_ERR_VALUE, "'expected_m_for_psum_layout'");
     o = dg_gemm_options_default();
     o.recipe[0] = 1, o.recipe[1] = 1, o.recipe[2] = 128;
-    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 4, &o), DG_ERR_VALUE, "recipe");
+    EXPECT(dg_m_grouped_bf16_gemm_nt_masked(a, b, &d, &mm, 4, &o), DG_ERR_VALUE, "'recipe'");
     o.recipe[0] = 128; /* packed scales need gran_mn 1 */
     EXPECT(dg_m_grouped_fp8_fp4_gemm_nt_masked(&Aq.data, &Aq.sf, &Bq.data, &Bq.sf, &d, &mm, 4, &o), DG_ERR_VALUE,
            "sfa");
@@ -230,13 +250,13 @@ static void test_k_grouped(void) {
 #define TN(...) dg_k_grouped_fp8_gemm_tn_contiguous(__VA_ARGS__)
     EXPECT(TN(NULL, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, NULL), DG_ERR_NULL_POINTER, "'a'");
     EXPECT(TN(&a, NULL, &b, &sfb, &d, ks, 2, &gl, &c, NULL), DG_ERR_NULL_POINTER, "sfa");
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 2, &gl, &c, NULL), DG_ERR_NULL_POINTER, "ks");
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 0, &gl, &c, NULL), DG_ERR_VALUE, "ks");
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 3, &gl, &c, NULL), DG_ERR_VALUE, "num_ks");
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, -1, &gl, &c, NULL), DG_ERR_VALUE, "num_ks");
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, (int[]){128, 200}, 2, &gl, &c, NULL), DG_ERR_VALUE, "ks[1]");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 2, &gl, &c, NULL), DG_ERR_NULL_POINTER, "'ks'");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 0, &gl, &c, NULL), DG_ERR_VALUE, "'ks'");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 3, &gl, &c, NULL), DG_ERR_VALUE, "'num_ks'");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, -1, &gl, &c, NULL), DG_ERR_VALUE, "'num_ks'");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, (int[]){128, 200}, 2, &gl, &c, NULL), DG_ERR_VALUE, "'ks': entry 1");
     EXPECT(TN(&a, &sfa, &b, &sfb, &d, (int[]){128, 128}, 2, &gl, &c, NULL), DG_ERR_SHAPE, "'a'");
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, (int[]){256, 128}, 2, &gl, &c, NULL), DG_ERR_VALUE, "grouped_layout[0]");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, (int[]){256, 128}, 2, &gl, &c, NULL), DG_ERR_VALUE, "'grouped_layout': entry 0");
     dg_tensor gl1 = gl;
     gl1.shape[0] = 1;
     EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl1, &c, NULL), DG_ERR_SHAPE, "grouped_layout");
@@ -246,7 +266,7 @@ static void test_k_grouped(void) {
     dg_tensor pb1 = pb;
     pb1.shape[0] = 1;
     EXPECT(TN(&a, &pa, &b, &pb1, &d, ks, 2, &gl, &c, NULL), DG_ERR_SHAPE, "sfb");
-    EXPECT(TN(&a, &sfa, &b, &pb, &d, ks, 2, &gl, &c, NULL), DG_ERR_DTYPE, "sfb");
+    EXPECT(TN(&a, &sfa, &b, &pb, &d, ks, 2, &gl, &c, NULL), DG_ERR_DTYPE, "'sfb'");
     dg_tensor sfbm = sfb;
     sfbm.shape[1] = 4;
     EXPECT(TN(&a, &sfa, &b, &sfbm, &d, ks, 2, &gl, &c, NULL), DG_ERR_SHAPE, "sfb");
@@ -280,14 +300,14 @@ static void test_k_grouped(void) {
     tu_free(&cover);
     dg_gemm_options o = dg_gemm_options_default();
     o.recipe[0] = 1, o.recipe[1] = 128, o.recipe[2] = 128;
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "recipe");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "'recipe'");
     o.recipe[1] = 1, o.recipe[2] = 64;
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "gran_k");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "'recipe': gran_k");
     o = dg_gemm_options_default();
     o.recipe_a[0] = 1, o.recipe_a[1] = 128;
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "recipe_a");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "'recipe_a'");
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(48));
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, NULL), DG_ERR_VALUE, "alignment");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &gl, &c, NULL), DG_ERR_VALUE, "'mk_alignment_for_contiguous_layout'");
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(128));
 
     /* psum: ends {100, 300}: group 1 starts at 128 and owns 172 rows; ks = aligned K. */
@@ -297,14 +317,14 @@ static void test_k_grouped(void) {
     TU_CHECK_OK(TN(&a, &sfa, &b, &sfb, &d, ks, 2, &ps, &c, &o));
     TU_CHECK_OK(TN(&a, &sfa, &b, &sfb, &d, NULL, 0, &ps, &c, &o));
     tu_fill_bytes(&d, 0x55);
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, (int[]){256, 128}, 2, &ps, &c, &o), DG_ERR_VALUE, "ks[0]");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, (int[]){256, 128}, 2, &ps, &c, &o), DG_ERR_VALUE, "'ks': entry 0");
     set_i32(&ps, (int[]){100, 90});
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 0, &ps, &c, &o), DG_ERR_VALUE, "grouped_layout[1]");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 0, &ps, &c, &o), DG_ERR_VALUE, "'grouped_layout': entry 1");
     set_i32(&ps, (int[]){100, 400});
-    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 0, &ps, &c, &o), DG_ERR_VALUE, "grouped_layout[1]");
+    EXPECT(TN(&a, &sfa, &b, &sfb, &d, NULL, 0, &ps, &c, &o), DG_ERR_VALUE, "'grouped_layout': entry 1");
     set_i32(&ps, (int[]){-5, 300});
     EXPECT(dg_k_grouped_bf16_gemm_tn_contiguous(&ab, &bb, &d, NULL, 0, &ps, &c, &o), DG_ERR_VALUE,
-           "grouped_layout[0]");
+           "'grouped_layout': entry 0");
     set_i32(&ps, (int[]){100, 300});
     EXPECT(TN(&a, &sfa2, &b, &sfb, &d, NULL, 0, &ps, &c, &o), DG_ERR_SHAPE, "sfa");
 
@@ -315,8 +335,8 @@ static void test_k_grouped(void) {
 #define NT(...) dg_k_grouped_fp8_gemm_nt_contiguous(__VA_ARGS__)
     TU_CHECK_OK(NT(&fa, &nsfa, &fb, &nsfb, &d, ks, 2, &gl, &d, NULL));
     tu_fill_bytes(&d, 0x55);
-    EXPECT(NT(&fa, &nsfa, &fb, &nsfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "use_psum_layout");
-    EXPECT(NT(&fa, &nsfa, &fb, &nsfb, &d, (int[]){64, 320}, 2, &gl, &c, NULL), DG_ERR_VALUE, "ks[0]");
+    EXPECT(NT(&fa, &nsfa, &fb, &nsfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "'use_psum_layout'");
+    EXPECT(NT(&fa, &nsfa, &fb, &nsfb, &d, (int[]){64, 320}, 2, &gl, &c, NULL), DG_ERR_VALUE, "'ks': entry 0");
     dg_tensor fa2 = fa;
     fa2.shape[0] = 100;
     EXPECT(NT(&fa2, &nsfa, &fb, &nsfb, &d, ks, 2, &gl, &c, NULL), DG_ERR_SHAPE, "'a'");
@@ -325,15 +345,15 @@ static void test_k_grouped(void) {
     EXPECT(NT(&fa, &npa, &fb, &nsfb, &d, ks, 2, &gl, &c, NULL), DG_ERR_DTYPE, "sfa");
     o = dg_gemm_options_default();
     o.recipe[0] = 1, o.recipe[1] = 1, o.recipe[2] = 32;
-    EXPECT(NT(&fa, &nsfa, &fb, &nsfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "recipe");
+    EXPECT(NT(&fa, &nsfa, &fb, &nsfb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "'recipe'");
     EXPECT(NT(&fa, &nsfa, NULL, &nsfb, &d, ks, 2, &gl, &c, NULL), DG_ERR_NULL_POINTER, "'b'");
 
     /* BF16 `_tn`. */
 #define BF(...) dg_k_grouped_bf16_gemm_tn_contiguous(__VA_ARGS__)
     EXPECT(BF(&a, &bb, &d, ks, 2, &gl, &c, NULL), DG_ERR_DTYPE, "'a'");
     EXPECT(BF(&ab, &bb, NULL, ks, 2, &gl, &c, NULL), DG_ERR_NULL_POINTER, "'d'");
-    EXPECT(BF(&ab, &bb, &d, (int[]){130, 254}, 2, &gl, &c, NULL), DG_ERR_VALUE, "ks[0]");
-    EXPECT(BF(&ab, &bb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "recipe");
+    EXPECT(BF(&ab, &bb, &d, (int[]){130, 254}, 2, &gl, &c, NULL), DG_ERR_VALUE, "'ks': entry 0");
+    EXPECT(BF(&ab, &bb, &d, ks, 2, &gl, &c, &o), DG_ERR_VALUE, "'recipe'");
     EXPECT(BF(&ab, &bb, &d, ks, 2, NULL, &c, NULL), DG_ERR_NULL_POINTER, "grouped_layout");
 
     free(snap);

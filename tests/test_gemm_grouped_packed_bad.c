@@ -74,11 +74,20 @@ static void test_masked(tu_rng *r) {
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&ak.data, p16, &d, &mm, 4, &o), DG_ERR_SHAPE, "'b'", &d);
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p16, &dn, &mm, 4, &o), DG_ERR_SHAPE, "'d'", &dn);
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p16, &d, &mbig, 4, &o), DG_ERR_VALUE,
-                "masked_m[1]", &d);
+                "'masked_m': entry 1", &d);
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p16, &d, &mneg, 4, &o), DG_ERR_VALUE,
-                "masked_m[2]", &d);
-    EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p16, &d, &mm, 0, &o), DG_ERR_VALUE, "expected_m",
-                &d);
+                "'masked_m': entry 2", &d);
+    EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p16, &d, &mm, 0, &o), DG_ERR_VALUE,
+                "'expected_m'", &d);
+    {
+        dg_gemm_options op = o; /* masked forms take no psum layout */
+        op.use_psum_layout = 1;
+        EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p16, &d, &mm, 4, &op), DG_ERR_VALUE,
+                    "'use_psum_layout'", &d);
+        op = o, op.expected_m_for_psum_layout = 8;
+        EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p16, &d, &mm, 4, &op), DG_ERR_VALUE,
+                    "'expected_m_for_psum_layout'", &d);
+    }
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a16.data, p8, &d, &mm, 4, &o), DG_ERR_DTYPE, "'b'", &d);
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_masked_packed(&a8.data, p16, &d, &mm, 4, &o), DG_ERR_DTYPE, "'a'", &d);
     EXPECT_FAIL(dg_m_grouped_fp8_fp4_gemm_nt_masked_packed(&a8.data, NULL, p8, &d, &mm, 4, &o), DG_ERR_NULL_POINTER,
@@ -137,9 +146,9 @@ static void test_contiguous(tu_rng *r) {
     op.use_psum_layout = 1; /* with ensure_zero_padding: still nothing written on error */
 
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_contiguous_packed(&a.data, p, &d, &glbad, &o), DG_ERR_VALUE,
-                "grouped_layout[39]", &d);
+                "'grouped_layout': entry 39", &d);
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_contiguous_packed(&a.data, p, &d, &ps, &op), DG_ERR_VALUE,
-                "grouped_layout[1]", &d);
+                "'grouped_layout': entry 1", &d);
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_contiguous_packed(&a.data, p, &dn, &gl, &o), DG_ERR_SHAPE, "'d'", &dn);
     EXPECT_FAIL(dg_m_grouped_bf16_gemm_nt_contiguous_packed(&a.data, p, &d, NULL, &o), DG_ERR_NULL_POINTER,
                 "'grouped_layout'", &d);

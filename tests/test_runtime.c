@@ -11,12 +11,14 @@ static void test_settings(void) {
     TU_CHECK_OK(dg_set_num_sms(3));
     TU_CHECK(dg_get_num_sms() == 3, "num_sms after set");
     TU_CHECK_STATUS(dg_set_num_sms(0), DG_ERR_VALUE);
-    TU_CHECK(strstr(dg_last_error(), "dg_set_num_sms") != NULL, "message names the function: %s", dg_last_error());
+    TU_CHECK(strstr(dg_last_error(), "dg_set_num_sms: argument 'num_sms'") != NULL,
+             "message names the function and the argument: %s", dg_last_error());
     TU_CHECK(dg_get_num_sms() == 3, "a rejected set changes nothing");
     TU_CHECK_OK(dg_set_num_sms(n0));
     TU_CHECK(dg_last_error()[0] == '\0', "a successful call clears the message");
 
     TU_CHECK_STATUS(dg_set_tc_util(0), DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "dg_set_tc_util: argument 'tc_util'") != NULL, "names: %s", dg_last_error());
     TU_CHECK_OK(dg_set_tc_util(80));
     TU_CHECK(dg_get_tc_util() == 80, "tc_util");
     dg_set_pdl(1);
@@ -24,7 +26,15 @@ static void test_settings(void) {
     dg_set_pdl(0);
     dg_set_ignore_compile_dims(1);
     TU_CHECK(dg_get_ignore_compile_dims() == 1, "ignore_compile_dims");
+    /* Always deterministic: the switch is accepted either way and the getter says so. */
+    TU_CHECK(dg_get_deterministic_algorithms() == 1, "deterministic by default");
+    dg_use_deterministic_algorithms(0);
+    TU_CHECK(dg_get_deterministic_algorithms() == 1, "still deterministic after asking for less");
+    dg_use_deterministic_algorithms(1);
+    TU_CHECK(dg_get_deterministic_algorithms() == 1, "deterministic when asked");
     TU_CHECK_STATUS(dg_set_block_size_multiple_of(0, 1), DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "dg_set_block_size_multiple_of: arguments 'block_m_multiple_of'") != NULL,
+             "names: %s", dg_last_error());
     TU_CHECK_OK(dg_set_block_size_multiple_of(2, 4));
     int bm = 0, bn = 0;
     dg_get_block_size_multiple_of(&bm, &bn);
@@ -32,12 +42,15 @@ static void test_settings(void) {
 
     TU_CHECK(dg_get_mk_alignment_for_contiguous_layout() == 128, "default mk alignment");
     TU_CHECK_STATUS(dg_set_mk_alignment_for_contiguous_layout(-5), DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "dg_set_mk_alignment_for_contiguous_layout: argument 'alignment'") != NULL,
+             "names: %s", dg_last_error());
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(64));
     TU_CHECK(dg_get_mk_alignment_for_contiguous_layout() == 64, "mk alignment after set");
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(128));
     TU_CHECK(dg_get_theoretical_mk_alignment_for_contiguous_layout(0) >= 1, "theoretical alignment");
 
     TU_CHECK_STATUS(dg_set_backend((dg_backend)7), DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "dg_set_backend: argument 'backend'") != NULL, "names: %s", dg_last_error());
     const dg_backend b0 = dg_get_backend();
     TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
     TU_CHECK(dg_get_backend() == DG_BACKEND_REFERENCE, "backend");
@@ -61,11 +74,14 @@ static void test_cpu(void) {
     }
     if (ci.best_isa < DG_ISA_AVX512_BF16)
         TU_CHECK_STATUS(dg_set_isa(DG_ISA_AVX512_BF16), DG_ERR_UNSUPPORTED);
-    if (ci.best_isa < DG_ISA_AMX)
+    if (ci.best_isa < DG_ISA_AMX) {
         TU_CHECK_STATUS(dg_set_isa(DG_ISA_AMX), DG_ERR_UNSUPPORTED);
+        TU_CHECK(strstr(dg_last_error(), "dg_set_isa: argument 'isa'") != NULL, "names: %s", dg_last_error());
+    }
     TU_CHECK((ci.best_isa == DG_ISA_AMX) == (ci.amx_usable != 0), "amx level iff the OS granted tiles");
     TU_CHECK(strcmp(dg_isa_name(DG_ISA_AMX), "amx") == 0, "amx name");
     TU_CHECK_STATUS(dg_set_isa((dg_isa)42), DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "dg_set_isa: argument 'isa'") != NULL, "names: %s", dg_last_error());
     TU_CHECK_OK(dg_set_isa(isa0));
     TU_CHECK(strcmp(dg_isa_name(DG_ISA_AVX2), "avx2") == 0, "isa name");
 }

@@ -48,7 +48,7 @@ static void test_tma_aligned_size(void) {
     CHECK_FAIL(dg_get_tma_aligned_size(5, 32, &r), DG_ERR_VALUE, "element_size");
     CHECK_FAIL(dg_get_tma_aligned_size(5, 0, &r), DG_ERR_VALUE, "element_size");
     CHECK_FAIL(dg_get_tma_aligned_size(-1, 4, &r), DG_ERR_VALUE, "'x'");
-    CHECK_FAIL(dg_get_tma_aligned_size(2147483647, 4, &r), DG_ERR_OVERFLOW, "overflows");
+    CHECK_FAIL(dg_get_tma_aligned_size(2147483647, 4, &r), DG_ERR_OVERFLOW, "'x'");
     TU_CHECK(r == 77, "failed calls leave the result alone");
     CHECK_FAIL(dg_get_tma_aligned_size(5, 4, NULL), DG_ERR_NULL_POINTER, "out");
 }
@@ -568,12 +568,12 @@ static void test_transform_errors(void) {
     CHECK_FAIL(dg_transform_sf_into_required_layout(&sf, 5, 300, kRecipe1D2D, 3, 0, 1, 0, NULL, NULL), DG_ERR_NULL_POINTER, "out");
     /* Float gran_k 32 with disable_ue8m0_cast; unknown transformations. */
     const dg_tensor sf32 = dg_tensor_2d(sf_data, DG_FLOAT32, 5, 3);
-    CHECK_FAIL(dg_transform_sf_into_required_layout(&sf32, 5, 96, r32, 3, 0, 1, 1, NULL, &out), DG_ERR_VALUE, "disable_ue8m0_cast");
+    CHECK_FAIL(dg_transform_sf_into_required_layout(&sf32, 5, 96, r32, 3, 0, 1, 1, NULL, &out), DG_ERR_VALUE, "'disable_ue8m0_cast'");
     const dg_tensor sf64 = dg_tensor_2d(sf_data, DG_FLOAT32, 5, 3);
-    CHECK_FAIL(dg_transform_sf_into_required_layout(&sf64, 5, 192, r64, 3, 0, 1, 0, NULL, &out), DG_ERR_VALUE, "unknown SF");
+    CHECK_FAIL(dg_transform_sf_into_required_layout(&sf64, 5, 192, r64, 3, 0, 1, 0, NULL, &out), DG_ERR_VALUE, "'recipe': unknown SF");
     int32_t ints[4] = {0};
     const dg_tensor sfi = dg_tensor_2d(ints, DG_INT32, 2, 1);
-    CHECK_FAIL(dg_transform_sf_into_required_layout(&sfi, 256, 512, kRecipe1D2D, 3, 0, 0, 0, NULL, &out), DG_ERR_VALUE, "unknown SF");
+    CHECK_FAIL(dg_transform_sf_into_required_layout(&sfi, 256, 512, kRecipe1D2D, 3, 0, 0, 0, NULL, &out), DG_ERR_VALUE, "'recipe': unknown SF");
     const dg_tensor sfh = dg_tensor_2d(sf_data, DG_BFLOAT16, 5, 3);
     CHECK_FAIL(dg_transform_sf_into_required_layout(&sfh, 5, 300, kRecipe1D2D, 3, 0, 1, 0, NULL, &out), DG_ERR_DTYPE, "sf");
     /* Outputs with the wrong descriptor or aliasing the input. */

@@ -243,7 +243,7 @@ static dg_status skip_head_mid_engine(const dg_operand *a, const dg_operand *b, 
                                       int64_t mid, int64_t right) {
     int64_t elems;
     DG_CHECK(dg_mul_ok(a->mn, b->mn, &elems) && elems <= INT64_MAX / 4, DG_ERR_OVERFLOW,
-             "the product [%lld, %lld] is too large", (long long)a->mn, (long long)b->mn);
+             "arguments 'a' and 'b': the product [%lld, %lld] is too large", (long long)a->mn, (long long)b->mn);
     float *buf = dg_malloc((size_t)elems * sizeof(float));
     DG_CHECK(buf != NULL, DG_ERR_ALLOC, "out of memory for a [%lld, %lld] float32 buffer", (long long)a->mn,
              (long long)b->mn);
@@ -267,12 +267,12 @@ dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tensor *sfa,
     dg_api_begin("dg_fp8_gemm_nt_skip_head_mid");
     DG_CHECK(!opts || (opts->recipe_a[0] == 0 && opts->recipe_a[1] == 0 && opts->recipe_b[0] == 0 &&
                        opts->recipe_b[1] == 0),
-             DG_ERR_VALUE, "recipe_a/recipe_b are not taken here; give 'recipe'");
+             DG_ERR_VALUE, "arguments 'recipe_a' and 'recipe_b' are not taken here; give 'recipe'");
     dg_operand oa, ob;
     int gran_a[2], gran_b[2];
     DG_TRY(init_scaled(&oa, &ob, a, sfa, b, sfb, opts, 1, gran_a, gran_b));
     DG_CHECK(gran_a[1] == 128 && gran_b[1] == 128, DG_ERR_VALUE,
-             "recipe: gran_k must be 128 (got %d for A, %d for B)", gran_a[1], gran_b[1]);
+             "argument 'recipe': gran_k must be 128 (got %d for A, %d for B)", gran_a[1], gran_b[1]);
     DG_CHECK(oa.k == ob.k, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)",
              (long long)oa.k, (long long)ob.k);
     DG_CHECK(ob.mn > 0 && ob.k > 0, DG_ERR_SHAPE, "argument 'b' must not be empty (N = %lld, K = %lld)",

@@ -25,7 +25,7 @@ static inline dg_status resolve_granularity(const dg_gemm_options *o, bool quant
     if (quantized)
         return dg_resolve_recipe(o, sfa, sfb, ga, gb);
     DG_CHECK(!any_nonzero(o->recipe, 3) && !any_nonzero(o->recipe_a, 2) && !any_nonzero(o->recipe_b, 2),
-             DG_ERR_VALUE, "opts: BF16 GEMMs take no recipe, recipe_a or recipe_b");
+             DG_ERR_VALUE, "arguments 'recipe', 'recipe_a' and 'recipe_b' must not be given to BF16 GEMMs");
     ga[0] = ga[1] = gb[0] = gb[1] = 1;
     return DG_OK;
 }
@@ -46,6 +46,35 @@ static inline dg_status check_d(const dg_tensor *d, int ndim) {
     DG_TRY(dg_check_dtype_in(d, "d", kOutTypes, 2));
     DG_TRY(dg_check_last_dim_contiguous(d, "d"));
     return dg_check_output(d, "d");
+}
+
+/* Masked forms take no psum layout (DeepGEMM's keyword arguments of the contiguous form). */
+static inline dg_status check_masked_options(const dg_gemm_options *o) {
+    DG_CHECK(!o->use_psum_layout, DG_ERR_VALUE,
+             "argument 'use_psum_layout' is not taken by masked GEMMs (use the contiguous form)");
+    DG_CHECK(o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
+             "argument 'expected_m_for_psum_layout' is not taken by masked GEMMs (use the contiguous form)");
+    return DG_OK;
+}
+
+/* expected_m is a positive hint; every masked_m entry lies in [0, max_m]. */
+static inline dg_status check_expected_m(int expected_m) {
+    DG_CHECK(expected_m > 0, DG_ERR_VALUE, "argument 'expected_m' must be positive, got %d", expected_m);
+    return DG_OK;
+}
+static inline dg_status check_masked_m_values(const int32_t *mm, int64_t groups, int64_t max_m) {
+    for (int64_t g = 0; g < groups; ++g)
+        DG_CHECK(mm[g] >= 0 && mm[g] <= max_m, DG_ERR_VALUE,
+                 "argument 'masked_m': entry %lld (%d) is outside [0, max_m = %lld]", (long long)g, (int)mm[g],
+                 (long long)max_m);
+    return DG_OK;
+}
+
+/* The contiguous forms take expected_m_for_psum_layout only with use_psum_layout. */
+static inline dg_status check_expected_m_for_psum(const dg_gemm_options *o, bool psum) {
+    DG_CHECK(psum || o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
+             "argument 'expected_m_for_psum_layout' is only meaningful with use_psum_layout");
+    return DG_OK;
 }
 
 /* A 1-D contiguous INT32 index tensor of `len` entries. */
@@ -69,7 +98,7 @@ static inline dg_status check_d_disjoint(const dg_tensor *d, const dg_tensor *a,
 static inline dg_status check_index_layout(const int32_t *gl, int64_t m, int64_t groups) {
     for (int64_t r = 0; r < m; ++r)
         DG_CHECK(gl[r] >= -1 && gl[r] < groups, DG_ERR_VALUE,
-                 "grouped_layout[%lld] = %d is neither a group index in [0, %lld) nor -1 (padding)",
+                 "argument 'grouped_layout': entry %lld (%d) is neither a group index in [0, %lld) nor -1 (padding)",
                  (long long)r, (int)gl[r], (long long)groups);
     return DG_OK;
 }
@@ -80,10 +109,11 @@ static inline dg_status check_psum_layout(const int32_t *gl, int64_t m, int64_t 
     for (int64_t g = 0; g < groups; ++g) {
         const int64_t end = gl[g];
         DG_CHECK(end >= start, DG_ERR_VALUE,
-                 "grouped_layout[%lld] = %lld (psum end row) is before the group's start row %lld "
-                 "(the previous end aligned to %lld)",
+                 "argument 'grouped_layout': entry %lld (%lld, a psum end row) is before the group's start "
+                 "row %lld (the previous end aligned to %lld)",
                  (long long)g, (long long)end, (long long)start, (long long)alignment);
-        DG_CHECK(end <= m, DG_ERR_VALUE, "grouped_layout[%lld] = %lld (psum end row) exceeds M = %lld",
+        DG_CHECK(end <= m, DG_ERR_VALUE,
+                 "argument 'grouped_layout': entry %lld (%lld, a psum end row) exceeds M = %lld",
                  (long long)g, (long long)end, (long long)m);
         start = dg_align(end, alignment);
     }

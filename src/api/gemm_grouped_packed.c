@@ -56,7 +56,7 @@ static dg_status packed_a(const dg_tensor *a, const dg_tensor *sfa, const dg_pac
     }
     DG_TRY(dg_operand_init(A, "a", a, grouped, quantized ? kFp8Fp4Types : kBf16Types, quantized ? 2 : 1));
     DG_TRY(check_k_major(A, "a"));
-    DG_CHECK(A->k == b->k, DG_ERR_SHAPE, "K of 'a' (%lld) and 'b' (%lld) differ", (long long)A->k,
+    DG_CHECK(A->k == b->k, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)", (long long)A->k,
              (long long)b->k);
     return dg_operand_set_scales(A, "sfa", sfa, ga[0], ga[1]);
 }
@@ -74,16 +74,15 @@ static dg_status masked_packed(const dg_tensor *a, const dg_tensor *sfa, const d
                                bool quantized, const char *other) {
     const dg_gemm_options def = dg_gemm_options_default();
     const dg_gemm_options *o = opts ? opts : &def;
-    DG_CHECK(!o->use_psum_layout && o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
-             "opts: masked GEMMs take no psum layout (use the contiguous form with use_psum_layout)");
+    DG_TRY(check_masked_options(o));
     DG_TRY(check_packed(b, quantized, other));
     dg_operand A;
     DG_TRY(packed_a(a, sfa, b, 1, o, quantized, &A));
-    DG_CHECK(A.groups == b->groups, DG_ERR_SHAPE, "'a' has %lld groups but 'b' was packed with %lld",
+    DG_CHECK(A.groups == b->groups, DG_ERR_SHAPE, "argument 'a' has %lld groups but 'b' was packed with %lld",
              (long long)A.groups, (long long)b->groups);
-    DG_CHECK(A.mn > 0 && A.k > 0, DG_ERR_SHAPE, "max_m and K of 'a' must be positive (got max_m=%lld, K=%lld)",
+    DG_CHECK(A.mn > 0 && A.k > 0, DG_ERR_SHAPE, "argument 'a': max_m and K must be positive (got max_m=%lld, K=%lld)",
              (long long)A.mn, (long long)A.k);
-    DG_CHECK(expected_m > 0, DG_ERR_VALUE, "expected_m must be positive, got %d", expected_m);
+    DG_TRY(check_expected_m(expected_m));
     DG_TRY(check_d(d, 3));
     DG_TRY(dg_check_dim(d, "d", 0, A.groups));
     DG_TRY(dg_check_dim(d, "d", 1, A.mn));
@@ -91,9 +90,7 @@ static dg_status masked_packed(const dg_tensor *a, const dg_tensor *sfa, const d
     DG_TRY(check_index_tensor(masked_m, "masked_m", A.groups));
     DG_TRY(check_d_disjoint(d, a, sfa, NULL, NULL, masked_m, "masked_m"));
     const int32_t *mm = (const int32_t *)masked_m->data;
-    for (int64_t g = 0; g < A.groups; ++g)
-        DG_CHECK(mm[g] >= 0 && mm[g] <= A.mn, DG_ERR_VALUE, "masked_m[%lld] = %d is outside [0, max_m = %lld]",
-                 (long long)g, (int)mm[g], (long long)A.mn);
+    DG_TRY(check_masked_m_values(mm, A.groups, A.mn));
     DG_TRY(engine_only());
     return dg_engine_m_grouped_masked_prepacked(&A, b, d, mm);
 }
@@ -111,8 +108,7 @@ static dg_status contiguous_packed(const dg_tensor *a, const dg_tensor *sfa, con
     DG_TRY(dg_check_dim(d, "d", 1, b->n));
     const bool psum = o->use_psum_layout != 0;
     DG_TRY(check_index_tensor(gl, "grouped_layout", psum ? b->groups : A.mn));
-    DG_CHECK(psum || o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
-             "opts->expected_m_for_psum_layout is only meaningful with use_psum_layout");
+    DG_TRY(check_expected_m_for_psum(o, psum));
     DG_TRY(check_d_disjoint(d, a, sfa, NULL, NULL, gl, "grouped_layout"));
     const int64_t alignment = dg_get_mk_alignment_for_contiguous_layout();
     const int32_t *layout = (const int32_t *)gl->data;

@@ -28,29 +28,30 @@ typedef struct k_plan {
 
 static dg_status check_options(const dg_gemm_options *o, k_kind kind, k_plan *p) {
     DG_CHECK(o->recipe_a[0] == 0 && o->recipe_a[1] == 0 && o->recipe_b[0] == 0 && o->recipe_b[1] == 0,
-             DG_ERR_VALUE, "opts: k-grouped GEMMs take `recipe`, not recipe_a/recipe_b");
+             DG_ERR_VALUE, "arguments 'recipe_a' and 'recipe_b' are not taken by k-grouped GEMMs; give 'recipe'");
     p->psum = o->use_psum_layout != 0;
     p->gran_k = 1;
     if (kind == K_BF16_TN) {
         DG_CHECK(o->recipe[0] == 0 && o->recipe[1] == 0 && o->recipe[2] == 0, DG_ERR_VALUE,
-                 "opts: BF16 GEMMs take no recipe");
+                 "argument 'recipe' must not be given to BF16 GEMMs");
     } else {
         const bool given = o->recipe[0] || o->recipe[1] || o->recipe[2];
         const int r0 = given ? o->recipe[0] : 1, r1 = given ? o->recipe[1] : 1;
         p->gran_k = given ? o->recipe[2] : 128; /* DeepGEMM's default recipe (1, 1, 128) */
         DG_CHECK(r0 == 1 && r1 == 1, DG_ERR_VALUE,
-                 "opts->recipe must be (1, 1, gran_k) for k-grouped GEMMs, got (%d, %d, %d)", r0, r1, p->gran_k);
+                 "argument 'recipe' must be (1, 1, gran_k) for k-grouped GEMMs, got (%d, %d, %d)", r0, r1, p->gran_k);
         if (kind == K_FP8_NT)
-            DG_CHECK(p->gran_k == 128, DG_ERR_VALUE, "opts->recipe must be (1, 1, 128) for the _nt form, got gran_k %d",
-                     p->gran_k);
+            DG_CHECK(p->gran_k == 128, DG_ERR_VALUE,
+                     "argument 'recipe' must be (1, 1, 128) for the _nt form, got gran_k %d", p->gran_k);
         else
             DG_CHECK(p->gran_k == 32 || p->gran_k == 128, DG_ERR_VALUE,
-                     "opts->recipe: gran_k must be 32 or 128, got %d", p->gran_k);
+                     "argument 'recipe': gran_k must be 32 or 128, got %d", p->gran_k);
     }
-    DG_CHECK(!(p->psum && kind == K_FP8_NT), DG_ERR_VALUE, "opts->use_psum_layout is not available for the _nt form");
+    DG_CHECK(!(p->psum && kind == K_FP8_NT), DG_ERR_VALUE,
+             "argument 'use_psum_layout' is not available for the _nt form");
     p->k_alignment = kind == K_FP8_NT ? 128 : dg_get_mk_alignment_for_contiguous_layout();
     DG_CHECK(p->k_alignment % 32 == 0, DG_ERR_VALUE,
-             "the mk alignment for contiguous layouts (%lld) must be a multiple of 32 for k-grouped GEMMs",
+             "setting 'mk_alignment_for_contiguous_layout' (%lld) must be a multiple of 32 for k-grouped GEMMs",
              (long long)p->k_alignment);
     return DG_OK;
 }
@@ -74,19 +75,20 @@ static dg_status check_dc(const dg_tensor *d, const dg_tensor *c, k_plan *p) {
 
 /* ks: the (aligned) K of every group; optional (NULL, 0) only with the psum layout. */
 static dg_status check_ks(const int *ks, int num_ks, k_plan *p) {
-    DG_CHECK(num_ks >= 0, DG_ERR_VALUE, "num_ks must be >= 0, got %d", num_ks);
+    DG_CHECK(num_ks >= 0, DG_ERR_VALUE, "argument 'num_ks' must be >= 0, got %d", num_ks);
     DG_CHECK(ks != NULL || num_ks == 0, DG_ERR_NULL_POINTER, "argument 'ks' is NULL but num_ks is %d", num_ks);
     if (num_ks == 0) {
-        DG_CHECK(p->psum, DG_ERR_VALUE, "ks must hold one K per group (%lld) unless use_psum_layout is set",
+        DG_CHECK(p->psum, DG_ERR_VALUE, "argument 'ks' must hold one K per group (%lld) unless use_psum_layout is set",
                  (long long)p->groups);
         return DG_OK;
     }
-    DG_CHECK(num_ks == p->groups, DG_ERR_VALUE, "num_ks (%d) must equal the number of groups of 'd' (%lld)", num_ks,
+    DG_CHECK(num_ks == p->groups, DG_ERR_VALUE,
+             "argument 'num_ks' (%d) must equal the number of groups of 'd' (%lld)", num_ks,
              (long long)p->groups);
     p->sum_k = 0;
     for (int g = 0; g < num_ks; ++g) {
         DG_CHECK(ks[g] >= 0 && ks[g] % p->k_alignment == 0, DG_ERR_VALUE,
-                 "ks[%d] = %d must be a non-negative multiple of the K alignment %lld", g, ks[g],
+                 "argument 'ks': entry %d (%d) must be a non-negative multiple of the K alignment %lld", g, ks[g],
                  (long long)p->k_alignment);
         p->sum_k += ks[g];
     }
@@ -100,7 +102,7 @@ static dg_status check_ab(const dg_tensor *a, const dg_tensor *b, k_kind kind, b
         /* K-major: flat buffers of [M, k_g] (resp. [N, k_g]) blocks; only their sizes matter. */
         int64_t mk, nk;
         DG_CHECK(dg_mul_ok(p->sum_k, p->m, &mk) && dg_mul_ok(p->sum_k, p->n, &nk), DG_ERR_OVERFLOW,
-                 "sum(ks) * M or sum(ks) * N overflows");
+                 "argument 'ks': sum(ks) * M or sum(ks) * N overflows");
         DG_TRY(dg_check_tensor_dtype(a, "a", -1, want));
         DG_TRY(dg_check_tensor_dtype(b, "b", -1, want));
         DG_TRY(dg_check_contiguous(a, "a"));
@@ -129,19 +131,20 @@ static dg_status plan_groups(const int32_t *gl, const int *ks, bool has_ks, k_pl
     for (int64_t g = 0; g < p->groups; ++g) {
         int64_t start = next, len;
         if (!p->psum) {
-            DG_CHECK(gl[g] == ks[g], DG_ERR_VALUE, "grouped_layout[%lld] = %d must equal ks[%lld] = %d",
+            DG_CHECK(gl[g] == ks[g], DG_ERR_VALUE,
+                     "argument 'grouped_layout': entry %lld (%d) must equal ks[%lld] = %d",
                      (long long)g, (int)gl[g], (long long)g, ks[g]);
             len = ks[g];
             next = start + len;
         } else {
             start = dg_align(next, p->k_alignment);
             DG_CHECK(gl[g] >= start && gl[g] <= p->sum_k, DG_ERR_VALUE,
-                     "grouped_layout[%lld] = %d (psum end) must lie in [%lld, %lld]: the previous end aligned "
-                     "to %lld, and the K extent of 'a'",
+                     "argument 'grouped_layout': entry %lld (%d, a psum end) must lie in [%lld, %lld]: the previous "
+                     "end aligned to %lld, and the K extent of 'a'",
                      (long long)g, (int)gl[g], (long long)start, (long long)p->sum_k, (long long)p->k_alignment);
             len = gl[g] - start;
             DG_CHECK(!has_ks || ks[g] == dg_align(len, p->k_alignment), DG_ERR_VALUE,
-                     "ks[%lld] = %d must be the group's K (%lld) aligned to %lld", (long long)g, ks[g],
+                     "argument 'ks': entry %lld (%d) must be the group's K (%lld) aligned to %lld", (long long)g, ks[g],
                      (long long)len, (long long)p->k_alignment);
             next = gl[g];
         }
@@ -206,7 +209,7 @@ static dg_status k_grouped_checked(const dg_tensor *a, const dg_tensor *sfa, con
     if (kind != K_BF16_TN) {
         DG_TRY(check_sf(sfa, "sfa", p->m, kind, p));
         DG_TRY(check_sf(sfb, "sfb", p->n, kind, p));
-        DG_CHECK(sfa->dtype == sfb->dtype, DG_ERR_DTYPE, "'sfa' (%s) and 'sfb' (%s) must have the same dtype",
+        DG_CHECK(sfa->dtype == sfb->dtype, DG_ERR_DTYPE, "arguments 'sfa' (%s) and 'sfb' (%s) must have the same dtype",
                  dg_dtype_name(sfa->dtype), dg_dtype_name(sfb->dtype));
         if (sfa->dtype == DG_INT32)
             use_packed_starts(p);

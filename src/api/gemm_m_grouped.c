@@ -28,7 +28,8 @@ static dg_status m_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg
     DG_TRY(dg_operand_init(&A, "a", a, 0, types, ntypes));
     DG_TRY(dg_operand_init(&B, "b", b, 1, types, ntypes));
     DG_TRY(check_k_major(&A, "a"));
-    DG_CHECK(A.k == B.k, DG_ERR_SHAPE, "K of 'a' (%lld) and 'b' (%lld) differ", (long long)A.k, (long long)B.k);
+    DG_CHECK(A.k == B.k, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)", (long long)A.k,
+             (long long)B.k);
     DG_CHECK(B.mn > 0 && B.k > 0 && B.groups > 0, DG_ERR_SHAPE,
              "argument 'b': N, K and the number of groups must be positive (got G=%lld, N=%lld, K=%lld)",
              (long long)B.groups, (long long)B.mn, (long long)B.k);
@@ -39,8 +40,7 @@ static dg_status m_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg
     DG_TRY(dg_check_dim(d, "d", 1, B.mn));
     const bool psum = o->use_psum_layout != 0;
     DG_TRY(check_index_tensor(gl, "grouped_layout", psum ? B.groups : A.mn));
-    DG_CHECK(psum || o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
-             "opts->expected_m_for_psum_layout is only meaningful with use_psum_layout");
+    DG_TRY(check_expected_m_for_psum(o, psum));
     DG_TRY(check_d_disjoint(d, a, sfa, b, sfb, gl, "grouped_layout"));
     const int64_t alignment = dg_get_mk_alignment_for_contiguous_layout();
     const int32_t *layout = (const int32_t *)gl->data;
@@ -79,8 +79,7 @@ static dg_status m_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_ten
                           int expected_m, const dg_gemm_options *opts, bool quantized) {
     const dg_gemm_options def = dg_gemm_options_default();
     const dg_gemm_options *o = opts ? opts : &def;
-    DG_CHECK(!o->use_psum_layout && o->expected_m_for_psum_layout <= 0, DG_ERR_VALUE,
-             "opts: masked GEMMs take no psum layout (use the contiguous form with use_psum_layout)");
+    DG_TRY(check_masked_options(o));
     int ga[2], gb[2];
     DG_TRY(resolve_granularity(o, quantized, sfa, sfb, ga, gb));
     const dg_dtype *types = quantized ? kFp8Fp4Types : kBf16Types;
@@ -90,13 +89,16 @@ static dg_status m_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_ten
     DG_TRY(dg_operand_init(&B, "b", b, 1, types, ntypes));
     DG_TRY(check_k_major(&A, "a"));
     DG_TRY(check_k_major(&B, "b"));
-    DG_CHECK(A.groups == B.groups, DG_ERR_SHAPE, "'a' has %lld groups but 'b' has %lld",
+    DG_CHECK(A.groups == B.groups, DG_ERR_SHAPE,
+             "arguments 'a' and 'b' disagree on the number of groups (%lld vs %lld)",
              (long long)A.groups, (long long)B.groups);
-    DG_CHECK(A.k == B.k, DG_ERR_SHAPE, "K of 'a' (%lld) and 'b' (%lld) differ", (long long)A.k, (long long)B.k);
-    DG_CHECK(A.groups > 0 && A.mn > 0 && B.mn > 0 && A.k > 0, DG_ERR_SHAPE,
-             "groups, max_m, N and K must be positive (got G=%lld, max_m=%lld, N=%lld, K=%lld)",
-             (long long)A.groups, (long long)A.mn, (long long)B.mn, (long long)A.k);
-    DG_CHECK(expected_m > 0, DG_ERR_VALUE, "expected_m must be positive, got %d", expected_m);
+    DG_CHECK(A.k == B.k, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)", (long long)A.k,
+             (long long)B.k);
+    DG_CHECK(A.groups > 0 && A.mn > 0 && A.k > 0, DG_ERR_SHAPE,
+             "argument 'a': the number of groups, max_m and K must be positive (got G=%lld, max_m=%lld, K=%lld)",
+             (long long)A.groups, (long long)A.mn, (long long)A.k);
+    DG_CHECK(B.mn > 0, DG_ERR_SHAPE, "argument 'b': N must be positive (got N=%lld)", (long long)B.mn);
+    DG_TRY(check_expected_m(expected_m));
     DG_TRY(dg_operand_set_scales(&A, "sfa", sfa, ga[0], ga[1]));
     DG_TRY(dg_operand_set_scales(&B, "sfb", sfb, gb[0], gb[1]));
     DG_TRY(check_d(d, 3));
@@ -106,9 +108,7 @@ static dg_status m_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_ten
     DG_TRY(check_index_tensor(masked_m, "masked_m", A.groups));
     DG_TRY(check_d_disjoint(d, a, sfa, b, sfb, masked_m, "masked_m"));
     const int32_t *mm = (const int32_t *)masked_m->data;
-    for (int64_t g = 0; g < A.groups; ++g)
-        DG_CHECK(mm[g] >= 0 && mm[g] <= A.mn, DG_ERR_VALUE, "masked_m[%lld] = %d is outside [0, max_m = %lld]",
-                 (long long)g, (int)mm[g], (long long)A.mn);
+    DG_TRY(check_masked_m_values(mm, A.groups, A.mn));
     if (!dg_use_reference()) {
         const dg_status st = dg_engine_m_grouped_masked(&A, &B, d, mm);
         if (st != DG_ERR_UNSUPPORTED)

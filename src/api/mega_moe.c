@@ -196,7 +196,8 @@ static dg_status mega_moe(const moe_args *a) {
     ok = ok && dg_mul_ok(slots, p.hidden, &bytes) && dg_mul_ok(bytes, 2, &bytes) &&
          (uint64_t)bytes < (uint64_t)SIZE_MAX / 2;
     if (!ok) {
-        st = dg_fail(DG_ERR_OVERFLOW, "the dispatched rows (tokens x num_topk x hidden) overflow");
+        st = dg_fail(DG_ERR_OVERFLOW,
+                     "arguments 'x' and 'topk_idx': the dispatched rows (tokens x num_topk x hidden) overflow");
         goto done;
     }
 

@@ -25,7 +25,7 @@ dg_status dg_get_tma_aligned_size(int x, int element_size, int *out) {
              "argument 'element_size' (%d) must divide %d", element_size, DG_TMA_ALIGNMENT_BYTES);
     DG_CHECK(x >= 0, DG_ERR_VALUE, "argument 'x' (%d) must not be negative", x);
     const int64_t r = tma_aligned(x, element_size);
-    DG_CHECK(r <= INT32_MAX, DG_ERR_OVERFLOW, "aligning %d to %d elements overflows int", x,
+    DG_CHECK(r <= INT32_MAX, DG_ERR_OVERFLOW, "argument 'x': aligning %d to %d elements overflows int", x,
              DG_TMA_ALIGNMENT_BYTES / element_size);
     *out = (int)r;
     return DG_OK;
@@ -48,24 +48,25 @@ static dg_tensor as3d(const dg_tensor *t) {
     return v;
 }
 
-/* The descriptor of an MN-major, TMA-aligned [(G,) MN, SK] tensor (DeepGEMM's empty_strided). */
+/* The descriptor of an MN-major, TMA-aligned [(G,) MN, SK] tensor (DeepGEMM's empty_strided).
+ * Its size comes from shapes alone, so a result no process could hold is refused here, before
+ * any element of sf is read. */
 static dg_status mn_major_desc(dg_dtype dtype, int ndim, int64_t g, int64_t mn, int64_t sk, dg_tensor *want) {
     memset(want, 0, sizeof *want);
     want->dtype = dtype;
     want->ndim = ndim;
-    DG_CHECK(mn <= INT64_MAX / 2, DG_ERR_OVERFLOW, "MN extent %lld is too large", (long long)mn);
+    DG_CHECK(mn <= INT64_MAX / 2, DG_ERR_OVERFLOW, "argument 'sf': its MN extent %lld is too large", (long long)mn);
     const int64_t aligned = tma_aligned(mn, (int64_t)dg_dtype_size(dtype));
     int64_t batch_stride;
-    DG_CHECK(dg_mul_ok(aligned, sk, &batch_stride), DG_ERR_OVERFLOW, "the output size overflows");
+    DG_CHECK(dg_mul_ok(aligned, sk, &batch_stride), DG_ERR_OVERFLOW,
+             "argument 'sf': the size of the result overflows");
     const int64_t shape[3] = {g, mn, sk}, strides[3] = {batch_stride, 1, aligned};
     const int off = 3 - ndim;
     for (int i = 0; i < ndim; ++i) {
         want->shape[i] = shape[i + off];
         want->strides[i] = strides[i + off];
     }
-    int64_t lo, hi;
-    DG_CHECK(dg_tensor_span(want, &lo, &hi), DG_ERR_OVERFLOW, "the output size overflows");
-    return DG_OK;
+    return dg_check_result_span(want, "sf");
 }
 
 /* A descriptor with sf's shape and strides (DeepGEMM returns sf itself). */
@@ -125,6 +126,20 @@ static dg_status check_ue8m0_exact(const dg_tensor *sf3, int64_t g, int64_t i, i
              "argument 'sf': element [%lld, %lld, %lld] = %g is not a power of two (packing into UE8M0 "
              "keeps only the exponent)",
              (long long)g, (long long)i, (long long)j, (double)dg_load_float(sf3, dg_ptr3(sf3, g, i, j)));
+    return DG_OK;
+}
+
+/* Every element packing reads is a power of two. Without a psum layout packing reads all of sf,
+ * so each distinct element is checked once: a broadcast dimension (stride 0) is one element,
+ * however long it is, and the check costs what sf's memory holds, not its logical size. */
+static dg_status check_distinct_ue8m0_exact(const dg_tensor *sf3) {
+    int64_t n[3];
+    for (int d = 0; d < 3; ++d)
+        n[d] = sf3->strides[d] == 0 && sf3->shape[d] > 1 ? 1 : sf3->shape[d];
+    for (int64_t g = 0; g < n[0]; ++g)
+        for (int64_t i = 0; i < n[1]; ++i)
+            for (int64_t j = 0; j < n[2]; ++j)
+                DG_TRY(check_ue8m0_exact(sf3, g, i, j));
     return DG_OK;
 }
 
@@ -234,7 +249,9 @@ static dg_status packed_ue8m0(const dg_tensor *sf, int64_t mn, int gran_mn, cons
     DG_TRY(prepare_out(out, &want, sf, &query));
     if (psum && !query)
         DG_TRY(dg_check_no_overlap(out, "out", psum, "psum_layout", false));
-    DG_TRY(pack_mn_major(&s, mn, gran_mn, psum, NULL));
+    /* With a psum layout only rows inside groups are packed (gap rows may hold anything), so
+     * the check walks the rows packing reads; otherwise every distinct element is read. */
+    DG_TRY(psum ? pack_mn_major(&s, mn, gran_mn, psum, NULL) : check_distinct_ue8m0_exact(&s));
     if (query) {
         answer_query(out, &want);
         return DG_OK;
@@ -383,8 +400,7 @@ dg_status dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
         packed_k = (sf->shape[0] + 3 * plan.groups) / 4;
     const int64_t shape[2] = {packed_k, sf->shape[1]};
     const dg_tensor want = dg_tensor_make(NULL, DG_INT32, 2, shape);
-    int64_t lo, hi;
-    DG_CHECK(dg_tensor_span(&want, &lo, &hi), DG_ERR_OVERFLOW, "the output size overflows");
+    DG_TRY(dg_check_result_span(&want, "sf"));
     bool query;
     DG_TRY(prepare_out(out, &want, sf, &query));
     if (!query)
@@ -500,7 +516,8 @@ dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64_t mn, 
     /* SM100 behaviour. */
     if (is_float && (gran_k == 32 || gran_k == 128)) {
         DG_CHECK(!disable, DG_ERR_VALUE,
-                 "disable_ue8m0_cast is only supported for float32 recipes (1, 128) and (128, 128), got (%d, %d)",
+                 "argument 'disable_ue8m0_cast' is only supported for float32 recipes (1, 128) and (128, 128), "
+                 "got (%d, %d)",
                  gran_mn, gran_k);
         return packed_ue8m0(sf, mn, gran_mn, psum_layout, out);
     }
@@ -508,6 +525,7 @@ dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64_t mn, 
         DG_TRY(check_packed_tma(sf, mn));
         return pass_through(sf, out);
     }
-    return dg_fail(DG_ERR_VALUE, "unknown SF transformation: %s scales with granularity (%d, %d)%s",
+    return dg_fail(DG_ERR_VALUE, "arguments 'sf' and 'recipe': unknown SF transformation for %s scales with "
+                   "granularity (%d, %d)%s",
                    dg_dtype_name(sf->dtype), gran_mn, gran_k, disable ? " and disable_ue8m0_cast" : "");
 }

@@ -22,7 +22,20 @@ dg_status dg_check_tensor(const dg_tensor *t, const char *name, int ndim) {
     int64_t lo, hi;
     DG_CHECK(dg_tensor_span(t, &lo, &hi) && dg_tensor_numel(t) >= 0, DG_ERR_OVERFLOW,
              "argument '%s': the size of its memory span overflows", name);
+    DG_CHECK(hi - lo <= DG_MAX_SPAN_BYTES, DG_ERR_OVERFLOW,
+             "argument '%s' spans %lld bytes, more than any process can address (2^56)", name,
+             (long long)(hi - lo));
     DG_CHECK(t->data != NULL || hi == lo, DG_ERR_NULL_POINTER, "argument '%s' has NULL data", name);
+    return DG_OK;
+}
+
+dg_status dg_check_result_span(const dg_tensor *want, const char *name) {
+    int64_t lo, hi;
+    DG_CHECK(dg_tensor_span(want, &lo, &hi), DG_ERR_OVERFLOW,
+             "argument '%s': the size of the result overflows", name);
+    DG_CHECK(hi - lo <= DG_MAX_SPAN_BYTES, DG_ERR_OVERFLOW,
+             "argument '%s': the result would span %lld bytes, more than any process can address (2^56)",
+             name, (long long)(hi - lo));
     return DG_OK;
 }
 

@@ -63,6 +63,9 @@ dg_status dg_check_no_overlap(const dg_tensor *out, const char *out_name, const 
 dg_status dg_check_output(const dg_tensor *t, const char *name);
 /* Byte span [lo, hi) that a tensor's elements address relative to data; false on overflow. */
 bool dg_tensor_span(const dg_tensor *t, int64_t *lo, int64_t *hi);
+/* A descriptor the library computes for a result (query forms): its span must fit in int64 and
+ * in DG_MAX_SPAN_BYTES. `name` is the argument whose extents make it too large. */
+dg_status dg_check_result_span(const dg_tensor *want, const char *name);
 bool dg_tensors_same_view(const dg_tensor *a, const dg_tensor *b);
 
 /* Element address of a tensor with up to 4 indices (unused trailing indices are ignored). */
@@ -85,11 +88,19 @@ static inline void *dg_ptr3(const dg_tensor *t, int64_t i, int64_t j, int64_t k)
 float dg_load_float(const dg_tensor *t, const void *p);
 void dg_store_float(const dg_tensor *t, void *p, float v);
 
+/* No 64-bit platform gives a process more than 2^56 bytes of address space (x86-64 with 5-level
+ * paging; 4-level paging and AArch64 give 2^47 to 2^52), so a tensor whose elements span more
+ * bytes cannot exist. dg_check_tensor rejects it from shape and strides alone, before any
+ * element is read, and so do the functions that compute a result's descriptor. */
+#define DG_MAX_SPAN_BYTES ((int64_t)1 << 56)
+
 /* Overflow-checked arithmetic on sizes. */
 static inline bool dg_mul_ok(int64_t a, int64_t b, int64_t *out) {
     return !__builtin_mul_overflow(a, b, out);
 }
-static inline int64_t dg_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* b > 0; no intermediate exceeds a, so this holds for every int64_t a (a + b - 1 would not). */
+static inline int64_t dg_ceil_div(int64_t a, int64_t b) { return a / b + (a % b > 0); }
+/* b > 0 and a <= INT64_MAX - b: callers align extents of checked tensors, which are far smaller. */
 static inline int64_t dg_align(int64_t a, int64_t b) { return dg_ceil_div(a, b) * b; }
 
 /* ---- settings (runtime/settings.c) ------------------------------------------------------- */

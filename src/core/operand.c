@@ -23,10 +23,12 @@ dg_status dg_operand_init(dg_operand *op, const char *name, const dg_tensor *dat
         const bool k_major = st[nd - 1] == 1 || (st[nd - 2] != 1 && sh[nd - 1] <= 1);
         if (k_major) {
             op->fp4_dim = nd - 1;
-            op->k *= 2;
+            DG_CHECK(dg_mul_ok(op->k, 2, &op->k), DG_ERR_OVERFLOW,
+                     "argument '%s': twice its packed FP4 K extent (%lld) overflows", name, (long long)sh[nd - 1]);
         } else if (st[nd - 2] == 1 || sh[nd - 2] <= 1) {
             op->fp4_dim = nd - 2;
-            op->mn *= 2;
+            DG_CHECK(dg_mul_ok(op->mn, 2, &op->mn), DG_ERR_OVERFLOW,
+                     "argument '%s': twice its packed FP4 MN extent (%lld) overflows", name, (long long)sh[nd - 2]);
         } else {
             return dg_fail(DG_ERR_LAYOUT,
                            "argument '%s': packed FP4 needs a unit stride in one of its last two "
@@ -84,9 +86,9 @@ dg_status dg_resolve_recipe(const dg_gemm_options *opt, const dg_tensor *sfa, co
         opt = &def;
     const bool has_recipe = !all_zero(opt->recipe, 3);
     const bool has_a = !all_zero(opt->recipe_a, 2), has_b = !all_zero(opt->recipe_b, 2);
-    DG_CHECK(has_a == has_b, DG_ERR_VALUE, "recipe_a and recipe_b must be given together");
+    DG_CHECK(has_a == has_b, DG_ERR_VALUE, "arguments 'recipe_a' and 'recipe_b' must be given together");
     DG_CHECK(!(has_a && has_recipe), DG_ERR_VALUE,
-             "give either recipe or the recipe_a/recipe_b pair, not both");
+             "arguments 'recipe' and 'recipe_a'/'recipe_b': give either recipe or the pair, not both");
     if (has_a) {
         gran_a[0] = opt->recipe_a[0];
         gran_a[1] = opt->recipe_a[1];
@@ -105,7 +107,7 @@ dg_status dg_resolve_recipe(const dg_gemm_options *opt, const dg_tensor *sfa, co
         gran_a[1] = gran_b[1] = 128;
     }
     DG_CHECK(gran_a[0] > 0 && gran_a[1] > 0 && gran_b[0] > 0 && gran_b[1] > 0, DG_ERR_VALUE,
-             "recipe granularities must be positive (A: %d, %d; B: %d, %d)", gran_a[0], gran_a[1],
+             "argument 'recipe': granularities must be positive (A: %d, %d; B: %d, %d)", gran_a[0], gran_a[1],
              gran_b[0], gran_b[1]);
     return DG_OK;
 }

@@ -119,7 +119,8 @@ int dg_tensor_is_contiguous(const dg_tensor *t) {
     for (int i = t->ndim - 1; i >= 0; --i) {
         if (t->shape[i] != 1 && t->strides[i] != expect)
             return 0;
-        expect *= t->shape[i];
+        if (!dg_mul_ok(expect, t->shape[i], &expect)) /* more elements than int64 counts */
+            return 0;
     }
     return 1;
 }

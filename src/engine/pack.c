@@ -111,6 +111,10 @@ void dg_engine_fetch_bf16(const dg_operand *op, int64_t i, int fold, int64_t k0,
     pthread_once(&g_tables_once, init_tables);
     const dg_tensor *t = op->data;
     const int64_t s0 = t->strides[0], s1 = t->strides[1], ke = k1 < op->k ? k1 : op->k;
+    if (ke <= k0) { /* nothing to read: a K = 0 operand may have NULL data and any row stride */
+        memset(out, 0, (size_t)(k1 > k0 ? k1 - k0 : 0) * sizeof *out);
+        return;
+    }
     out -= k0; /* index by kk */
     if (ke > k0 && fetch_simd(op, i, fold, k0, ke, out, isa)) {
         for (int64_t kk = ke; kk < k1; ++kk)
@@ -311,6 +315,8 @@ dg_status dg_engine_pack(const dg_operand *op, int fold, int gblk, dg_pack_fmt f
         return dg_fail(DG_ERR_ALLOC, "out of memory packing a %lld x %lld operand", (long long)op->mn,
                        (long long)op->k);
     }
+    if (out->kp == 0) /* K = 0: empty panels; the operand (NULL data, any strides) is never addressed */
+        return DG_OK;
     const dg_pack_bf16_fn fast = r <= 32 && isa ? isa->pack_bf16 : NULL;
     const dg_pack_bf16_fn fast_mn = fast ? isa->pack_bf16_mn : NULL;
     const int64_t stage_rows = fast ? r : 1;

@@ -170,8 +170,9 @@ dg_isa dg_get_isa(void) {
 dg_status dg_set_isa(dg_isa isa) {
     dg_api_begin("dg_set_isa");
     pthread_once(&g_once, detect);
-    DG_CHECK(isa >= DG_ISA_GENERIC && isa <= DG_ISA_AMX, DG_ERR_VALUE, "unknown ISA level %d", (int)isa);
-    DG_CHECK(isa <= g_info.best_isa, DG_ERR_UNSUPPORTED, "this CPU does not support %s (best: %s)",
+    DG_CHECK(isa >= DG_ISA_GENERIC && isa <= DG_ISA_AMX, DG_ERR_VALUE, "argument 'isa' is an unknown ISA level %d",
+             (int)isa);
+    DG_CHECK(isa <= g_info.best_isa, DG_ERR_UNSUPPORTED, "argument 'isa': this CPU does not support %s (best: %s)",
              dg_isa_name(isa), dg_isa_name(g_info.best_isa));
     atomic_store(&g_isa, (int)isa);
     return DG_OK;

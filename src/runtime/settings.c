@@ -43,7 +43,7 @@ static void ensure_init(void) { pthread_once(&g_once, init_from_env); }
 dg_status dg_set_num_sms(int num_sms) {
     ensure_init();
     dg_api_begin("dg_set_num_sms");
-    DG_CHECK(num_sms > 0 && num_sms <= 4096, DG_ERR_VALUE, "num_sms must be in [1, 4096], got %d", num_sms);
+    DG_CHECK(num_sms > 0 && num_sms <= 4096, DG_ERR_VALUE, "argument 'num_sms' must be in [1, 4096], got %d", num_sms);
     atomic_store(&g_num_sms, num_sms);
     return DG_OK;
 }
@@ -64,7 +64,7 @@ dg_status dg_set_backend(dg_backend backend) {
     ensure_init();
     dg_api_begin("dg_set_backend");
     DG_CHECK(backend == DG_BACKEND_AUTO || backend == DG_BACKEND_REFERENCE, DG_ERR_VALUE,
-             "unknown backend %d", (int)backend);
+             "argument 'backend' is an unknown backend %d", (int)backend);
     atomic_store(&g_backend, (int)backend);
     return DG_OK;
 }
@@ -73,7 +73,7 @@ bool dg_use_reference(void) { return dg_get_backend() == DG_BACKEND_REFERENCE; }
 
 dg_status dg_set_tc_util(int tc_util) {
     dg_api_begin("dg_set_tc_util");
-    DG_CHECK(tc_util > 0 && tc_util <= 100, DG_ERR_VALUE, "tc_util must be in [1, 100], got %d", tc_util);
+    DG_CHECK(tc_util > 0 && tc_util <= 100, DG_ERR_VALUE, "argument 'tc_util' must be in [1, 100], got %d", tc_util);
     atomic_store(&g_tc_util, tc_util);
     return DG_OK;
 }
@@ -84,10 +84,15 @@ int dg_get_pdl(void) { return atomic_load(&g_pdl); }
 void dg_set_ignore_compile_dims(int ignore) { atomic_store(&g_ignore_compile_dims, ignore != 0); }
 int dg_get_ignore_compile_dims(void) { return atomic_load(&g_ignore_compile_dims); }
 
+/* No kernel has a non-deterministic variant, so there is nothing for the flag to switch. */
+void dg_use_deterministic_algorithms(int enabled) { (void)enabled; }
+int dg_get_deterministic_algorithms(void) { return 1; }
+
 dg_status dg_set_block_size_multiple_of(int block_m_multiple_of, int block_n_multiple_of) {
     dg_api_begin("dg_set_block_size_multiple_of");
     DG_CHECK(block_m_multiple_of > 0 && block_n_multiple_of > 0, DG_ERR_VALUE,
-             "block size multiples must be positive, got (%d, %d)", block_m_multiple_of, block_n_multiple_of);
+             "arguments 'block_m_multiple_of' and 'block_n_multiple_of' must be positive, got (%d, %d)",
+             block_m_multiple_of, block_n_multiple_of);
     atomic_store(&g_block_m_multiple, block_m_multiple_of);
     atomic_store(&g_block_n_multiple, block_n_multiple_of);
     return DG_OK;
@@ -103,7 +108,7 @@ void dg_get_block_size_multiple_of(int *block_m_multiple_of, int *block_n_multip
 dg_status dg_set_mk_alignment_for_contiguous_layout(int alignment) {
     dg_api_begin("dg_set_mk_alignment_for_contiguous_layout");
     DG_CHECK(alignment > 0 && alignment <= (1 << 20), DG_ERR_VALUE,
-             "alignment must be in [1, 2^20], got %d", alignment);
+             "argument 'alignment' must be in [1, 2^20], got %d", alignment);
     atomic_store(&g_mk_alignment, alignment);
     return DG_OK;
 }
