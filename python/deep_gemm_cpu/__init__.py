@@ -13,6 +13,7 @@ from ._C import (
     set_ignore_compile_dims, get_ignore_compile_dims,
     set_block_size_multiple_of, get_block_size_multiple_of,
     set_pdl, get_pdl,
+    use_deterministic_algorithms, get_deterministic_algorithms,
     set_mk_alignment_for_contiguous_layout,
     get_mk_alignment_for_contiguous_layout,
     get_theoretical_mk_alignment_for_contiguous_layout,

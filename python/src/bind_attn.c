@@ -7,15 +7,20 @@
  */
 #include "dgpy.h"
 
+/* max_seqlen_k is DeepGEMM's: 0 gives logits [S, SK]; > 0 gives "compressed" logits
+ * [S, max_seqlen_k] whose column c is kv row cu_seq_len_k_start[i] + c. The legacy form has no
+ * logits_dtype, so its keyword list must end one entry earlier to match its format. */
 static PyObject *mqa_logits(PyObject *args, PyObject *kw, const char *fn, int legacy) {
     static char *kw_new[] = {"q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end", "clean_logits",
                              "max_seqlen_k", "logits_dtype", NULL};
+    static char *kw_old[] = {"q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end", "clean_logits",
+                             "max_seqlen_k", NULL};
     PyObject *q, *kv, *w, *ks, *ke, *dtype_obj = NULL;
     int clean = 1, max_seqlen_k = 0;
     char fmt[64];
     snprintf(fmt, sizeof fmt, "OOOOO|pi%s:%s", legacy ? "" : "O", fn);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_new, &q, &kv, &w, &ks, &ke, &clean, &max_seqlen_k,
-                                     &dtype_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, legacy ? kw_old : kw_new, &q, &kv, &w, &ks, &ke, &clean,
+                                     &max_seqlen_k, &dtype_obj))
         return NULL;
     dgp_tensor tq, tqs = {0}, tkv, tkvs, tw, tks, tke;
     dg_tensor logits = {0};

@@ -50,6 +50,19 @@ static PyObject *py_set_ignore_compile_dims(PyObject *s, PyObject *args, PyObjec
 static PyObject *py_get_ignore_compile_dims(PyObject *s, PyObject *unused) {
     return PyBool_FromLong(dg_get_ignore_compile_dims());
 }
+/* DeepGEMM 2.8's switch: every kernel here is deterministic already, so it is accepted and the
+ * getter always answers True (see dg_use_deterministic_algorithms). */
+static PyObject *py_use_deterministic_algorithms(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"enabled", NULL};
+    int v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "p:use_deterministic_algorithms", kwl, &v))
+        return NULL;
+    dg_use_deterministic_algorithms(v);
+    Py_RETURN_NONE;
+}
+static PyObject *py_get_deterministic_algorithms(PyObject *s, PyObject *unused) {
+    return PyBool_FromLong(dg_get_deterministic_algorithms());
+}
 /* new_value: an int (both) or an (m, n) tuple, as DeepGEMM. */
 static PyObject *py_set_block_size_multiple_of(PyObject *s, PyObject *args, PyObject *kw) {
     static const char *fn = "set_block_size_multiple_of";
@@ -304,6 +317,9 @@ PyMethodDef dgp_misc_methods[] = {
     M0(get_pdl, "get_pdl()"),
     M(set_ignore_compile_dims, "set_ignore_compile_dims(new_value): accepted, no effect on a CPU"),
     M0(get_ignore_compile_dims, "get_ignore_compile_dims()"),
+    M(use_deterministic_algorithms, "use_deterministic_algorithms(enabled): accepted; results are always "
+                                    "deterministic here"),
+    M0(get_deterministic_algorithms, "get_deterministic_algorithms() -> True (always deterministic here)"),
     M(set_block_size_multiple_of, "set_block_size_multiple_of(new_value): int or (m, n)"),
     M0(get_block_size_multiple_of, "get_block_size_multiple_of() -> (m, n)"),
     M(set_mk_alignment_for_contiguous_layout, "set_mk_alignment_for_contiguous_layout(new_value)"),

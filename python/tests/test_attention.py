@@ -123,3 +123,33 @@ def test_fp4_paged_mqa_logits():
         ref = (torch.einsum('hd,pd->hp', q_deq[bi, 0], rows[:n]).relu() * w[bi][:, None]).sum(0)
         assert calc_diff(logits[bi, :n], ref) < 0.02
         assert (logits[bi, n:] == float('-inf')).all()
+
+
+@pytest.mark.parametrize('legacy', [False, True])
+def test_mqa_logits_max_seqlen_k(legacy):
+    """DeepGEMM's max_seqlen_k > 0: logits [S, max_seqlen_k], column c holding kv row ks[i] + c
+    (regression: the legacy form raised SystemError for this keyword, issue 17)."""
+    s, sk, h, d, width = 6, 200, 4, 64, 64
+    q = torch.randn(s, h, d).to(torch.float8_e4m3fn)
+    kv, kv_sf = per_custom_dims_cast_to_fp8(torch.randn(sk, d), (0,), False)
+    w = torch.randn(s, h)
+    ks = torch.randint(0, 120, (s,), dtype=torch.int32)
+    ke = ks + torch.randint(1, width + 1, (s,), dtype=torch.int32)
+    full = dg.fp8_fp4_mqa_logits((q, None), (kv, kv_sf), w, ks, ke, clean_logits=False)
+    if legacy:
+        by_keyword = dg.fp8_mqa_logits(q, (kv, kv_sf), w, ks, ke, clean_logits=False, max_seqlen_k=width)
+        by_position = dg.fp8_mqa_logits(q, (kv, kv_sf), w, ks, ke, False, width)
+    else:
+        by_keyword = dg.fp8_fp4_mqa_logits((q, None), (kv, kv_sf), w, ks, ke, clean_logits=False,
+                                           max_seqlen_k=width)
+        by_position = dg.fp8_fp4_mqa_logits((q, None), (kv, kv_sf), w, ks, ke, False, width, torch.float32)
+    for logits in (by_keyword, by_position):
+        assert logits.shape == (s, width) and logits.dtype == torch.float32
+        assert logits.stride(0) % 256 == 0  # align(align(max_seqlen_k, 256), 1024 bytes)
+        for i in range(s):
+            n = int(ke[i] - ks[i])
+            assert torch.equal(logits[i, :n], full[i, int(ks[i]):int(ke[i])])
+    with pytest.raises(ValueError, match="'max_seqlen_k'"):
+        dg.fp8_mqa_logits(q, (kv, kv_sf), w, ks, ke, max_seqlen_k=-1)
+    with pytest.raises(TypeError, match='logits_dtype'):
+        dg.fp8_mqa_logits(q, (kv, kv_sf), w, ks, ke, logits_dtype=torch.float32)  # not in the legacy form

@@ -87,6 +87,12 @@ def test_runtime_settings():
     dg.set_pdl(False)
     dg.set_ignore_compile_dims(True)
     dg.set_ignore_compile_dims(False)
+    # DeepGEMM 2.8's switch: accepted, and results are deterministic whatever it says
+    assert dg.get_deterministic_algorithms() is True
+    dg.use_deterministic_algorithms(False)
+    assert dg.get_deterministic_algorithms() is True
+    dg.use_deterministic_algorithms(enabled=True)
+    assert dg.get_deterministic_algorithms() is True
     dg.set_block_size_multiple_of(4)
     dg.set_block_size_multiple_of((2, 8))
     assert dg.get_block_size_multiple_of() == (2, 8)
