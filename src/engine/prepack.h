@@ -23,11 +23,14 @@ struct dg_packed_b {
     dg_packed pk;             /* NR-row panels; pk.gblk = gran_b[1] when scales are kept */
     /* FP4 B only: its E2M1 codes K-major [n][ceil(k / 2)] and its scales as float32
      * [n][ceil(k / gran_b[1])], in the block fp4_mem (dg_free): an FP4 A then runs the integer
-     * path of fp4x4.h on them, as the unpacked call does (bitwise the same D). */
+     * path of fp4x4.h on them, as the unpacked call does (bitwise the same D), and so does a
+     * decoding call (M <= 2) with another A on configurations with decode kernels: the
+     * unpacked call's small-M path, 0.5 bytes per weight instead of the panels' 2. */
     void *fp4_mem;
     const uint8_t *fp4_codes;
     const float *fp4_sf;
-    /* FP8 B on AMX configurations: its E4M3 codes K-major [n][k] (1 byte per weight) and, with
+    /* FP8 B on AMX configurations and on those with decode kernels (AVX2): its E4M3 codes
+     * K-major [n][k] (1 byte per weight) and, with
      * scales, float32 scales [ceil(n / fp8_gran_mn)][ceil(k / gran_b[1])], fp8_gran_mn =
      * gcd(gran_b[0], DG_PACKED_SLICE) (the same values; a column slice at a multiple of
      * DG_PACKED_SLICE still indexes them), in the block fp8_mem (dg_free). Small-M calls run
@@ -35,7 +38,8 @@ struct dg_packed_b {
      * 1 byte per weight instead of the panels' 2.
      * Not on the AVX-512 levels: their small-M kernels are bound by the float32 FMAs, not by
      * reading B, and staging codes per K slice cost more than widening BF16 panels (measured:
-     * grouped FP8 decoding 94 ms on codes vs 72 ms on panels).
+     * grouped FP8 decoding 94 ms on codes vs 72 ms on panels). With decode kernels the codes
+     * serve only M <= 2, where reading B is the bound; larger M widens the panels.
      * Large-M calls keep using the BF16 panels (pk): the object then holds both, 3 bytes per
      * weight instead of 2 (+50%), because packing B per large-M call instead was measured at
      * 3.6x the time at M = 65, 1.8x at 256, 1.2x at 1024 (N 2112, K 7168, one thread). */

@@ -23,7 +23,6 @@
 #include "engine.h"
 
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -83,18 +82,16 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
 }
 
 /*
- * nb adjacent NR-column blocks of D, columns [n0, n0 + cols) (cols <= nb * NR): per K slice,
- * every block's piece of B is staged (bbuf [nb][slice][NR]), then each A panel runs against all
- * of them, so a panel's slice is read once per nb blocks instead of once per block (at M = 64
- * all of A is 1.8 MiB for K = 7168: from L3 every time). cbuf: [nb][panels][MR][NR].
+ * Adjacent NR-column blocks of D, columns [n0, n0 + cols): per K slice, every block's piece
+ * of B is staged (bbuf [blocks][slice][NR]), then each A panel runs against all of them.
+ * cbuf: [blocks][panels][MR][NR].
  */
-static void run_blocks(const small_job *j, int64_t n0, int64_t cols, int nb, uint16_t *stage, float *bbuf,
-                       float *cbuf, float *sb) {
+static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *stage, float *bbuf, float *cbuf,
+                       float *sb) {
     const dg_packed *pa = j->pa;
     const int nr = j->cfg->nr, mr = j->mr, gblk = j->plan->gblk;
     const int64_t kp = pa->kp, per = pa->panels * mr * nr, nblk = dg_ceil_div(cols, nr);
     const bool scaled_b = !j->plan->fold_b && j->b->sf;
-    (void)nb;
     if (gblk || kp == 0)
         memset(cbuf, 0, (size_t)(nblk * per) * sizeof(float));
     for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
@@ -474,10 +471,9 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         return dst;
     }
     const int nr = cfg->nr;
-    /* Work items: 32 columns for the decode kernel (whole NR blocks for the fallback), else nb
-     * NR blocks (run_blocks). */
-    const int nb_env = getenv("DG_NB") ? atoi(getenv("DG_NB")) : 1;
-    const int nb = decode && 32 % nr == 0 ? 32 / nr : nb_env;
+    /* Work items: 32 columns for the decode kernel (whole NR blocks for its fallback), else one
+     * NR block (staging 4 blocks per A pass measured no faster at M = 16 and 64 on Zen 3). */
+    const int nb = decode && 32 % nr == 0 ? 32 / nr : 1;
     const int64_t n = b->mn, width = (int64_t)nb * nr, mpad = pa.panels * j.mr;
     decode = decode && width == 32;
     const int64_t items = dg_ceil_div(n, width);
@@ -515,7 +511,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
                     dg_engine_store_row(d, c, i, i0, icols, dout + i * 32);
                 continue;
             }
-            run_blocks(&jt, i0, icols, nb, stage, bbuf, cbuf, sbuf);
+            run_blocks(&jt, i0, icols, stage, bbuf, cbuf, sbuf);
             for (int64_t n0 = i0; n0 < i0 + icols; n0 += nr) {
                 const int64_t cols = n - n0 < nr ? n - n0 : nr;
                 for (int64_t i = 0; i < a->mn; ++i)
