@@ -99,6 +99,13 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
         for (int64_t bi = 0; bi < nblk; ++bi)
             stage_b(j, n0 + bi * nr, cols - bi * nr < nr ? cols - bi * nr : nr, k0, kc, stage,
                     bbuf + bi * j->slice * nr);
+        const int64_t nq = gblk ? dg_ceil_div(kc, gblk) : 0; /* scale blocks in this slice */
+        for (int64_t bi = 0; bi < nblk && scaled_b; ++bi) { /* B's scales once per slice, not per panel */
+            const int64_t c0 = n0 + bi * nr, bc = cols - bi * nr < nr ? cols - bi * nr : nr;
+            for (int64_t q = 0; q < nq; ++q)
+                for (int s = 0; s < nr; ++s)
+                    sb[(bi * nq + q) * nr + s] = s < bc ? dg_operand_scale(j->b, 0, c0 + s, k0 + q * gblk) : 1.0f;
+        }
         for (int64_t ir = 0; ir < pa->panels; ++ir) {
             const float *ap = (const float *)pa->data + ir * kp * mr;
             for (int64_t bi = 0; bi < nblk; ++bi) {
@@ -108,15 +115,9 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
                     j->ukr(kc, ap + k0 * mr, bb, cb, nr, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL, NULL);
                     continue;
                 }
-                const int64_t c0 = n0 + bi * nr, bc = cols - bi * nr < nr ? cols - bi * nr : nr;
-                for (int64_t kb0 = k0; kb0 < k0 + kc; kb0 += gblk) { /* one scale epilogue per block */
+                for (int64_t q = 0, kb0 = k0; kb0 < k0 + kc; ++q, kb0 += gblk) { /* one scale epilogue per block */
                     const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
-                    const float *sbp = j->ones;
-                    if (scaled_b) {
-                        for (int s = 0; s < nr; ++s)
-                            sb[s] = s < bc ? dg_operand_scale(j->b, 0, c0 + s, kb0) : 1.0f;
-                        sbp = sb;
-                    }
+                    const float *sbp = scaled_b ? sb + (bi * nq + q) * nr : j->ones;
                     const float *sap = pa->scales ? pa->scales + (ir * pa->nkb + kb0 / gblk) * mr : j->ones;
                     j->ukr(kb1 - kb0, ap + kb0 * mr, bb + (kb0 - k0) * nr, cb, nr, DG_UKR_SCALE, sap, sbp);
                 }
@@ -482,8 +483,9 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
     const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + 64 : 0;
+    const int64_t sbn = nb * (plan->gblk ? dg_ceil_div(j.slice, plan->gblk) : 1) * nr + 8; /* B scales of a slice */
     const int64_t per_thread =
-        dg_align(nb * (j.slice * nr + mpad * nr) + 2 * (nr + 8) + dec + (j.slice * nr + 1) / 2, 16);
+        dg_align(nb * (j.slice * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
     if (!mem) {
         dg_engine_decode_a_free(&dp.a);
@@ -497,8 +499,8 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         tid = omp_get_thread_num();
 #endif
         float *bbuf = mem + tid * per_thread, *cbuf = bbuf + nb * j.slice * nr, *ones = cbuf + nb * mpad * nr;
-        float *sbuf = ones + nr + 8, *dsb = sbuf + nr + 8, *dfm = dsb + 32 * dp.a.nkb, *dout = dfm + 32 * dp.nkbf;
-        uint16_t *stage = (uint16_t *)(sbuf + nr + 8 + dec);
+        float *sbuf = ones + nr + 8, *dsb = sbuf + sbn, *dfm = dsb + 32 * dp.a.nkb, *dout = dfm + 32 * dp.nkbf;
+        uint16_t *stage = (uint16_t *)(sbuf + sbn + dec);
         small_job jt = j;
         for (int s = 0; s < nr + 8; ++s)
             ones[s] = 1.0f;
