@@ -51,6 +51,8 @@ static f4_cfg config_now(int64_t m) {
 #endif
     if (isa >= DG_ISA_AVX512_BF16)
         c.ukr = dg_f4_ukr_vnni, c.a_bias = 12;
+    else if (isa >= DG_ISA_AVX2)
+        c.ukr = dg_f4_ukr_avx2, c.a_bias = 12;
 #else
     (void)isa, (void)m;
 #endif
@@ -120,11 +122,12 @@ static void shape_of(const dg_operand *op, int gblk, int64_t mn, f4_packed *p) {
     p->panels = dg_ceil_div(mn, DG_F4_MR);
 }
 
-/* The AVX-512 packers take K-major FP4 rows on AVX-512 levels. */
+/* The SIMD packers take K-major FP4 rows: AVX-512 ones from AVX512_BF16 up, AVX2 ones below. */
 static bool simd_rows(const dg_operand *op) {
-    return DG_X86 && dg_get_isa() >= DG_ISA_AVX512_BF16 && op->fp4_dim == 1 && op->data->strides[1] == 1 &&
-           op->k % 2 == 0;
+    return DG_X86 && dg_get_isa() >= DG_ISA_AVX2 && op->fp4_dim == 1 && op->data->strides[1] == 1 && op->k % 2 == 0;
 }
+
+static bool avx512_rows(void) { return dg_get_isa() >= DG_ISA_AVX512_BF16; }
 
 static const uint8_t *row_ptr(const dg_operand *op, int64_t i) {
     return (const uint8_t *)op->data->data + i * op->data->strides[0];
@@ -150,7 +153,8 @@ static void pack_a_panel(const dg_operand *op, const f4_packed *pk, int64_t p, i
     const bool simd = simd_rows(op);
 #if DG_X86
     if (simd)
-        dg_f4_pack_a_avx512(row_ptr(op, i0), op->data->strides[0], (int)rows, op->k / 2, pk->steps, bias, dst);
+        (avx512_rows() ? dg_f4_pack_a_avx512 : dg_f4_pack_a_avx2)(row_ptr(op, i0), op->data->strides[0], (int)rows,
+                                                                 op->k / 2, pk->steps, bias, dst);
 #endif
     for (int r = 0; r < DG_F4_MR; ++r) {
         const int64_t i = i0 + r;
@@ -183,7 +187,8 @@ static void pack_b_panel(const dg_operand *op, const f4_packed *pk, int64_t p, i
                 sb[kb * DG_F4_NR + r] = 0.0f;
 #if DG_X86
     if (simd_rows(op)) {
-        dg_f4_pack_b_avx512(row_ptr(op, j0), op->data->strides[0], (int)rows, op->k / 2, pk->steps, pk->spb, dst, bsum);
+        (avx512_rows() ? dg_f4_pack_b_avx512 : dg_f4_pack_b_avx2)(row_ptr(op, j0), op->data->strides[0], (int)rows,
+                                                                 op->k / 2, pk->steps, pk->spb, dst, bsum);
         return;
     }
 #endif

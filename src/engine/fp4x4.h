@@ -52,6 +52,13 @@ void dg_f4_pack_a_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbyte
                          int8_t *dst);
 void dg_f4_pack_b_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int spb,
                          int8_t *dst, int32_t *bsum);
+/* The AVX2 twins (kernels/avx2/fp4x4_avx2.c): A with a_bias 12, the same bytes and bits. */
+void dg_f4_ukr_avx2(int64_t steps, int spb, int rows, const int8_t *a, const int8_t *b, const float *sa4,
+                    const float *sb, const int32_t *bsum, float *acc);
+void dg_f4_pack_a_avx2(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int bias,
+                       int8_t *dst);
+void dg_f4_pack_b_avx2(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int spb,
+                       int8_t *dst, int32_t *bsum);
 void dg_f4_ukr_amx_begin(void);
 void dg_f4_ukr_amx(int64_t steps, int spb, int rows, const int8_t *a, const int8_t *b, const float *sa4,
                    const float *sb, const int32_t *bsum, float *acc);
