@@ -321,7 +321,11 @@ dg_status dg_engine_pack(const dg_operand *op, int fold, int gblk, dg_pack_fmt f
     const dg_pack_bf16_fn fast_mn = fast ? isa->pack_bf16_mn : NULL;
     const int64_t stage_rows = fast ? r : 1;
     bool ok = true;
-#pragma omp parallel num_threads(dg_num_threads()) reduction(&& : ok)
+    /* No more threads than panels, and one for a small operand (a decoding call's A): a region
+     * of two threads ends in a barrier that, on a shared core, waits for a descheduled thread. */
+    const int64_t elems = out->panels * out->kp * r;
+    const int threads = elems < (1 << 16) ? 1 : (int)(out->panels < dg_num_threads() ? out->panels : dg_num_threads());
+#pragma omp parallel num_threads(threads) reduction(&& : ok)
     {
         uint16_t *row = dg_malloc((size_t)(stage_rows * out->kp) * 2 + 64);
         ok = row != NULL;

@@ -127,12 +127,13 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
 }
 
 /* ---- decoding (M <= 2): B read in place by the configuration's decode kernel -----------------
- * Items of 32 columns (engine.h: dg_decode_job). The kernel's per-element operations are the
+ * Items of DG_DECODE_ROWS columns (engine.h: dg_decode_job). The kernel's per-element operations are the
  * small-M kernels' (same chain, same epilogue, same folded values), so a block may fall back
  * to run_block at any time without changing bits: when the kernel met an E4M3 NaN code, or
  * when a folded scale is outside the range where value * scale is one exact multiply. */
 
 static atomic_int g_decode = 1;
+
 
 void dg_engine_set_decode(int use) { atomic_store(&g_decode, use != 0); }
 
@@ -200,7 +201,7 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     return DG_OK;
 }
 
-/* Columns [n0, n0 + cols) (cols <= 32) through the decode kernel into out [m][32]; false when
+/* Columns [n0, n0 + cols) (cols <= DG_DECODE_ROWS) through the decode kernel into out [m][32]; false when
  * the block must take the exact path instead. sb, fm: per-thread scratch. */
 static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_operand *b, const dg_scale_plan *plan,
                          int64_t n0, int64_t cols, float *sb, float *fm, float *out) {
@@ -472,11 +473,11 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         return dst;
     }
     const int nr = cfg->nr;
-    /* Work items: 32 columns for the decode kernel (whole NR blocks for its fallback), else one
+    /* Work items: DG_DECODE_ROWS columns for the decode kernel (whole NR blocks for its fallback), else one
      * NR block (staging 4 blocks per A pass measured no faster at M = 16 and 64 on Zen 3). */
-    const int nb = decode && 32 % nr == 0 ? 32 / nr : 1;
+    const int nb = decode && DG_DECODE_ROWS % nr == 0 ? DG_DECODE_ROWS / nr : 1;
     const int64_t n = b->mn, width = (int64_t)nb * nr, mpad = pa.panels * j.mr;
-    decode = decode && width == 32;
+    decode = decode && width == DG_DECODE_ROWS;
     const int64_t items = dg_ceil_div(n, width);
     const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
     /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the

@@ -1,11 +1,11 @@
 /*
- * decode_avx2.c - AVX2 decoding kernels: one or two rows of A against 32 rows of B read in
- * place (BF16, E4M3 or E2M1 codes, K contiguous), all of K in one call (contract:
+ * decode_avx2.c - AVX2 decoding kernels: one or two rows of A against DG_DECODE_ROWS rows of B
+ * read in place (BF16, E4M3 or E2M1 codes, K contiguous), all of K in one call (contract:
  * dg_decode_job in src/engine/engine.h).
  *
  * Why not the small-M kernels on a staged B: at M = 1 an MR = 1 kernel keeps 2 FMA chains
- * (one per 8 columns) and waits on FMA latency; here 32 columns are 4 chains per row of A,
- * and B goes from memory to registers without a trip through an L1 buffer.
+ * (one per 8 columns) and waits on FMA latency; here G = DG_DECODE_ROWS / 8 groups of 8 rows make G
+ * chains per row of A, and B is staged once per call, not once per A panel.
  *
  * One step takes 8 rows of B and 8 k (E2M1: 16 k): the 16-byte pieces of rows j and j + 4
  * share a register (one per 128-bit lane; codes zero-extended to 16 bits first), and a 4 x 4
@@ -73,10 +73,11 @@ DG_INLINE __m256 expand(__m256i w, int fmt, int t) {
     return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
 }
 
-/* One step of an 8-row group into the float32 panel slice dst [k][32] at lane offset 8g (dst
+/* One step of an 8-row group into the float32 panel slice dst [k][W] at lane offset 8g (dst
  * points at lane 8g of the step's first k): rows at p (row stride ld bytes), values times mul
  * (codes only). */
-DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, __m256i *nanmax, const int fmt) {
+DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, __m256i *nanmax, const int fmt,
+                           const int W) {
     const int epw = fmt == FMT_E2M1 ? 4 : 2; /* elements per word */
     __m256i y[4], w[4];
 #pragma GCC unroll 4
@@ -93,26 +94,28 @@ DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, 
             __m256 v = expand(w[q], fmt, t);
             if (fmt != FMT_BF16)
                 v = _mm256_mul_ps(v, mul);
-            _mm256_storeu_ps(dst + (epw * q + t) * 32, v);
+            _mm256_storeu_ps(dst + (epw * q + t) * W, v);
         }
 }
 
-/* acc[m][g] chained over kc (even) k of the panel slice buf [k][32] against A at a (row m at
- * a + m * lda): per pair the odd k first (engine.h). 4 M independent chains. */
-DG_INLINE void fma_slice(const float *buf, int64_t kc, const float *a, int64_t lda, __m256 acc[2][4], const int M) {
+/* acc[m][g] chained over kc (even) k of the panel slice buf [k][8 G] against A at a (row m at
+ * a + m * lda): per pair the odd k first (engine.h). G M independent chains. */
+DG_INLINE void fma_slice(const float *buf, int64_t kc, const float *a, int64_t lda, __m256 acc[2][4], const int M,
+                         const int G) {
     for (int64_t kk = 0; kk < kc; kk += 2)
 #pragma GCC unroll 2
         for (int u = 1; u >= 0; --u) {
-            const float *b = buf + (kk + u) * 32;
-            const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16),
-                         b3 = _mm256_loadu_ps(b + 24);
+            const float *b = buf + (kk + u) * 8 * G;
+            __m256 bv[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g)
+                bv[g] = _mm256_loadu_ps(b + 8 * g);
 #pragma GCC unroll 2
             for (int m = 0; m < M; ++m) {
                 const __m256 av = _mm256_broadcast_ss(a + m * lda + kk + u);
-                acc[m][0] = _mm256_fmadd_ps(av, b0, acc[m][0]);
-                acc[m][1] = _mm256_fmadd_ps(av, b1, acc[m][1]);
-                acc[m][2] = _mm256_fmadd_ps(av, b2, acc[m][2]);
-                acc[m][3] = _mm256_fmadd_ps(av, b3, acc[m][3]);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g)
+                    acc[m][g] = _mm256_fmadd_ps(av, bv[g], acc[m][g]);
             }
         }
 }
@@ -124,9 +127,9 @@ DG_INLINE __m256 group_mul(const float *const *fm, int64_t s, int g, float unit)
     return fm ? _mm256_loadu_ps(fm[s] + 8 * g) : _mm256_set1_ps(unit);
 }
 
-/* Chunk [kk, kk + kc) of the 32 rows as float32 [kc][32] in buf. */
+/* Chunk [kk, kk + kc) of the 8 G rows as float32 [kc][8 G] in buf. */
 DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64_t full, int64_t bytes, float *buf,
-                           uint8_t *tail, __m256i *nanmax, const int fmt) {
+                           uint8_t *tail, __m256i *nanmax, const int fmt, const int G) {
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
     const float unit = fmt == FMT_E4M3 ? 0x1p120f : 1.0f;
     const float *fmrow[CHUNK_K / 8], *const *fm = j->fm ? fmrow : NULL;
@@ -137,13 +140,13 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
         /* The next chunk of every row, into L2 (whole lines: kc * pb / kstep >= 64). Measured on
          * Zen 3 (M = 1, 2 threads, DRAM-cold B): one chunk ahead 16 GB/s, two 13, none 11-15;
          * more prefetches in flight (bursts of 4-8 chunks) 10-12: they hold L1 miss buffers. */
-        for (int r = 0; r < 32; ++r)
+        for (int r = 0; r < 8 * G; ++r)
             for (int64_t o = 0; o < kc / kstep * pb; o += 64)
                 _mm_prefetch((const char *)(j->b + r * ld + off + kc / kstep * pb + o), _MM_HINT_T1);
-        for (int g = 0; g < 4; ++g) /* 8 rows' lines at a time */
+        for (int g = 0; g < G; ++g) /* 8 rows' lines at a time */
             for (int64_t s = 0; s < kc; s += kstep)
                 stage_step(j->b + (int64_t)(8 * g) * ld + off + s / kstep * pb, ld, group_mul(fm, s / kstep, g, unit),
-                           buf + s * 32 + 8 * g, nanmax, fmt);
+                           buf + s * 8 * G + 8 * g, nanmax, fmt, 8 * G);
         return;
     }
     for (int64_t s = 0; s < kc; s += kstep) { /* partial steps: pieces copied into a zeroed block */
@@ -151,8 +154,9 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
         memset(tail, 0, 32 * 16);
         for (int r = 0; r < j->rows && valid > 0; ++r)
             memcpy(tail + r * pb, j->b + r * ld + off, (size_t)valid);
-        for (int g = 0; g < 4; ++g)
-            stage_step(tail + 8 * g * pb, pb, group_mul(fm, s / kstep, g, unit), buf + s * 32 + 8 * g, nanmax, fmt);
+        for (int g = 0; g < G; ++g)
+            stage_step(tail + 8 * g * pb, pb, group_mul(fm, s / kstep, g, unit), buf + s * 8 * G + 8 * g, nanmax, fmt,
+                       8 * G);
     }
 }
 
@@ -161,40 +165,40 @@ static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 /*
  * The body for M rows of A (1 or 2) and format fmt (constants after inlining). Per chunk of
  * CHUNK_K k (a divisor of gblk when gblk is smaller), two phases:
- *   staging: the 32 rows widened and transposed into a float32 slice [k][32] in L1, 8 rows at
+ *   staging: the 8 G rows widened and transposed into a float32 slice [k][8 G] in L1, 8 rows at
  *     a time (8 lines in flight: DeepSeek's K (2048, 7168, ...) make row strides that map all
  *     rows to one or two L1 sets, so touching 16 or 32 rows per step refetched every line
  *     from L2 each step: measured K = 2048 at 0.4x the speed of K = 2080);
- *   FMAs: 4 M independent chains (32 columns x M rows) over the slice, one k at a time (a
+ *   FMAs: G M independent chains (8 G columns x M rows) over the slice, one k at a time (a
  *     single 8-row chain per row of A would wait on FMA latency).
  */
-DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt) {
+DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, const int G) {
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
     const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
-    const int64_t gblk = j->gblk ? j->gblk : kend, full = j->rows == 32 ? bytes / pb * kstep : 0;
+    const int64_t gblk = j->gblk ? j->gblk : kend, full = j->rows == 8 * G ? bytes / pb * kstep : 0;
     const int64_t chunk = j->gblk ? gcd64(j->gblk, CHUNK_K) : CHUNK_K;
     __m256 total[2][4], acc[2][4];
     __m256i nanmax = _mm256_setzero_si256();
     float buf[CHUNK_K * 32] __attribute__((aligned(32)));
     uint8_t tail[32 * 16];
 #pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g)
+    for (int g = 0; g < G; ++g)
         total[0][g] = total[1][g] = _mm256_setzero_ps();
     for (int64_t kb0 = 0; kb0 < kend; kb0 += gblk) {
         const int64_t kb1 = kb0 + gblk < kend ? kb0 + gblk : kend;
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g)
+        for (int g = 0; g < G; ++g)
             acc[0][g] = acc[1][g] = _mm256_setzero_ps();
         for (int64_t kk = kb0; kk < kb1; kk += chunk) {
             const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
-            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, fmt);
-            fma_slice(buf, kc, j->a + kk, j->lda, acc, M);
+            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, fmt, G);
+            fma_slice(buf, kc, j->a + kk, j->lda, acc, M, G);
         }
 #pragma GCC unroll 2
         for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g) {
+            for (int g = 0; g < G; ++g) {
                 if (!j->gblk) {
                     total[m][g] = acc[m][g];
                     continue;
@@ -208,24 +212,22 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt) {
 #pragma GCC unroll 2
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g)
+        for (int g = 0; g < G; ++g)
             _mm256_storeu_ps(j->out + m * 32 + 8 * g, total[m][g]);
     if (fmt == FMT_E4M3) /* a byte 0x7f: a NaN code was read */
         return !_mm256_movemask_epi8(_mm256_cmpeq_epi8(nanmax, _mm256_set1_epi8(0x7f)));
     return true;
 }
 
-bool dg_decode_bf16_avx2(const dg_decode_job *j) {
-    return j->m == 1 ? decode_body(j, 1, FMT_BF16) : decode_body(j, 2, FMT_BF16);
-}
+/* DG_DECODE_ROWS = 16 rows of B per call (G = 2; 32 rows, G = 4, measured slower from DRAM on
+ * Zen 3: more concurrent row streams), one or two rows of A. */
+#define DISPATCH(fmt) (j->m == 1 ? decode_body(j, 1, fmt, DG_DECODE_ROWS / 8) : decode_body(j, 2, fmt, DG_DECODE_ROWS / 8))
 
-bool dg_decode_e4m3_avx2(const dg_decode_job *j) {
-    return j->m == 1 ? decode_body(j, 1, FMT_E4M3) : decode_body(j, 2, FMT_E4M3);
-}
+bool dg_decode_bf16_avx2(const dg_decode_job *j) { return DISPATCH(FMT_BF16); }
 
-bool dg_decode_e2m1_avx2(const dg_decode_job *j) {
-    return j->m == 1 ? decode_body(j, 1, FMT_E2M1) : decode_body(j, 2, FMT_E2M1);
-}
+bool dg_decode_e4m3_avx2(const dg_decode_job *j) { return DISPATCH(FMT_E4M3); }
+
+bool dg_decode_e2m1_avx2(const dg_decode_job *j) { return DISPATCH(FMT_E2M1); }
 
 /*
  * Pre-packed B (src/engine/prepack.c): two 16-row BF16-pair panels (engine.h DG_PACK_BF16; the
