@@ -162,10 +162,11 @@ static void check(tu_rng *r, const ecase *e, int64_t m, int64_t n, int64_t k, in
     top_free(&b);
 }
 
-/* Shapes hitting every block tail: MR 4/6/14, NR 16/32, KC 256, MC 64..224, NC 256/512. */
+/* Shapes hitting every block tail: MR 4/6/14, NR 16/32, KC 256, MC 64..224, NC 256/512; M = 300
+ * is past every level's small-M bound (AVX2: 256), so the large-M path runs everywhere. */
 static const int64_t kShapes[][3] = {{1, 1, 1},   {1, 33, 7},   {2, 17, 2},    {15, 33, 129},
                                      {29, 65, 300}, {227, 517, 34}, {3, 40, 1024},
-                                     {5, 70, 1101}, {64, 33, 520}, {1, 72, 320}, {2, 45, 1100}};
+                                     {5, 70, 1101}, {64, 33, 520}, {1, 72, 320}, {2, 45, 1100}, {300, 70, 130}};
 
 static void test_bf16(void) {
     tu_rng r = {11};

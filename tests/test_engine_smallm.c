@@ -3,7 +3,8 @@
  * kernels for M <= 2, and the small-M part of src/engine/prepack.c) against the large-M path
  * of the same ISA level, on every level from AVX2 up that this CPU runs: rows of D computed
  * with M = 1 .. 64 (unpacked B and pre-packed B, 1, 2 and 3 threads, decode kernels on and
- * off) are bitwise the same rows computed inside one M = 200 call, for BF16 (K- and MN-major
+ * off) are bitwise the same rows computed inside one large-M call (M = 200, or past the level's
+ * small-M bound), for BF16 (K- and MN-major
  * B), FP8 1D2D float scales, FP8 UE8M0, FP8 x FP4 (gran 32, UE8M0 and float scales), with K
  * and N tails and padded B rows; and within DeepGEMM's calc_diff thresholds of exact math on
  * the same values. Then the decode kernels' exact fallbacks: FP8 B with NaN codes, and folded
@@ -98,7 +99,9 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
 static void check(const scase *c, int64_t n, int64_t k, tu_rng *r) { check_special(c, n, k, r, PLAIN); }
 
 static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int special) {
-    const int64_t big = 200;
+    /* M of the reference call: past the level's small-M bound (AVX2: 256), on the large-M path */
+    const int64_t limit = dg_engine_small_m_max(dg_engine_config(dg_get_isa()));
+    const int64_t big = limit + 8 > 200 ? limit + 8 : 200;
     if (!top_layout_ok(c->db, n, k, c->b_mn_major) || !top_layout_ok(c->da, big, k, 0))
         return;
     top a = top_make(r, c->da, big, k, 0, c->gran_a[0], c->gran_a[1], c->packed, 0);
@@ -116,8 +119,8 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
     TU_CHECK_OK(dg_set_num_sms(2));
     dg_tensor dbig = gemm(c, &at, &sfa, &b, NULL);
 
-    static const int64_t kM[] = {1, 2, 7, 15, 16, 17, 32, 33, 48, 63, 64, 1, 64};
-    for (size_t mi = 0; mi < sizeof kM / sizeof kM[0]; ++mi) {
+    static const int64_t kM[] = {1, 2, 7, 15, 16, 17, 32, 33, 48, 63, 64, 1, 64, 100, 256};
+    for (size_t mi = 0; mi < sizeof kM / sizeof kM[0] && kM[mi] <= limit; ++mi) {
         const int threads = 1 + (int)(mi % 3);
         {
             const int64_t m = kM[mi], r0 = (int64_t)(mi * 13 + (size_t)threads) % (big - m + 1);
@@ -132,7 +135,7 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
                 int same = 1;
                 for (int64_t i = 0; i < m; ++i)
                     same &= rows_equal(&ds, i, &dbig, r0 + i);
-                TU_CHECK(same, "%s %s N=%lld K=%lld M=%lld (rows from %lld) %s, %d threads: rows differ from M = 200",
+                TU_CHECK(same, "%s %s N=%lld K=%lld M=%lld (rows from %lld) %s, %d threads: rows differ from the large-M call",
                          dg_engine_config(dg_get_isa())->name, c->what, (long long)n, (long long)k, (long long)m,
                          (long long)r0, variant == 1 ? "pre-packed" : variant ? "no decode" : "unpacked", threads);
                 if (special == PLAIN && threads == 1 && (m == 1 || m == 64)) {

@@ -168,6 +168,9 @@ typedef struct dg_engine_cfg {
     /* Rows of ukr_small[i] when they are not {1, 2, 4, 8}; then dg_engine_small_kernel weighs
      * padding against FMA latency (config.c). */
     int small_mr[4];
+    /* M up to which the small-M path runs (0: 64), measured per level against the large-M
+     * path (the crossover moves with the large-M kernel's efficiency). */
+    int small_m_max;
     /* Decoding kernels per B format (DG_DECODE_*; NULL: M <= 2 takes the small-M kernels). */
     dg_decode_fn decode[4];
     /* AMX tile kernels: A is packed DG_PACK_AMX_A (B: fmt = DG_PACK_AMX_B), K blocks of
@@ -311,7 +314,9 @@ void dg_engine_packed_free(dg_packed *p);
 void dg_engine_store_row(const dg_tensor *d, const dg_tensor *c, int64_t i, int64_t n0, int64_t cols,
                          const float *acc);
 
-/* The small-M path (smallm.c): whether it takes this pair, and the call. */
+/* The small-M path (smallm.c): the largest M it runs under cfg, whether it takes this pair,
+ * and the call. */
+int64_t dg_engine_small_m_max(const dg_engine_cfg *cfg);
 bool dg_engine_small_applies(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b);
 dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c);

@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SMALL_M 64   /* rows up to which a group is cut into column chunks (smallm.c's bound) */
+/* rows up to which a group is cut into column chunks: smallm.c's bound for the level */
+#define SMALL_M dg_engine_small_m_max(dg_engine_config(dg_get_isa()))
 #define CHUNK DG_PACKED_SLICE /* columns per work item: a multiple of every NR (1024) */
 
 static size_t up64(size_t x) { return (x + 63) / 64 * 64; }

@@ -1,5 +1,5 @@
 /*
- * smallm.c - the engine's small-M path (decoding: M <= 64), bound by reading B once.
+ * smallm.c - the engine's small-M path (decoding: M <= 64, on AVX2 <= 256), bound by reading B once.
  *
  * B is never packed as a whole: each thread takes blocks of NR columns and, for each K slice,
  * transposes that NR x slice piece of B from memory into a float32 L1/L2 buffer (the ISA's
@@ -35,14 +35,21 @@
 #define DG_X86 0
 #endif
 
-#define SMALL_M_MAX 64
+#define SMALL_M_MAX 64 /* unless the configuration says otherwise (small_m_max) */
 #define AMX_SMALL_M_MAX 64 /* 4 tiles of 16 rows; at M = 64 still ~6x the general path (which packs B) */
 #define SMALL_KC 128 /* NR x slice float32 B piece: 32 x 128 x 4 = 16 KiB, stays in L1 */
 
+int64_t dg_engine_small_m_max(const dg_engine_cfg *cfg) {
+    if (cfg->amx)
+        return AMX_SMALL_M_MAX;
+    return cfg->small_m_max ? cfg->small_m_max : SMALL_M_MAX;
+}
+
 bool dg_engine_small_applies(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b) {
+    (void)b;
     if (cfg->amx)
         return DG_X86 && a->mn <= AMX_SMALL_M_MAX;
-    return a->mn <= SMALL_M_MAX && cfg->pack_bf16 && cfg->ukr_small[0];
+    return a->mn <= dg_engine_small_m_max(cfg) && cfg->pack_bf16 && cfg->ukr_small[0];
 }
 
 typedef struct small_job {
