@@ -18,7 +18,9 @@ from ._C import (
     get_mk_alignment_for_contiguous_layout,
     get_theoretical_mk_alignment_for_contiguous_layout,
     # CPU-only extras
-    set_backend, get_backend, get_isa,
+    set_backend, get_backend, get_isa, set_isa,
+    # CPU extras: weights packed once (PackedB) for the `_nt` GEMMs, passed in place of b
+    pack_b, PackedB,
     # cuBLASLt GEMMs (not implemented on CPU: raise NotImplementedError)
     cublaslt_gemm_nt, cublaslt_gemm_nn,
     cublaslt_gemm_tn, cublaslt_gemm_tt,

@@ -1,6 +1,7 @@
 /*
  * bind_gemm.c - dense GEMMs: bf16_gemm_*, fp8_fp4_gemm_* (fp8_gemm_* are aliases, as in
- * DeepGEMM), fp8_gemm_nt_skip_head_mid, and the cuBLASLt GEMMs (not implemented).
+ * DeepGEMM), fp8_gemm_nt_skip_head_mid, and the cuBLASLt GEMMs (not implemented). The `_nt`
+ * forms also take pre-packed weights (a PackedB from pack_b, bind_packed.c) as b.
  * Argument names, order and defaults are DeepGEMM's (csrc/apis/gemm.hpp, attention.hpp).
  */
 #include "dgpy.h"
@@ -20,8 +21,13 @@ int dgp_gemm_opts(const char *fn, PyObject *recipe, PyObject *recipe_a, PyObject
 typedef dg_status (*bf16_gemm_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *);
 typedef dg_status (*fp8_gemm_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *,
                                  const dg_tensor *, const dg_tensor *, const dg_gemm_options *);
+/* The same with pre-packed weights (bind_packed.c's PackedB as b); only the `_nt` forms have them. */
+typedef dg_status (*bf16_packed_fn)(const dg_tensor *, const dg_packed_b *, const dg_tensor *, const dg_tensor *);
+typedef dg_status (*fp8_packed_fn)(const dg_tensor *, const dg_tensor *, const dg_packed_b *, const dg_tensor *,
+                                   const dg_tensor *, const dg_gemm_options *);
 
-static PyObject *bf16_gemm(PyObject *args, PyObject *kw, const char *fn, bf16_gemm_fn call, const char *dims) {
+static PyObject *bf16_gemm(PyObject *args, PyObject *kw, const char *fn, bf16_gemm_fn call,
+                           bf16_packed_fn packed_call, const char *dims) {
     static char *kwlist[] = {"a", "b", "d", "c", "compiled_dims", NULL};
     PyObject *a, *b, *d, *c = Py_None;
     const char *compiled_dims = dims;
@@ -29,18 +35,28 @@ static PyObject *bf16_gemm(PyObject *args, PyObject *kw, const char *fn, bf16_ge
     snprintf(fmt, sizeof fmt, "OOO|Os:%s", fn);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c, &compiled_dims))
         return NULL;
+    const int packed = packed_call && dgp_is_packed(b);
     dgp_tensor ta, tb, td, tc;
-    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || (!packed && dgp_tensor_from(b, fn, "b", 0, &tb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc))
         return NULL;
     dg_status st;
-    DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, dgp_ptr(&tc)));
+    if (packed) {
+        const dg_packed_b *pb;
+        if (dgp_packed_begin(b, fn, "b", 0, 0, NULL, &pb))
+            return NULL;
+        DGP_NOGIL(st, packed_call(&ta.t, pb, &td.t, dgp_ptr(&tc)));
+        dgp_packed_end(b);
+    } else {
+        DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, dgp_ptr(&tc)));
+    }
     if (st != DG_OK)
         return dgp_raise(st);
     Py_RETURN_NONE;
 }
 
-static PyObject *fp8_fp4_gemm(PyObject *args, PyObject *kw, const char *fn, fp8_gemm_fn call, const char *dims) {
+static PyObject *fp8_fp4_gemm(PyObject *args, PyObject *kw, const char *fn, fp8_gemm_fn call,
+                              fp8_packed_fn packed_call, const char *dims) {
     static char *kwlist[] = {"a", "b", "d", "c", "recipe", "recipe_a", "recipe_b", "compiled_dims",
                              "disable_ue8m0_cast", NULL};
     PyObject *a, *b, *d, *c = Py_None, *recipe = Py_None, *recipe_a = Py_None, *recipe_b = Py_None;
@@ -51,35 +67,44 @@ static PyObject *fp8_fp4_gemm(PyObject *args, PyObject *kw, const char *fn, fp8_
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c, &recipe, &recipe_a, &recipe_b,
                                      &compiled_dims, &disable))
         return NULL;
+    const int packed = packed_call && dgp_is_packed(b);
     dgp_tensor ta, sfa, tb, sfb, td, tc;
     dg_gemm_options opts;
-    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || dgp_pair_from(b, fn, "b", 0, &tb, &sfb) ||
+    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || (!packed && dgp_pair_from(b, fn, "b", 0, &tb, &sfb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc) ||
         dgp_gemm_opts(fn, recipe, recipe_a, recipe_b, compiled_dims, disable, &opts))
         return NULL;
     dg_status st;
-    DGP_NOGIL(st, call(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, dgp_ptr(&tc), &opts));
+    if (packed) {
+        const dg_packed_b *pb;
+        if (dgp_packed_begin(b, fn, "b", 1, 0, &opts, &pb))
+            return NULL;
+        DGP_NOGIL(st, packed_call(&ta.t, &sfa.t, pb, &td.t, dgp_ptr(&tc), &opts));
+        dgp_packed_end(b);
+    } else {
+        DGP_NOGIL(st, call(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, dgp_ptr(&tc), &opts));
+    }
     if (st != DG_OK)
         return dgp_raise(st);
     Py_RETURN_NONE;
 }
 
-#define DGP_BF16(L, DIMS)                                                                        \
+#define DGP_BF16(L, PACKED, DIMS)                                                                \
     static PyObject *py_bf16_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {            \
-        return bf16_gemm(args, kw, "bf16_gemm_" #L, dg_bf16_gemm_##L, DIMS);                     \
+        return bf16_gemm(args, kw, "bf16_gemm_" #L, dg_bf16_gemm_##L, PACKED, DIMS);             \
     }
-#define DGP_FP8(L, DIMS)                                                                         \
+#define DGP_FP8(L, PACKED, DIMS)                                                                 \
     static PyObject *py_fp8_fp4_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {         \
-        return fp8_fp4_gemm(args, kw, "fp8_fp4_gemm_" #L, dg_fp8_fp4_gemm_##L, DIMS);            \
+        return fp8_fp4_gemm(args, kw, "fp8_fp4_gemm_" #L, dg_fp8_fp4_gemm_##L, PACKED, DIMS);    \
     }
-DGP_BF16(nt, "nk")
-DGP_BF16(nn, "nk")
-DGP_BF16(tn, "mn")
-DGP_BF16(tt, "mn")
-DGP_FP8(nt, "nk")
-DGP_FP8(nn, "nk")
-DGP_FP8(tn, "mn")
-DGP_FP8(tt, "mn")
+DGP_BF16(nt, dg_bf16_gemm_nt_packed, "nk")
+DGP_BF16(nn, NULL, "nk")
+DGP_BF16(tn, NULL, "mn")
+DGP_BF16(tt, NULL, "mn")
+DGP_FP8(nt, dg_fp8_fp4_gemm_nt_packed, "nk")
+DGP_FP8(nn, NULL, "nk")
+DGP_FP8(tn, NULL, "mn")
+DGP_FP8(tt, NULL, "mn")
 
 static PyObject *py_fp8_gemm_nt_skip_head_mid(PyObject *self, PyObject *args, PyObject *kw) {
     static const char *fn = "fp8_gemm_nt_skip_head_mid";
@@ -119,12 +144,14 @@ DGP_CUBLASLT(tt)
 #define KW (PyCFunction)(void (*)(void))
 #define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 PyMethodDef dgp_gemm_methods[] = {
-    M(bf16_gemm_nt, "bf16_gemm_nt(a, b, d, c=None, compiled_dims='nk'): d = c + a @ b.T, a [M, K], b [N, K]"),
+    M(bf16_gemm_nt, "bf16_gemm_nt(a, b, d, c=None, compiled_dims='nk'): d = c + a @ b.T, a [M, K], b [N, K] "
+                    "or pack_b(b)"),
     M(bf16_gemm_nn, "bf16_gemm_nn(a, b, d, c=None, compiled_dims='nk'): d = c + a @ b, b [K, N]"),
     M(bf16_gemm_tn, "bf16_gemm_tn(a, b, d, c=None, compiled_dims='mn'): d = c + a.T @ b, a [K, M], b [K, N]"),
     M(bf16_gemm_tt, "bf16_gemm_tt(a, b, d, c=None, compiled_dims='mn'): d = c + a.T @ b.T"),
     M(fp8_fp4_gemm_nt, "fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
-                       "compiled_dims='nk', disable_ue8m0_cast=False); a, b are (data, scales)"),
+                       "compiled_dims='nk', disable_ue8m0_cast=False); a, b are (data, scales), b may be "
+                       "pack_b((data, scales), recipe...)"),
     M(fp8_fp4_gemm_nn, "fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
                        "compiled_dims='nk', disable_ue8m0_cast=False)"),
     M(fp8_fp4_gemm_tn, "fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "

@@ -1,7 +1,8 @@
 /*
  * bind_grouped.c - m-grouped (contiguous, masked) and k-grouped GEMMs, with DeepGEMM's argument
  * names and defaults (csrc/apis/gemm.hpp). The m_grouped_fp8_gemm_* names are aliases set up in
- * module.c, as DeepGEMM does.
+ * module.c, as DeepGEMM does. The m-grouped `_nt` forms also take grouped pre-packed weights (a
+ * PackedB from pack_b on [G, N, K], bind_packed.c) as b.
  */
 #include "dgpy.h"
 
@@ -9,6 +10,11 @@ typedef dg_status (*mgc_bf16_fn)(const dg_tensor *, const dg_tensor *, const dg_
                                  const dg_gemm_options *);
 typedef dg_status (*mgc_fp8_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *,
                                 const dg_tensor *, const dg_tensor *, const dg_gemm_options *);
+/* The same with pre-packed weights; the `_nn` forms have none (NULL). */
+typedef dg_status (*mgc_bf16_packed_fn)(const dg_tensor *, const dg_packed_b *, const dg_tensor *, const dg_tensor *,
+                                        const dg_gemm_options *);
+typedef dg_status (*mgc_fp8_packed_fn)(const dg_tensor *, const dg_tensor *, const dg_packed_b *, const dg_tensor *,
+                                       const dg_tensor *, const dg_gemm_options *);
 
 /* The psum keyword arguments; expected_m may be NULL for the `_nn` forms (DeepGEMM has none). */
 static int psum_opts(const char *fn, int use_psum, int ensure_zero, PyObject *expected_m, dg_gemm_options *o) {
@@ -25,7 +31,8 @@ static int psum_opts(const char *fn, int use_psum, int ensure_zero, PyObject *ex
     return 0;
 }
 
-static PyObject *mgc_bf16(PyObject *args, PyObject *kw, const char *fn, mgc_bf16_fn call, int has_expected) {
+static PyObject *mgc_bf16(PyObject *args, PyObject *kw, const char *fn, mgc_bf16_fn call,
+                          mgc_bf16_packed_fn packed_call, int has_expected) {
     static char *kw_nt[] = {"a", "b", "d", "grouped_layout", "compiled_dims", "use_psum_layout",
                             "ensure_zero_padding", "expected_m_for_psum_layout", NULL};
     static char *kw_nn[] = {"a", "b", "d", "grouped_layout", "compiled_dims", "use_psum_layout",
@@ -38,21 +45,31 @@ static PyObject *mgc_bf16(PyObject *args, PyObject *kw, const char *fn, mgc_bf16
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, has_expected ? kw_nt : kw_nn, &a, &b, &d, &layout, &dims, &use_psum, &ensure_zero,
                                      &expected))
         return NULL;
+    const int packed = packed_call && dgp_is_packed(b);
     dgp_tensor ta, tb, td, tl;
     dg_gemm_options opts = dg_gemm_options_default();
     opts.compiled_dims = dims;
-    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || (!packed && dgp_tensor_from(b, fn, "b", 0, &tb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(layout, fn, "grouped_layout", 0, &tl) ||
         psum_opts(fn, use_psum, ensure_zero, expected, &opts))
         return NULL;
     dg_status st;
-    DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, &tl.t, &opts));
+    if (packed) {
+        const dg_packed_b *pb;
+        if (dgp_packed_begin(b, fn, "b", 0, 1, &opts, &pb))
+            return NULL;
+        DGP_NOGIL(st, packed_call(&ta.t, pb, &td.t, &tl.t, &opts));
+        dgp_packed_end(b);
+    } else {
+        DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, &tl.t, &opts));
+    }
     if (st != DG_OK)
         return dgp_raise(st);
     Py_RETURN_NONE;
 }
 
-static PyObject *mgc_fp8(PyObject *args, PyObject *kw, const char *fn, mgc_fp8_fn call, int has_expected) {
+static PyObject *mgc_fp8(PyObject *args, PyObject *kw, const char *fn, mgc_fp8_fn call,
+                         mgc_fp8_packed_fn packed_call, int has_expected) {
     static char *kwl[] = {"a", "b", "d", "grouped_layout", "recipe", "recipe_a", "recipe_b", "compiled_dims",
                           "disable_ue8m0_cast", "use_psum_layout", "ensure_zero_padding",
                           "expected_m_for_psum_layout", NULL};
@@ -66,31 +83,44 @@ static PyObject *mgc_fp8(PyObject *args, PyObject *kw, const char *fn, mgc_fp8_f
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, has_expected ? kwl : kwl_nn, &a, &b, &d, &layout, &recipe, &recipe_a, &recipe_b, &dims,
                                      &disable, &use_psum, &ensure_zero, &expected))
         return NULL;
+    const int packed = packed_call && dgp_is_packed(b);
     dgp_tensor ta, sfa, tb, sfb, td, tl;
     dg_gemm_options opts;
-    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || dgp_pair_from(b, fn, "b", 0, &tb, &sfb) ||
+    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || (!packed && dgp_pair_from(b, fn, "b", 0, &tb, &sfb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(layout, fn, "grouped_layout", 0, &tl) ||
         dgp_gemm_opts(fn, recipe, recipe_a, recipe_b, dims, disable, &opts) ||
         psum_opts(fn, use_psum, ensure_zero, expected, &opts))
         return NULL;
     dg_status st;
-    DGP_NOGIL(st, call(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, &tl.t, &opts));
+    if (packed) {
+        const dg_packed_b *pb;
+        if (dgp_packed_begin(b, fn, "b", 1, 1, &opts, &pb))
+            return NULL;
+        DGP_NOGIL(st, packed_call(&ta.t, &sfa.t, pb, &td.t, &tl.t, &opts));
+        dgp_packed_end(b);
+    } else {
+        DGP_NOGIL(st, call(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, &tl.t, &opts));
+    }
     if (st != DG_OK)
         return dgp_raise(st);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_m_grouped_bf16_gemm_nt_contiguous(PyObject *s, PyObject *args, PyObject *kw) {
-    return mgc_bf16(args, kw, "m_grouped_bf16_gemm_nt_contiguous", dg_m_grouped_bf16_gemm_nt_contiguous, 1);
+    return mgc_bf16(args, kw, "m_grouped_bf16_gemm_nt_contiguous", dg_m_grouped_bf16_gemm_nt_contiguous,
+                    dg_m_grouped_bf16_gemm_nt_contiguous_packed, 1);
 }
 static PyObject *py_m_grouped_bf16_gemm_nn_contiguous(PyObject *s, PyObject *args, PyObject *kw) {
-    return mgc_bf16(args, kw, "m_grouped_bf16_gemm_nn_contiguous", dg_m_grouped_bf16_gemm_nn_contiguous, 0);
+    return mgc_bf16(args, kw, "m_grouped_bf16_gemm_nn_contiguous", dg_m_grouped_bf16_gemm_nn_contiguous, NULL,
+                    0);
 }
 static PyObject *py_m_grouped_fp8_fp4_gemm_nt_contiguous(PyObject *s, PyObject *args, PyObject *kw) {
-    return mgc_fp8(args, kw, "m_grouped_fp8_fp4_gemm_nt_contiguous", dg_m_grouped_fp8_fp4_gemm_nt_contiguous, 1);
+    return mgc_fp8(args, kw, "m_grouped_fp8_fp4_gemm_nt_contiguous", dg_m_grouped_fp8_fp4_gemm_nt_contiguous,
+                   dg_m_grouped_fp8_fp4_gemm_nt_contiguous_packed, 1);
 }
 static PyObject *py_m_grouped_fp8_fp4_gemm_nn_contiguous(PyObject *s, PyObject *args, PyObject *kw) {
-    return mgc_fp8(args, kw, "m_grouped_fp8_fp4_gemm_nn_contiguous", dg_m_grouped_fp8_fp4_gemm_nn_contiguous, 0);
+    return mgc_fp8(args, kw, "m_grouped_fp8_fp4_gemm_nn_contiguous", dg_m_grouped_fp8_fp4_gemm_nn_contiguous, NULL,
+                   0);
 }
 
 static PyObject *py_m_grouped_bf16_gemm_nt_masked(PyObject *s, PyObject *args, PyObject *kw) {
@@ -102,14 +132,23 @@ static PyObject *py_m_grouped_bf16_gemm_nt_masked(PyObject *s, PyObject *args, P
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOi|s:m_grouped_bf16_gemm_nt_masked", kwl, &a, &b, &d, &masked,
                                      &expected_m, &dims))
         return NULL;
+    const int packed = dgp_is_packed(b);
     dgp_tensor ta, tb, td, tm;
     dg_gemm_options opts = dg_gemm_options_default();
     opts.compiled_dims = dims;
-    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || (!packed && dgp_tensor_from(b, fn, "b", 0, &tb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(masked, fn, "masked_m", 0, &tm))
         return NULL;
     dg_status st;
-    DGP_NOGIL(st, dg_m_grouped_bf16_gemm_nt_masked(&ta.t, &tb.t, &td.t, &tm.t, expected_m, &opts));
+    if (packed) {
+        const dg_packed_b *pb;
+        if (dgp_packed_begin(b, fn, "b", 0, 1, &opts, &pb))
+            return NULL;
+        DGP_NOGIL(st, dg_m_grouped_bf16_gemm_nt_masked_packed(&ta.t, pb, &td.t, &tm.t, expected_m, &opts));
+        dgp_packed_end(b);
+    } else {
+        DGP_NOGIL(st, dg_m_grouped_bf16_gemm_nt_masked(&ta.t, &tb.t, &td.t, &tm.t, expected_m, &opts));
+    }
     if (st != DG_OK)
         return dgp_raise(st);
     Py_RETURN_NONE;
@@ -125,14 +164,24 @@ static PyObject *py_m_grouped_fp8_fp4_gemm_nt_masked(PyObject *s, PyObject *args
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOi|OOOsp:m_grouped_fp8_fp4_gemm_nt_masked", kwl, &a, &b, &d,
                                      &masked, &expected_m, &recipe, &recipe_a, &recipe_b, &dims, &disable))
         return NULL;
+    const int packed = dgp_is_packed(b);
     dgp_tensor ta, sfa, tb, sfb, td, tm;
     dg_gemm_options opts;
-    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || dgp_pair_from(b, fn, "b", 0, &tb, &sfb) ||
+    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || (!packed && dgp_pair_from(b, fn, "b", 0, &tb, &sfb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(masked, fn, "masked_m", 0, &tm) ||
         dgp_gemm_opts(fn, recipe, recipe_a, recipe_b, dims, disable, &opts))
         return NULL;
     dg_status st;
-    DGP_NOGIL(st, dg_m_grouped_fp8_fp4_gemm_nt_masked(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, &tm.t, expected_m, &opts));
+    if (packed) {
+        const dg_packed_b *pb;
+        if (dgp_packed_begin(b, fn, "b", 1, 1, &opts, &pb))
+            return NULL;
+        DGP_NOGIL(st, dg_m_grouped_fp8_fp4_gemm_nt_masked_packed(&ta.t, &sfa.t, pb, &td.t, &tm.t, expected_m, &opts));
+        dgp_packed_end(b);
+    } else {
+        DGP_NOGIL(st, dg_m_grouped_fp8_fp4_gemm_nt_masked(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, &tm.t, expected_m,
+                                                          &opts));
+    }
     if (st != DG_OK)
         return dgp_raise(st);
     Py_RETURN_NONE;

@@ -129,6 +129,22 @@ static PyObject *py_get_backend(PyObject *s, PyObject *unused) {
     return PyUnicode_FromString(dg_get_backend() == DG_BACKEND_REFERENCE ? "reference" : "auto");
 }
 static PyObject *py_get_isa(PyObject *s, PyObject *unused) { return PyUnicode_FromString(dg_isa_name(dg_get_isa())); }
+/* CPU extra (C: dg_set_isa; DG_ISA at start-up): caps the instruction set by its get_isa() name.
+ * Pre-packed weights (pack_b) are valid for the level they were packed at only. */
+static PyObject *py_set_isa(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"isa", NULL};
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s:set_isa", kwl, &name))
+        return NULL;
+    for (int level = DG_ISA_GENERIC; level <= DG_ISA_AMX; ++level)
+        if (strcmp(name, dg_isa_name((dg_isa)level)) == 0)
+            return status_none(dg_set_isa((dg_isa)level));
+    PyErr_Format(PyExc_ValueError,
+                 "set_isa: argument 'isa' must be one of 'generic', 'avx2', 'avx512', 'avx512_bf16', 'amx', "
+                 "got '%s'",
+                 name);
+    return NULL;
+}
 
 /* ---- hyper-connection, einsum -------------------------------------------------------------- */
 
@@ -330,6 +346,8 @@ PyMethodDef dgp_misc_methods[] = {
     M(set_backend, "set_backend('auto' | 'reference') (CPU only)"),
     M0(get_backend, "get_backend() -> 'auto' or 'reference' (CPU only)"),
     M0(get_isa, "get_isa() -> the instruction set the kernels use (CPU only)"),
+    M(set_isa, "set_isa('generic' | 'avx2' | 'avx512' | 'avx512_bf16' | 'amx'): caps the instruction set "
+               "(CPU only; a level above the CPU's raises NotImplementedError)"),
     M(tf32_hc_prenorm_gemm, "tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None)"),
     M(einsum, "einsum(expr, a, b, d, c=None, use_cublaslt=False)"),
     M(fp8_einsum, "fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128)); a, b are (data, scales)"),

@@ -235,8 +235,20 @@ static int dgp_from_array(PyObject *obj, PyObject *ai, const char *fn, const cha
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* Reached only where a call takes no packed weights (the `_nt` GEMMs check for them first). */
+static int packed_refused(const char *fn, const char *arg) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: argument '%s' is a PackedB, which this function does not take; only the `_nt` GEMMs take "
+                 "packed weights, as 'b' (bf16_gemm_nt, fp8_fp4_gemm_nt, m_grouped_*_gemm_nt_masked, "
+                 "m_grouped_*_gemm_nt_contiguous)",
+                 fn, arg);
+    return -1;
+}
+
 int dgp_tensor_from(PyObject *obj, const char *fn, const char *arg, int flags, dgp_tensor *out) {
     memset(out, 0, sizeof(*out));
+    if (dgp_is_packed(obj))
+        return packed_refused(fn, arg);
     if (obj == NULL || obj == Py_None) {
         if (flags & DGP_OPTIONAL)
             return 0;
@@ -266,6 +278,8 @@ int dgp_tensor_from(PyObject *obj, const char *fn, const char *arg, int flags, d
 
 int dgp_pair_from(PyObject *obj, const char *fn, const char *arg, int sf_optional, dgp_tensor *data,
                   dgp_tensor *sf) {
+    if (dgp_is_packed(obj))
+        return packed_refused(fn, arg);
     if (!(PyTuple_Check(obj) || PyList_Check(obj)) || PySequence_Size(obj) != 2) {
         PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be a (tensor, scale factors) tuple, got %s", fn, arg,
                      Py_TYPE(obj)->tp_name);

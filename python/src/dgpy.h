@@ -68,6 +68,20 @@ PyObject *dgp_alloc_shape(PyObject *like, dg_dtype dtype, int ndim, const int64_
         Py_END_ALLOW_THREADS          \
     } while (0)
 
+/* Pre-packed weights (bind_packed.c): is obj a deep_gemm_cpu.PackedB? */
+int dgp_is_packed(PyObject *obj);
+/* For one GEMM call taking the PackedB obj as argument `arg`: checks that it is live and suits
+ * the call (quantized: FP8/FP4 weights, else BF16; grouped: packed from [G, N, K]; for FP8/FP4,
+ * that opts give the packing recipe for B) and gives its handle. The handle stays valid until
+ * dgp_packed_end(obj), which must follow (with the GIL held) once the call has returned: a
+ * free() meanwhile leaves the release of the memory to it. -1 with an exception otherwise
+ * (then there is nothing to end). */
+int dgp_packed_begin(PyObject *obj, const char *fn, const char *arg, int quantized, int grouped,
+                     const dg_gemm_options *opts, const dg_packed_b **out);
+void dgp_packed_end(PyObject *obj);
+/* Adds the type PackedB to the module. */
+int dgp_packed_add_type(PyObject *m);
+
 /* Raised for DeepGEMM functions this library does not implement. */
 PyObject *dgp_not_implemented(const char *fn, const char *why);
 
@@ -78,5 +92,6 @@ extern PyMethodDef dgp_attn_methods[];
 extern PyMethodDef dgp_misc_methods[];
 extern PyMethodDef dgp_quant_methods[];
 extern PyMethodDef dgp_mega_methods[];
+extern PyMethodDef dgp_packed_methods[];
 
 #endif /* DGPY_H */
