@@ -74,6 +74,15 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
                           DG_PACK_F32, bbuf);
         return;
     }
+    if (t->dtype == DG_FLOAT8_E4M3 && t->strides[1] == 1 && !(j->plan->fold_b && b->sf) && j->cfg->stage_e4m3 &&
+        nr == 16 && k0 % 8 == 0) { /* FP8 weights, one pass (NaN codes: the exact way below) */
+        dg_decode_job job;
+        memset(&job, 0, sizeof job);
+        job.b = (const uint8_t *)t->data + n0 * t->strides[0], job.ldb = t->strides[0];
+        job.rows = (int)cols, job.k = b->k;
+        if (j->cfg->stage_e4m3(&job, k0, kc, bbuf))
+            return;
+    }
     if (t->dtype == DG_BFLOAT16 && t->strides[0] == 1 && j->cfg->pack_bf16_mn) { /* MN-major, in place */
         j->cfg->pack_bf16_mn((const uint16_t *)t->data + n0, t->strides[1], cols, nr, k0, kc, b->k, DG_PACK_F32,
                              bbuf);
@@ -105,7 +114,7 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
         const int64_t kc = kp - k0 < j->slice ? kp - k0 : j->slice;
         for (int64_t bi = 0; bi < nblk; ++bi)
             stage_b(j, n0 + bi * nr, cols - bi * nr < nr ? cols - bi * nr : nr, k0, kc, stage,
-                    bbuf + bi * j->slice * nr);
+                    bbuf + bi * (j->slice + 8) * nr);
         const int64_t nq = gblk ? dg_ceil_div(kc, gblk) : 0; /* scale blocks in this slice */
         for (int64_t bi = 0; bi < nblk && scaled_b; ++bi) { /* B's scales once per slice, not per panel */
             const int64_t c0 = n0 + bi * nr, bc = cols - bi * nr < nr ? cols - bi * nr : nr;
@@ -116,7 +125,7 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
         for (int64_t ir = 0; ir < pa->panels; ++ir) {
             const float *ap = (const float *)pa->data + ir * kp * mr;
             for (int64_t bi = 0; bi < nblk; ++bi) {
-                const float *bb = bbuf + bi * j->slice * nr;
+                const float *bb = bbuf + bi * (j->slice + 8) * nr;
                 float *cb = cbuf + bi * per + ir * mr * nr;
                 if (!gblk) {
                     j->ukr(kc, ap + k0 * mr, bb, cb, nr, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL, NULL);
@@ -493,7 +502,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + 64 : 0;
     const int64_t sbn = nb * (plan->gblk ? dg_ceil_div(j.slice, plan->gblk) : 1) * nr + 8; /* B scales of a slice */
     const int64_t per_thread =
-        dg_align(nb * (j.slice * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
+        dg_align(nb * (j.slice * nr + 8 * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
     if (!mem) {
         dg_engine_decode_a_free(&dp.a);
@@ -506,7 +515,8 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *bbuf = mem + tid * per_thread, *cbuf = bbuf + nb * j.slice * nr, *ones = cbuf + nb * mpad * nr;
+        /* B slices of (slice + 8) k: the E4M3 stage writes up to a whole step of 8 past a slice */
+        float *bbuf = mem + tid * per_thread, *cbuf = bbuf + nb * (j.slice + 8) * nr, *ones = cbuf + nb * mpad * nr;
         float *sbuf = ones + nr + 8, *dsb = sbuf + sbn, *dfm = dsb + 32 * dp.a.nkb, *dout = dfm + 32 * dp.nkbf;
         uint16_t *stage = (uint16_t *)(sbuf + sbn + dec);
         small_job jt = j;

@@ -219,6 +219,19 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     return true;
 }
 
+/* The small-M kernels' B slice (smallm.c) from E4M3 codes: rows [0, j->rows) (<= 16) for k in
+ * [k0, k0 + kc) (k0 a multiple of 8) as float32 [kc][16] at dst, which has room for kc rounded
+ * up to 8; the values decode_body stages (fm: NULL, unfolded scales). One pass over the codes
+ * instead of widening rows to BF16 and transposing those. False: an E4M3 NaN code was read
+ * (dst is then garbage; the caller stages the slice its exact way). */
+bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst) {
+    uint8_t tail[32 * 16];
+    __m256i nanmax = _mm256_setzero_si256();
+    const int64_t full = j->rows == 16 ? j->k / 8 * 8 : 0;
+    stage_chunk(j, k0, kc, full, j->k, dst, tail, &nanmax, FMT_E4M3, 2);
+    return !_mm256_movemask_epi8(_mm256_cmpeq_epi8(nanmax, _mm256_set1_epi8(0x7f)));
+}
+
 /* DG_DECODE_ROWS = 16 rows of B per call (G = 2; 32 rows, G = 4, measured slower from DRAM on
  * Zen 3: more concurrent row streams), one or two rows of A. */
 #define DISPATCH(fmt) (j->m == 1 ? decode_body(j, 1, fmt, DG_DECODE_ROWS / 8) : decode_body(j, 2, fmt, DG_DECODE_ROWS / 8))
