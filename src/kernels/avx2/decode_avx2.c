@@ -160,6 +160,32 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
     }
 }
 
+/* The end of K block kb (engine.h): total = acc without scales, else
+ * total = fma(sa[m][kb] * sb[kb][lane], acc, total). */
+DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[2][4], __m256 total[2][4], const int M,
+                         const int G) {
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+            if (!j->gblk) {
+                total[m][g] = acc[m][g];
+                continue;
+            }
+            const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
+                                            _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
+            total[m][g] = _mm256_fmadd_ps(sc, acc[m][g], total[m][g]);
+        }
+}
+
+DG_INLINE void store_out(const dg_decode_job *j, __m256 total[2][4], const int M, const int G) {
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+            _mm256_storeu_ps(j->out + m * 32 + 8 * g, total[m][g]);
+}
+
 static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
 /*
@@ -195,25 +221,9 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
             stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, fmt, G);
             fma_slice(buf, kc, j->a + kk, j->lda, acc, M, G);
         }
-#pragma GCC unroll 2
-        for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-            for (int g = 0; g < G; ++g) {
-                if (!j->gblk) {
-                    total[m][g] = acc[m][g];
-                    continue;
-                }
-                const int64_t kb = kb0 / gblk;
-                const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
-                                                _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
-                total[m][g] = _mm256_fmadd_ps(sc, acc[m][g], total[m][g]);
-            }
+        block_end(j, kb0 / gblk, acc, total, M, G);
     }
-#pragma GCC unroll 2
-    for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-        for (int g = 0; g < G; ++g)
-            _mm256_storeu_ps(j->out + m * 32 + 8 * g, total[m][g]);
+    store_out(j, total, M, G);
     if (fmt == FMT_E4M3) /* a byte 0x7f: a NaN code was read */
         return !_mm256_movemask_epi8(_mm256_cmpeq_epi8(nanmax, _mm256_set1_epi8(0x7f)));
     return true;
@@ -287,25 +297,9 @@ DG_INLINE void pairs_body(const dg_decode_job *j, const int M) {
                 }
             }
         }
-#pragma GCC unroll 2
-        for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g) {
-                if (!j->gblk) {
-                    total[m][g] = acc[m][g];
-                    continue;
-                }
-                const int64_t kb = kb0 / gblk;
-                const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
-                                                _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
-                total[m][g] = _mm256_fmadd_ps(sc, acc[m][g], total[m][g]);
-            }
+        block_end(j, kb0 / gblk, acc, total, M, 4);
     }
-#pragma GCC unroll 2
-    for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g)
-            _mm256_storeu_ps(j->out + m * 32 + 8 * g, total[m][g]);
+    store_out(j, total, M, 4);
 }
 
 bool dg_decode_pairs_avx2(const dg_decode_job *j) {
