@@ -329,6 +329,34 @@ static void check_isa(tu_rng *rng, dg_isa isa) {
     check_determinism(rng, name);
 }
 
+/* The generic and AVX2 kernels both keep 8 partial sums per output with the same lane
+ * assignment (k mod 8 from the split's start), in chunks of different lengths (448 and 224):
+ * their D and S are the same bits. */
+static void check_same_bits_8_lanes(tu_rng *rng) {
+    if (dg_get_isa() < DG_ISA_AVX2)
+        return;
+    const dg_isa best = dg_get_isa();
+    const shape shapes[] = {{3, 24, 7168, 16, 0, 0}, {137, 24, 7168, 0, 0, 0}, {13, 24, 1000, 3, 1, 1},
+                            {5, 40, 900, 0, 0, 0},   {2, 24, 225, 2, 0, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
+        bufs x;
+        bufs_init(&x, rng, shapes[i]);
+        float *d[2], *sq[2];
+        for (int v = 0; v < 2; ++v) {
+            d[v] = malloc(d_elems(&x) * 4), sq[v] = malloc(s_elems(&x) * 4);
+            TU_CHECK_OK(dg_set_isa(v ? DG_ISA_AVX2 : DG_ISA_GENERIC));
+            TU_CHECK_OK(run(&x, d[v], sq[v]));
+        }
+        TU_CHECK(memcmp(d[0], d[1], d_elems(&x) * 4) == 0 && memcmp(sq[0], sq[1], s_elems(&x) * 4) == 0,
+                 "m=%d n=%d k=%d splits=%d: generic and avx2 give different bits", shapes[i].m, shapes[i].n,
+                 shapes[i].k, shapes[i].splits);
+        for (int v = 0; v < 2; ++v)
+            free(d[v]), free(sq[v]);
+        bufs_free(&x);
+    }
+    TU_CHECK_OK(dg_set_isa(best));
+}
+
 /* dg_use_reference() selects the reference: its d is the double sum rounded once. */
 static void check_backend_switch(tu_rng *rng) {
     bufs x;
@@ -362,6 +390,7 @@ int main(void) {
         check_isa(&rng, isas[i]);
     }
     TU_CHECK_OK(dg_set_isa(best));
+    check_same_bits_8_lanes(&rng);
     check_backend_switch(&rng);
     return tu_finish();
 }

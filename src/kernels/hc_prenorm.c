@@ -6,7 +6,7 @@
  * (blocks of at most HC_MB rows, one split after the other) or, when M fits one block,
  * split-major (whole splits per thread). For a block it keeps
  * each row's partial sums in a state array (lanes x (24 columns + square sum) floats per row,
- * in L2) and walks the split's K range in chunks of DG_HC_KC: it copies B's chunk into the L1
+ * in L2) and walks the split's K range in chunks of the kernel's kc: it copies B's chunk into the L1
  * panel once, then for each group of `rows` rows converts their A chunk to float32 and runs the
  * micro kernel over the panel's column groups. A is read from memory once, B once per block;
  * software prefetches fetch the next rows of A and the next chunk of B while the FMAs run.
@@ -34,8 +34,8 @@
 
 const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa) {
 #define KERNEL(isa, ISA, fin)                                                                            \
-    {#isa, DG_HC_LANES_##ISA, DG_HC_ROWS_##ISA, DG_HC_COLS_##ISA, dg_hc_pack_##isa, dg_hc_convert_##isa, \
-     dg_hc_micro_##isa, fin}
+    {#isa, DG_HC_LANES_##ISA, DG_HC_ROWS_##ISA, DG_HC_COLS_##ISA, DG_HC_KC_##ISA, dg_hc_pack_##isa,       \
+     dg_hc_convert_##isa, dg_hc_micro_##isa, fin}
     static const dg_hc_kernel generic = KERNEL(generic, GENERIC, dg_hc_finish_generic);
 #if DG_HC_HAVE_X86_KERNELS
     static const dg_hc_kernel avx2 = KERNEL(avx2, AVX2, dg_hc_finish_generic);
@@ -85,16 +85,17 @@ static void prefetch_b(const hc_job *j, int64_t ns0, int64_t nsc, int64_t kc, in
 static void run_block_columns(const hc_job *j, float *scratch, int sp, int64_t r0, int64_t r1, int64_t ns0,
                               int64_t nsc) {
     const dg_hc_kernel *kn = j->kern;
-    float *pk = scratch, *xa = pk + (size_t)DG_HC_NS * DG_HC_KC, *state = xa + (size_t)kn->rows * DG_HC_KC;
+    const int64_t KC = kn->kc;
+    float *pk = scratch, *xa = pk + (size_t)DG_HC_NS * KC, *state = xa + (size_t)kn->rows * KC;
     const int64_t sf = j->state_floats, groups = dg_ceil_div(nsc, kn->cols);
     int64_t k0, k1;
     dg_hc_split_range(j->k, j->splits, sp, &k0, &k1);
     if (k0 == k1) /* a split without blocks: its sums are zero */
         memset(state, 0, (size_t)((r1 - r0) * sf) * sizeof(float));
-    for (int64_t kc = k0; kc < k1; kc += DG_HC_KC) {
-        const int64_t len = k1 - kc < DG_HC_KC ? k1 - kc : DG_HC_KC;
+    for (int64_t kc = k0; kc < k1; kc += KC) {
+        const int64_t len = k1 - kc < KC ? k1 - kc : KC;
         const int first = kc == k0;
-        const int64_t next_kc = kc + DG_HC_KC, next_len = k1 - next_kc < DG_HC_KC ? k1 - next_kc : DG_HC_KC;
+        const int64_t next_kc = kc + KC, next_len = k1 - next_kc < KC ? k1 - next_kc : KC;
         const int64_t row_groups = dg_ceil_div(r1 - r0, kn->rows);
         kn->pack(j->b + ns0 * j->ldb + kc, j->ldb, nsc, len, pk);
         for (int64_t r = r0; r < r1; r += kn->rows) {
@@ -110,7 +111,7 @@ static void run_block_columns(const hc_job *j, float *scratch, int sp, int64_t r
                 if (pr >= r1)
                     pr = r0 + (pr - r1), pk_c = next_kc;
                 const uint16_t *pf = g < kn->rows && pr < r1 && pk_c < k1 ? j->a + pr * j->lda + pk_c : NULL;
-                kn->micro(xa, rows, dg_align(len, 16), pk + g * kn->cols * DG_HC_KC, st + g * kn->cols * kn->lanes,
+                kn->micro(xa, rows, dg_align(len, 16), pk + g * kn->cols * KC, st + g * kn->cols * kn->lanes,
                           sf, first, pf);
             }
         }
@@ -463,7 +464,7 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     } else
 #endif
     {
-        j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * DG_HC_KC + block_rows * j.state_floats, 16);
+        j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * j.kern->kc + block_rows * j.state_floats, 16);
     }
     j.threads = choose_threads(j.splits * j.m, 2.0 * (double)j.m * (double)j.n * (double)j.k);
     int64_t next_unit = 0;

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #define R DG_HC_ROWS_AVX2
+#define KC DG_HC_KC_AVX2 /* the row stride of pk and xa, and the largest len */
 #define C DG_HC_COLS_AVX2
 
 /* 8 BF16 -> 8 float32: widen to 32 bits and shift into the high half. */
@@ -18,7 +19,7 @@ static inline __m256 widen_bf16x8(__m128i h) {
 void dg_hc_pack_avx2(const float *b, int64_t ldb, int64_t nsc, int64_t len, float *pk) {
     const int64_t padded = dg_align(len, 16);
     for (int64_t r = 0; r < DG_HC_NS; ++r) {
-        float *row = pk + r * DG_HC_KC;
+        float *row = pk + r * KC;
         int64_t i = 0;
         if (r < nsc) {
             for (; i + 8 <= len; i += 8)
@@ -54,21 +55,21 @@ static inline __attribute__((always_inline)) void convert_rows(const uint16_t *a
         for (int r = 0; r < NR; ++r) {
             const __m256 x = widen_bf16x8(_mm_loadu_si128((const __m128i *)(a + r * lda + i)));
             s[r] = _mm256_fmadd_ps(x, x, s[r]);
-            _mm256_store_ps(xa + r * DG_HC_KC + i, x);
+            _mm256_store_ps(xa + r * KC + i, x);
         }
     if (i < len) { /* nothing past a[len) is read */
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r) {
             const __m256 x = widen_bf16_tail(a + r * lda + i, len - i);
             s[r] = _mm256_fmadd_ps(x, x, s[r]);
-            _mm256_store_ps(xa + r * DG_HC_KC + i, x);
+            _mm256_store_ps(xa + r * KC + i, x);
         }
         i += 8;
     }
     if (i < dg_align(len, 16)) /* the rest of the zero padding to a multiple of 16 */
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r)
-            _mm256_store_ps(xa + r * DG_HC_KC + i, _mm256_setzero_ps());
+            _mm256_store_ps(xa + r * KC + i, _mm256_setzero_ps());
 #pragma GCC unroll 2
     for (int r = 0; r < NR; ++r)
         _mm256_storeu_ps(sq + r * sf, s[r]);
@@ -97,10 +98,14 @@ static inline __attribute__((always_inline)) void micro_rows(const float *xa, co
         __m256 x[R];
 #pragma GCC unroll 2
         for (int r = 0; r < NR; ++r)
-            x[r] = _mm256_load_ps(xa + r * DG_HC_KC + i);
+            x[r] = _mm256_load_ps(xa + r * KC + i);
 #pragma GCC unroll 6
         for (int n = 0; n < C; ++n) {
-            const __m256 b = _mm256_load_ps(pk + n * DG_HC_KC + i);
+            __m256 b = _mm256_load_ps(pk + n * KC + i);
+            /* One load per panel row for all rows of A: without this barrier GCC folds the load
+             * into each row's FMA (a load per FMA, which on Zen 3 made the kernel load-bound at
+             * half its FMA rate). */
+            __asm__("" : "+x"(b));
 #pragma GCC unroll 2
             for (int r = 0; r < NR; ++r)
                 c[r][n] = _mm256_fmadd_ps(x[r], b, c[r][n]);
