@@ -25,9 +25,31 @@ static inline void fp8_16(const uint8_t *src, float *out) {
     _mm256_storeu_ps(out + 8, hi);
 }
 
+/* 32 E2M1 codes (16 bytes, low nibble first) times scale s -> out[0 .. 32): the magnitude from
+ * an 8-entry table (VPERMPS reads the index's low 3 bits), the sign bit moved to bit 31, one
+ * float32 product: the values of the portable convert. */
+static inline void fp4_32(const uint8_t *src, float s, float *out) {
+    const __m256 lut = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), sv = _mm256_set1_ps(s);
+    const __m128i b = _mm_loadu_si128((const __m128i *)src), nib = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, nib), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
+    const __m128i c[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)}; /* k order */
+    for (int q = 0; q < 4; ++q) {
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_srli_si128(c[q >> 1], q & 1 ? 8 : 0));
+        const __m256 mag = _mm256_permutevar8x32_ps(lut, idx);
+        const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(idx, _mm256_set1_epi32(8)), 28);
+        _mm256_storeu_ps(out + 8 * q, _mm256_mul_ps(_mm256_or_ps(mag, _mm256_castsi256_ps(sign)), sv));
+    }
+}
+
 void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out) {
     if (fp4) {
-        dg_mqa_convert_generic(rows, sf, n, d, fp4, out);
+        if (d % 32 != 0) { /* one UE8M0 scale per 32 elements: whole blocks only */
+            dg_mqa_convert_generic(rows, sf, n, d, fp4, out);
+            return;
+        }
+        for (int r = 0; r < n; ++r)
+            for (int64_t k = 0; k < d; k += 32)
+                fp4_32(rows[r] + k / 2, dg_ue8m0_to_float((uint8_t)(sf[r] >> (8 * (k / 32)))), out + (int64_t)r * d + k);
         return;
     }
     const int64_t d16 = d & ~(int64_t)15;
