@@ -383,6 +383,55 @@ DG_API dg_status dg_bf16_gemm_nt_packed(const dg_tensor *a, const dg_packed_b *b
 DG_API dg_status dg_fp8_fp4_gemm_nt_packed(const dg_tensor *a, const dg_tensor *sfa, const dg_packed_b *b,
                                            const dg_tensor *d, const dg_tensor *c, const dg_gemm_options *opts);
 
+/* @@SECTION cublaslt-fp4-names: cuBLASLt GEMMs, DeepGEMM 2.8's FP4 names @@ */
+
+/*
+ * cuBLASLt GEMMs (DeepGEMM csrc/apis/gemm.hpp, cublaslt_gemm_*): plain GEMMs without block
+ * scales, D = C + A @ B^T accumulated in float32, with DeepGEMM's arguments (a, b, d, c). On a
+ * GPU they call cuBLASLt; here they run on the dense engine, so there is no cuBLASLt setting,
+ * no alpha and no beta (DeepGEMM's calls have neither: beta is 1 when c is given, else 0).
+ * Layout letters, the shapes of A, B, C and D, the rules for C (optional, D's dtype, the very
+ * same view as D or disjoint from it), K = 0 (D = C, or 0) and empty M or N (nothing written)
+ * are those of the dense GEMMs above. A and B have any strides and the same dtype:
+ *   BFLOAT16       D BFLOAT16 or FLOAT32; bitwise the D of dg_bf16_gemm_* on the same inputs.
+ *   FLOAT8_E4M3    D BFLOAT16 or FLOAT32; the codes' values unscaled (cuBLASLt without scale
+ *                  pointers), widened exactly and multiplied on the engine as FP8 GEMMs are.
+ *   FLOAT32        D FLOAT32 (cuBLASLt's FP32 GEMMs take no other output); cuBLASLt rounds
+ *                  the inputs to TF32 on the GPU, the CPU does not: this dtype runs the
+ *                  reference kernel (products exact, summed in double, rounded once), which is
+ *                  single-threaded scalar code, for correctness rather than speed.
+ */
+DG_API dg_status dg_cublaslt_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                     const dg_tensor *c);
+DG_API dg_status dg_cublaslt_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                     const dg_tensor *c);
+DG_API dg_status dg_cublaslt_gemm_tn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                     const dg_tensor *c);
+DG_API dg_status dg_cublaslt_gemm_tt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                     const dg_tensor *c);
+
+/*
+ * DeepGEMM 2.8's FP4 names. As in DeepGEMM (its Python module binds them to the same functions),
+ * each is the FP8/FP4 function it names, with every argument, dtype combination and rule of it
+ * (FP4 x FP4, FP8 x FP4, FP8 x FP8); only error messages carry the FP4 name.
+ *   dg_fp4_gemm_nt                       = dg_fp8_fp4_gemm_nt
+ *   dg_m_grouped_fp4_gemm_nt_contiguous  = dg_m_grouped_fp8_fp4_gemm_nt_contiguous
+ *   dg_m_grouped_fp4_gemm_nt_masked      = dg_m_grouped_fp8_fp4_gemm_nt_masked
+ * DeepGEMM's k_grouped_fp4_gemm_nt_contiguous (K-major packed FP4 weight gradients, recipe
+ * (1, 1, 32)) is a kernel of its own, not an alias, and is not available here yet.
+ */
+DG_API dg_status dg_fp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c,
+                                const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp4_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                     const dg_tensor *b, const dg_tensor *sfb,
+                                                     const dg_tensor *d, const dg_tensor *grouped_layout,
+                                                     const dg_gemm_options *opts);
+DG_API dg_status dg_m_grouped_fp4_gemm_nt_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                                 const dg_tensor *sfb, const dg_tensor *d,
+                                                 const dg_tensor *masked_m, int expected_m,
+                                                 const dg_gemm_options *opts);
+
 /* @@SECTION grouped-gemm: m-grouped contiguous/masked, k-grouped (SPEC 4) @@ */
 
 /*

@@ -21,7 +21,7 @@ from ._C import (
     set_backend, get_backend, get_isa, set_isa,
     # CPU extras: weights packed once (PackedB) for the `_nt` GEMMs, passed in place of b
     pack_b, PackedB,
-    # cuBLASLt GEMMs (not implemented on CPU: raise NotImplementedError)
+    # cuBLASLt GEMMs: plain GEMMs on the CPU engine (BF16, unscaled FP8, float32 operands)
     cublaslt_gemm_nt, cublaslt_gemm_nn,
     cublaslt_gemm_tn, cublaslt_gemm_tt,
     # FP8 FP4 GEMMs
@@ -39,6 +39,8 @@ from ._C import (
     m_grouped_fp8_gemm_nt_masked,
     k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_fp8_gemm_tn_contiguous,
+    # DeepGEMM 2.8's k-grouped FP4 GEMM (its own kernel; not implemented on CPU yet)
+    k_grouped_fp4_gemm_nt_contiguous,
     # BF16 GEMMs
     bf16_gemm_nt, bf16_gemm_nn,
     bf16_gemm_tn, bf16_gemm_tt,
@@ -64,6 +66,11 @@ from ._C import (
     bf16_mega_moe_reference,
 )
 
+# FP4 names (DeepGEMM 2.8): the very same functions as the fp8_fp4 ones, as in DeepGEMM
+fp4_gemm_nt = fp8_fp4_gemm_nt
+m_grouped_fp4_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+m_grouped_fp4_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+
 # Legacy aliases, as DeepGEMM
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
@@ -83,6 +90,9 @@ from .mega import (
 from . import testing
 from . import utils
 from .utils import *
+
+# DeepGEMM's legacy `*_tl` grouped GEMMs (Triton kernels for A100 upstream), on the CPU engine
+from . import legacy
 
 
 def init(library_root_path=None, cuda_home_path_by_python=None):

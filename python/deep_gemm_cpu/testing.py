@@ -1,8 +1,11 @@
 """deep_gemm.testing on CPU: calc_diff, count_bytes and wall-clock benchmark helpers with
-DeepGEMM's signatures (bench, bench_kineto), so DeepGEMM-style tests port unchanged."""
+DeepGEMM's signatures (bench, bench_kineto), DeepGEMM 2.8's test helpers (get_arch_major,
+test_filter, ignore_env, assert_bitwise_equal), so DeepGEMM-style tests port unchanged."""
+import functools
 import os
 import sys
 import time
+from typing import Callable
 
 from ._C import calc_diff as _calc_diff
 
@@ -80,10 +83,74 @@ class suppress_stdout_stderr:
 
 
 def assert_bitwise_equal(x, y, label: str = ''):
-    import torch
-    assert x.shape == y.shape, f'shape mismatch {label}: {x.shape} vs {y.shape}'
-    assert x.dtype == y.dtype, f'dtype mismatch {label}: {x.dtype} vs {y.dtype}'
-    xb, yb = x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)
-    if not torch.equal(xb, yb):
-        n = int((xb != yb).sum())
-        raise AssertionError(f'bitwise mismatch{f" ({label})" if label else ""}: {n} bytes differ')
+    """DeepGEMM 2.8's check that two tensors hold the same bits (NaN payloads and signed zeros
+    included): same shape, same dtype, equal bytes. torch tensors or NumPy arrays."""
+    suffix = f' ({label})' if label else ''
+    assert tuple(x.shape) == tuple(y.shape), f'shape mismatch{suffix}: {tuple(x.shape)} vs {tuple(y.shape)}'
+    assert x.dtype == y.dtype, f'dtype mismatch{suffix}: {x.dtype} vs {y.dtype}'
+    if hasattr(x, 'element_size'):
+        import torch
+        xb = x.detach().contiguous().reshape(-1).view(torch.uint8)
+        yb = y.detach().contiguous().reshape(-1).view(torch.uint8)
+        differ = int((xb != yb).sum())
+    else:
+        import numpy as np
+        xb = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+        yb = np.ascontiguousarray(y).reshape(-1).view(np.uint8)
+        differ = int((xb != yb).sum())
+    if differ:
+        raise AssertionError(f'bitwise mismatch{suffix}: {differ} bytes differ')
+
+
+# The architecture DeepGEMM code should branch on when it runs here.
+CPU_ARCH_MAJOR = 10
+
+
+def get_arch_major() -> int:
+    """DeepGEMM's `torch.cuda.get_device_capability()[0]`; a CPU run answers 10 (SM100).
+
+    DeepGEMM's code and tests branch on this value, and 10 is their full path: UE8M0 (packed)
+    scales with 1D1D kernels, FP4 operands (FP8 x FP4, FP4 x FP4, the FP4 indexer), psum layouts,
+    MN-major operands and BF16 accumulation for FP8, every indexer head count and block size.
+    This library implements all of that on every CPU. 9 (SM90) would select Hopper's narrower
+    path (float32 1D2D scales only, K-major FP8, no FP4) and 12 (SM120) a consumer-GPU one, so
+    10 is the value that runs DeepSeek's code in its general form. (DeepGEMM 2.8's tests on 10
+    also pass `alpha=` to the GEMMs, an epilogue option this library does not have yet.)
+    """
+    return CPU_ARCH_MAJOR
+
+
+def test_filter(condition: Callable):
+    """Decorator: run the function only when condition() is true; otherwise print that it was
+    filtered (DeepGEMM's helper, e.g. @test_filter(lambda: get_arch_major() >= 10))."""
+    def decorator(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            if condition():
+                return func(*args, **kwargs)
+            print(f'{func.__name__}:')
+            print(f' > Filtered by {condition}')
+            print()
+        return wrapper
+    return decorator
+
+
+test_filter.__test__ = False  # not a pytest test
+
+
+def ignore_env(name: str, condition: Callable):
+    """Decorator: when condition() is true, run the function with environment variable `name`
+    removed, and put it back afterwards (also when the function raises)."""
+    def decorator(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            if not condition():
+                return func(*args, **kwargs)
+            saved = os.environ.pop(name, None)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                if saved is not None:
+                    os.environ[name] = saved
+        return wrapper
+    return decorator

@@ -1,6 +1,7 @@
 /*
  * bind_gemm.c - dense GEMMs: bf16_gemm_*, fp8_fp4_gemm_* (fp8_gemm_* are aliases, as in
- * DeepGEMM), fp8_gemm_nt_skip_head_mid, and the cuBLASLt GEMMs (not implemented). The `_nt`
+ * DeepGEMM), fp8_gemm_nt_skip_head_mid, the cuBLASLt GEMMs and k_grouped_fp4_gemm_nt_contiguous
+ * (not implemented). The `_nt`
  * forms also take pre-packed weights (a PackedB from pack_b, bind_packed.c) as b.
  * Argument names, order and defaults are DeepGEMM's (csrc/apis/gemm.hpp, attention.hpp).
  */
@@ -129,17 +130,46 @@ static PyObject *py_fp8_gemm_nt_skip_head_mid(PyObject *self, PyObject *args, Py
     Py_RETURN_NONE;
 }
 
-/* cuBLASLt has no CPU counterpart in this library: refuse rather than compute something else. */
+/* cuBLASLt GEMMs (DeepGEMM 2.8): cublaslt_gemm_xx(a, b, d, c=None), plain D = C + A @ B^T on
+ * BF16, unscaled FP8 or FLOAT32 operands (include/deepgemm.h, dg_cublaslt_gemm_*). */
+typedef dg_status (*cublaslt_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *);
+
+static PyObject *cublaslt_gemm(PyObject *args, PyObject *kw, const char *fn, cublaslt_fn call) {
+    static char *kwlist[] = {"a", "b", "d", "c", NULL};
+    PyObject *a, *b, *d, *c = Py_None;
+    char fmt[64];
+    snprintf(fmt, sizeof fmt, "OOO|O:%s", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c))
+        return NULL;
+    dgp_tensor ta, tb, td, tc;
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, dgp_ptr(&tc)));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
 #define DGP_CUBLASLT(L)                                                                          \
     static PyObject *py_cublaslt_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {        \
-        return dgp_not_implemented("cublaslt_gemm_" #L,                                          \
-                                   "cuBLASLt GEMMs are an NVIDIA library with no CPU counterpart; "       \
-                                   "use bf16_gemm_" #L " for BF16 operands");                    \
+        return cublaslt_gemm(args, kw, "cublaslt_gemm_" #L, dg_cublaslt_gemm_##L);               \
     }
 DGP_CUBLASLT(nt)
 DGP_CUBLASLT(nn)
 DGP_CUBLASLT(tn)
 DGP_CUBLASLT(tt)
+
+/* DeepGEMM 2.8's k-grouped FP4 weight-gradient GEMM is a kernel of its own (K-major packed FP4
+ * A [M, sum_k / 2] and B [N, sum_k / 2], recipe (1, 1, 32)), not an alias: not available yet. */
+static PyObject *py_k_grouped_fp4_gemm_nt_contiguous(PyObject *self, PyObject *args, PyObject *kw) {
+    return dgp_not_implemented("k_grouped_fp4_gemm_nt_contiguous",
+                               "the k-grouped FP4 GEMM (K-major packed FP4 a [M, sum_k/2], b [N, sum_k/2], "
+                               "recipe (1, 1, 32)) has no CPU kernel yet; convert a and b to FP8 (every E2M1 value is "
+                               "exact in E4M3) as [sum_k, M] / [sum_k, N] tensors and call "
+                               "k_grouped_fp8_gemm_tn_contiguous with the same scales");
+}
 
 #define KW (PyCFunction)(void (*)(void))
 #define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
@@ -160,9 +190,11 @@ PyMethodDef dgp_gemm_methods[] = {
                        "compiled_dims='mn', disable_ue8m0_cast=False)"),
     M(fp8_gemm_nt_skip_head_mid, "fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe=None, "
                                  "compiled_dims='nk', disable_ue8m0_cast=False)"),
-    M(cublaslt_gemm_nt, "not implemented on CPU"),
-    M(cublaslt_gemm_nn, "not implemented on CPU"),
-    M(cublaslt_gemm_tn, "not implemented on CPU"),
-    M(cublaslt_gemm_tt, "not implemented on CPU"),
+    M(cublaslt_gemm_nt, "cublaslt_gemm_nt(a, b, d, c=None): d = c + a @ b.T, a [M, K], b [N, K]; BF16, FP8 "
+                        "(unscaled) or float32 (d float32) operands"),
+    M(cublaslt_gemm_nn, "cublaslt_gemm_nn(a, b, d, c=None): d = c + a @ b, b [K, N]"),
+    M(cublaslt_gemm_tn, "cublaslt_gemm_tn(a, b, d, c=None): d = c + a.T @ b, a [K, M], b [K, N]"),
+    M(cublaslt_gemm_tt, "cublaslt_gemm_tt(a, b, d, c=None): d = c + a.T @ b.T, a [K, M]"),
+    M(k_grouped_fp4_gemm_nt_contiguous, "not implemented on CPU (DeepGEMM 2.8's k-grouped FP4 GEMM)"),
     {NULL, NULL, 0, NULL},
 };

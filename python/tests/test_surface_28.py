@@ -1,0 +1,275 @@
+"""DeepGEMM 2.8's names: cublaslt_gemm_*, the FP4 aliases, deep_gemm.legacy's `*_tl` GEMMs and the
+testing helpers; every name exists, each function against torch, bad input names the argument."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import deep_gemm_cpu as dg
+from deep_gemm_cpu.utils import per_token_cast_to_fp4
+from conftest import calc_diff, FakeCudaTensor
+
+LAYOUTS = ['nt', 'nn', 'tn', 'tt']
+SHAPES = [(1, 1, 1), (7, 13, 33), (65, 40, 130)]
+
+
+def test_every_28_name_exists():
+    for name in ['cublaslt_gemm_nt', 'cublaslt_gemm_nn', 'cublaslt_gemm_tn', 'cublaslt_gemm_tt',
+                 'fp4_gemm_nt', 'm_grouped_fp4_gemm_nt_contiguous', 'm_grouped_fp4_gemm_nt_masked',
+                 'k_grouped_fp4_gemm_nt_contiguous', 'legacy']:
+        assert hasattr(dg, name), name
+    for name in ['m_grouped_bf16_gemm_nt_contiguous_tl', 'm_grouped_bf16_gemm_nn_contiguous_tl',
+                 'a_fused_m_grouped_bf16_gemm_nt_contiguous_tl', 'a_fused_m_grouped_bf16_gemm_nn_contiguous_tl',
+                 'a_fused_k_grouped_bf16_gemm_tn_contiguous_tl', 'b_fused_k_grouped_bf16_gemm_tn_contiguous_tl']:
+        assert callable(getattr(dg.legacy, name)), name
+    for name in ['get_arch_major', 'test_filter', 'ignore_env', 'assert_bitwise_equal']:
+        assert callable(getattr(dg.testing, name)), name
+    # As in DeepGEMM, the FP4 names are the fp8_fp4 functions themselves
+    assert dg.fp4_gemm_nt is dg.fp8_fp4_gemm_nt
+    assert dg.m_grouped_fp4_gemm_nt_contiguous is dg.m_grouped_fp8_fp4_gemm_nt_contiguous
+    assert dg.m_grouped_fp4_gemm_nt_masked is dg.m_grouped_fp8_fp4_gemm_nt_masked
+
+
+# ---- cuBLASLt GEMMs --------------------------------------------------------------------------
+
+def operands(layout, a, b):
+    """a [M, K], b [N, K] -> the layout's operands (`t` A and `n` B as [K, *] contiguous)."""
+    return (a if layout[0] == 'n' else a.t().contiguous()), (b if layout[1] == 't' else b.t().contiguous())
+
+
+@pytest.mark.parametrize('layout', LAYOUTS)
+@pytest.mark.parametrize('out_dtype', [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize('m,n,k', SHAPES)
+def test_cublaslt_bf16(layout, out_dtype, m, n, k):
+    a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+    ta, tb = operands(layout, a, b)
+    ref = a.double() @ b.double().t()
+    d = torch.empty(m, n, dtype=out_dtype)
+    getattr(dg, f'cublaslt_gemm_{layout}')(ta, tb, d)
+    assert calc_diff(d, ref) < 1e-5
+    # the same engine as bf16_gemm_*: the same bits
+    d2 = torch.empty_like(d)
+    getattr(dg, f'bf16_gemm_{layout}')(ta, tb, d2)
+    dg.testing.assert_bitwise_equal(d, d2, layout)
+    # accumulate: c separate, and c = d (DeepGEMM's form)
+    c = (torch.randn(m, n) * 4).to(out_dtype)
+    getattr(dg, f'cublaslt_gemm_{layout}')(ta, tb, d, c=c)
+    assert calc_diff(d, ref + c.double()) < 1e-5
+    d.copy_(c)
+    getattr(dg, f'cublaslt_gemm_{layout}')(ta, tb, d, d)
+    assert calc_diff(d, ref + c.double()) < 1e-5
+
+
+@pytest.mark.parametrize('layout', LAYOUTS)
+@pytest.mark.parametrize('m,n,k', SHAPES)
+def test_cublaslt_fp8_and_fp32(layout, m, n, k):
+    # FP8: the codes' values, unscaled
+    a8 = (torch.randn(m, k) * 8).to(torch.float8_e4m3fn)
+    b8 = (torch.randn(n, k) * 8).to(torch.float8_e4m3fn)
+    ta, tb = operands(layout, a8, b8)
+    ref = a8.double() @ b8.double().t()
+    for out_dtype in (torch.bfloat16, torch.float32):
+        d = torch.empty(m, n, dtype=out_dtype)
+        getattr(dg, f'cublaslt_gemm_{layout}')(ta, tb, d)
+        assert calc_diff(d, ref) < 1e-5
+    # FLOAT32: the exact sum rounded once (the reference kernel)
+    a, b = torch.randn(m, k), torch.randn(n, k)
+    ta, tb = operands(layout, a, b)
+    c = torch.randn(m, n)
+    d = torch.empty(m, n)
+    getattr(dg, f'cublaslt_gemm_{layout}')(ta, tb, d, c)
+    assert torch.equal(d, (c.double() + a.double() @ b.double().t()).float())
+
+
+def test_cublaslt_views_numpy_and_k0():
+    a, b = torch.randn(9, 48, dtype=torch.bfloat16), torch.randn(20, 48, dtype=torch.bfloat16)
+    d = torch.empty(9, 20)
+    dg.cublaslt_gemm_nt(a.t().contiguous().t(), b[:, :48], d)  # MN-major A view
+    assert calc_diff(d, a.float() @ b.float().t()) < 1e-6
+    an, bn = np.asarray(a.float()), np.asarray(b.float())
+    dn = np.zeros((9, 20), dtype=np.float32)
+    dg.cublaslt_gemm_nt(an, bn, dn)
+    assert np.array_equal(dn, (an.astype(np.float64) @ bn.T.astype(np.float64)).astype(np.float32))
+    # K = 0: d = c (or 0)
+    d = torch.full((3, 4), 7.0)
+    dg.cublaslt_gemm_nt(torch.empty(3, 0, dtype=torch.bfloat16), torch.empty(4, 0, dtype=torch.bfloat16), d)
+    assert torch.equal(d, torch.zeros(3, 4))
+
+
+def test_cublaslt_bad_input():
+    a, b = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(6, 16, dtype=torch.bfloat16)
+    d = torch.full((4, 6), 5.0)
+    with pytest.raises(TypeError, match=r"cublaslt_gemm_nt.*'a'.*'b'.*same dtype"):
+        dg.cublaslt_gemm_nt(a, b.float(), d)
+    with pytest.raises(ValueError, match=r"cublaslt_gemm_tn.*'a' and 'b' disagree on K"):
+        dg.cublaslt_gemm_tn(a.t(), torch.randn(15, 6, dtype=torch.bfloat16), d)
+    with pytest.raises(TypeError, match=r"cublaslt_gemm_nt.*'d' must be FLOAT32"):
+        dg.cublaslt_gemm_nt(a.float(), b.float(), d.bfloat16())
+    with pytest.raises(ValueError, match=r"cublaslt_gemm_nn.*'d'"):
+        dg.cublaslt_gemm_nn(a, b.t(), torch.empty(4, 5))
+    with pytest.raises(TypeError, match=r"cublaslt_gemm_tt.*'c'"):
+        dg.cublaslt_gemm_tt(a.t(), b, d, c=d.bfloat16())
+    with pytest.raises(TypeError, match=r"cublaslt_gemm_nt.*'a'"):
+        dg.cublaslt_gemm_nt(a.to(torch.int8), b, d)  # packed FP4 needs scales: fp8_fp4_gemm_nt
+    with pytest.raises(ValueError, match=r"cublaslt_gemm_nt.*'a'"):
+        dg.cublaslt_gemm_nt(FakeCudaTensor(a), b, d)
+    with pytest.raises(TypeError):
+        dg.cublaslt_gemm_nt(a, b, d, compiled_dims='nk')  # DeepGEMM's cuBLASLt calls take no such keyword
+    assert torch.equal(d, torch.full((4, 6), 5.0))
+
+
+# ---- FP4 names ---------------------------------------------------------------------------------
+
+def test_fp4_aliases_compute_fp4():
+    m, n, k, g = 5, 32, 128, 2
+    a = per_token_cast_to_fp4(torch.randn(m * g, k, dtype=torch.bfloat16), use_ue8m0=True, gran_k=32,
+                              use_packed_ue8m0=True)
+    w = [per_token_cast_to_fp4(torch.randn(n, k, dtype=torch.bfloat16), use_ue8m0=True, gran_k=32,
+                               use_packed_ue8m0=True) for _ in range(g)]
+    b = (torch.stack([x[0] for x in w]), torch.stack([x[1] for x in w]))
+    recipes = dict(recipe_a=(1, 32), recipe_b=(1, 32))
+    d, d2 = torch.empty(m * g, n, dtype=torch.bfloat16), torch.empty(m * g, n, dtype=torch.bfloat16)
+    dg.fp4_gemm_nt(a, w[0], d, **recipes)
+    dg.fp8_fp4_gemm_nt(a, w[0], d2, **recipes)
+    dg.testing.assert_bitwise_equal(d, d2)
+    layout = torch.arange(m * g, dtype=torch.int32) // m
+    dg.m_grouped_fp4_gemm_nt_contiguous(a, b, d, layout, **recipes)
+    dg.testing.assert_bitwise_equal(d[:m], d2[:m])  # group 0 = the dense call with w[0]
+    a3 = (a[0].view(g, m, k // 2), a[1].view(g, m, -1))
+    d3 = torch.empty(g, m, n, dtype=torch.bfloat16)
+    dg.m_grouped_fp4_gemm_nt_masked(a3, b, d3, torch.tensor([m, m], dtype=torch.int32), m, **recipes)
+    dg.testing.assert_bitwise_equal(d3.view(m * g, n), d)
+
+
+def test_k_grouped_fp4_not_implemented():
+    with pytest.raises(NotImplementedError, match='k_grouped_fp4_gemm_nt_contiguous.*k_grouped_fp8_gemm_tn'):
+        dg.k_grouped_fp4_gemm_nt_contiguous(None, None, None, [128], None)
+
+
+# ---- deep_gemm.legacy --------------------------------------------------------------------------
+
+def m_grouped_ref(a, b, idx):
+    out = torch.zeros(a.shape[0], b.shape[1])
+    for r in range(a.shape[0]):
+        if idx[r] >= 0:
+            out[r] = a[r].float() @ b[idx[r]].float().t()
+    return out
+
+
+@pytest.mark.parametrize('layout', ['nt', 'nn'])
+def test_legacy_m_grouped(layout):
+    g, n, k = 3, 24, 72
+    idx = torch.tensor([0] * 5 + [-1] * 3 + [2] * 7 + [1] * 2 + [-1], dtype=torch.int32)
+    a = torch.randn(idx.numel(), k, dtype=torch.bfloat16)
+    b = torch.randn(g, n, k, dtype=torch.bfloat16)
+    tb = b if layout == 'nt' else b.transpose(1, 2).contiguous()
+    d = torch.full((idx.numel(), n), 9.0, dtype=torch.bfloat16)
+    getattr(dg.legacy, f'm_grouped_bf16_gemm_{layout}_contiguous_tl')(a, tb, d, idx)
+    assert calc_diff(d, m_grouped_ref(a, b, idx)) < 1e-5
+    assert torch.all(d[idx < 0] == 0)  # padding rows zeroed, as the Triton kernel writes them
+    # a-fused: rows gathered through m_row_indices (-1 reads zeros)
+    rows = torch.randint(0, 11, (idx.numel(),), dtype=torch.int32)
+    rows[3] = -1
+    a_src = torch.randn(11, k, dtype=torch.bfloat16)
+    gathered = torch.where((rows >= 0).unsqueeze(1), a_src[rows.long().clamp(min=0)], torch.zeros(1, k).bfloat16())
+    d.fill_(9.0)
+    getattr(dg.legacy, f'a_fused_m_grouped_bf16_gemm_{layout}_contiguous_tl')(a_src, tb, d, (idx, rows))
+    assert calc_diff(d, m_grouped_ref(gathered, b, idx)) < 1e-5
+    assert torch.all(d[idx < 0] == 0) and torch.all(d[3] == 0)
+
+
+@pytest.mark.parametrize('fused', ['a', 'b'])
+@pytest.mark.parametrize('acc', [True, False])
+def test_legacy_k_grouped(fused, acc):
+    m, n, ks = 20, 12, [64, 0, 128, 32]
+    total = sum(ks)
+    starts = torch.tensor([sum(ks[:i]) for i in range(len(ks))], dtype=torch.int32)
+    ends = starts + torch.tensor(ks, dtype=torch.int32)
+    src_rows = total + 9
+    k_indices = torch.randint(0, src_rows, (total,), dtype=torch.int32)
+    k_indices[5] = -1
+    if fused == 'a':
+        a, b = torch.randn(src_rows, m, dtype=torch.bfloat16), torch.randn(total, n, dtype=torch.bfloat16)
+    else:
+        a, b = torch.randn(total, m, dtype=torch.bfloat16), torch.randn(src_rows, n, dtype=torch.bfloat16)
+    d0 = torch.randn(len(ks), m, n)
+    d = d0.clone()
+    getattr(dg.legacy, f'{fused}_fused_k_grouped_bf16_gemm_tn_contiguous_tl')(a, b, d, (k_indices, starts, ends), acc)
+    src = (a if fused == 'a' else b).double()
+    gathered = torch.where((k_indices >= 0).unsqueeze(1), src[k_indices.long().clamp(min=0)], torch.zeros(1).double())
+    ga, gb = (gathered, b.double()) if fused == 'a' else (a.double(), gathered)
+    for g in range(len(ks)):
+        s, e = int(starts[g]), int(ends[g])
+        ref = ga[s:e].t() @ gb[s:e] + (d0[g].double() if acc else 0)
+        if ks[g] == 0:
+            assert torch.equal(d[g], d0[g] if acc else torch.zeros(m, n))
+        else:
+            assert calc_diff(d[g], ref) < 1e-6
+
+
+def test_legacy_bad_input():
+    a, b = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(2, 8, 16, dtype=torch.bfloat16)
+    d = torch.empty(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="m_grouped_bf16_gemm_nt_contiguous_tl: argument 'm_indices'"):
+        dg.legacy.m_grouped_bf16_gemm_nt_contiguous_tl(a, b, d, torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="m_grouped_bf16_gemm_nt_contiguous_tl: argument 'm_indices'"):
+        dg.legacy.m_grouped_bf16_gemm_nt_contiguous_tl(a, b, d, torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="argument 'a' must be bfloat16"):
+        dg.legacy.m_grouped_bf16_gemm_nt_contiguous_tl(a.float(), b, d, torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="m_row_indices"):
+        dg.legacy.a_fused_m_grouped_bf16_gemm_nt_contiguous_tl(
+            a, b, d, (torch.zeros(4, dtype=torch.int32), torch.full((4,), 4, dtype=torch.int32)))
+    with pytest.raises(TypeError, match="'handle'"):
+        dg.legacy.b_fused_k_grouped_bf16_gemm_tn_contiguous_tl(a, a, torch.empty(1, 16, 16), (None, None), True)
+    with pytest.raises(ValueError, match="k_indices"):
+        z = torch.zeros(1, dtype=torch.int32)
+        dg.legacy.a_fused_k_grouped_bf16_gemm_tn_contiguous_tl(
+            a, a, torch.empty(1, 16, 16), (torch.zeros(3, dtype=torch.int32), z, z + 3), True)
+
+
+# ---- testing helpers ---------------------------------------------------------------------------
+
+def test_testing_helpers(capsys, monkeypatch):
+    assert dg.testing.get_arch_major() == 10
+
+    calls = []
+
+    @dg.testing.test_filter(lambda: True)
+    def runs(x):
+        calls.append(x)
+
+    @dg.testing.test_filter(lambda: dg.testing.get_arch_major() >= 11)
+    def filtered():
+        calls.append('no')
+
+    runs(1)
+    filtered()
+    assert calls == [1] and 'Filtered by' in capsys.readouterr().out
+
+    monkeypatch.setenv('DG_S28_VAR', 'kept')
+
+    @dg.testing.ignore_env('DG_S28_VAR', lambda: True)
+    def without():
+        assert 'DG_S28_VAR' not in os.environ
+        raise RuntimeError('inside')
+
+    @dg.testing.ignore_env('DG_S28_VAR', lambda: False)
+    def with_it():
+        return os.environ['DG_S28_VAR']
+
+    with pytest.raises(RuntimeError):
+        without()
+    assert os.environ['DG_S28_VAR'] == 'kept' and with_it() == 'kept'
+
+    x = torch.tensor([0.0, float('nan'), 1.5])
+    dg.testing.assert_bitwise_equal(x, x.clone(), 'same')
+    with pytest.raises(AssertionError, match='1 bytes differ|bytes differ'):
+        dg.testing.assert_bitwise_equal(torch.tensor([0.0]), torch.tensor([-0.0]))
+    with pytest.raises(AssertionError, match='shape'):
+        dg.testing.assert_bitwise_equal(x, x[:2])
+    with pytest.raises(AssertionError, match='dtype'):
+        dg.testing.assert_bitwise_equal(x, x.double())
+    dg.testing.assert_bitwise_equal(np.arange(4.0), np.arange(4.0))
+    with pytest.raises(AssertionError):
+        dg.testing.assert_bitwise_equal(np.zeros(2), -np.zeros(2))

@@ -1,0 +1,140 @@
+/*
+ * cublaslt.c - DeepGEMM 2.8's new dense names: the cuBLASLt GEMMs and the FP4 aliases.
+ *
+ * cublaslt_gemm_{nt,nn,tn,tt} (DeepGEMM csrc/apis/gemm.hpp): plain GEMMs D = C + A @ B^T with
+ * no block scales. `_nt` is the core; the other layouts pass transposed views of A and/or B,
+ * as DeepGEMM does. Every argument is checked, in the dense GEMMs' order and with their
+ * messages, before anything is written; BF16 and unscaled E4M3 operands then run on the dense
+ * engine (src/engine/) exactly as dg_bf16_gemm_nt / the FP8 GEMMs do, FLOAT32 operands (which
+ * the engine, built on BF16 panels, does not take) on the reference kernel.
+ *
+ * The FP4 names are DeepGEMM's aliases of the fp8_fp4 functions: the very same calls, with the
+ * alias's name in the error message.
+ */
+#include "../core/operand.h"
+#include "../engine/engine.h"
+#include "../reference/ref_gemm.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- cuBLASLt GEMMs --------------------------------------------------------------------- */
+
+static const dg_dtype kInputs[3] = {DG_BFLOAT16, DG_FLOAT8_E4M3, DG_FLOAT32};
+
+/* D [m, n]: BF16 or FP32 (FP32 only for FP32 inputs), unit stride along N, each element once. */
+static dg_status check_d(const dg_tensor *d, dg_dtype in, int64_t m, int64_t n) {
+    static const dg_dtype kOut[2] = {DG_BFLOAT16, DG_FLOAT32};
+    DG_TRY(dg_check_tensor(d, "d", 2));
+    DG_TRY(dg_check_dtype_in(d, "d", kOut, 2));
+    DG_CHECK(in != DG_FLOAT32 || d->dtype == DG_FLOAT32, DG_ERR_DTYPE,
+             "argument 'd' must be FLOAT32 for FLOAT32 operands (cuBLASLt's FP32 GEMM), got %s",
+             dg_dtype_name(d->dtype));
+    DG_TRY(dg_check_dim(d, "d", 0, m));
+    DG_TRY(dg_check_dim(d, "d", 1, n));
+    DG_TRY(dg_check_last_dim_contiguous(d, "d"));
+    return dg_check_output(d, "d");
+}
+
+/* Optional C: D's dtype and shape, unit stride along N, the very same view as D or disjoint. */
+static dg_status check_c(const dg_tensor *c, const dg_tensor *d) {
+    if (!c)
+        return DG_OK;
+    DG_TRY(dg_check_tensor(c, "c", 2));
+    DG_CHECK(c->dtype == d->dtype, DG_ERR_DTYPE, "argument 'c' must have the dtype of 'd' (%s), got %s",
+             dg_dtype_name(d->dtype), dg_dtype_name(c->dtype));
+    DG_TRY(dg_check_dim(c, "c", 0, d->shape[0]));
+    DG_TRY(dg_check_dim(c, "c", 1, d->shape[1]));
+    DG_TRY(dg_check_last_dim_contiguous(c, "c"));
+    return dg_check_no_overlap(d, "d", c, "c", true);
+}
+
+static dg_status cublaslt_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
+    dg_operand oa, ob; /* no scales attached: every element counts with scale 1 */
+    DG_TRY(dg_operand_init(&oa, "a", a, 0, kInputs, 3));
+    DG_TRY(dg_operand_init(&ob, "b", b, 0, kInputs, 3));
+    DG_CHECK(a->dtype == b->dtype, DG_ERR_DTYPE, "arguments 'a' (%s) and 'b' (%s) must have the same dtype",
+             dg_dtype_name(a->dtype), dg_dtype_name(b->dtype));
+    DG_CHECK(oa.k == ob.k, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)", (long long)oa.k,
+             (long long)ob.k);
+    DG_TRY(check_d(d, a->dtype, oa.mn, ob.mn));
+    DG_TRY(check_c(c, d));
+    DG_TRY(dg_check_no_overlap(d, "d", a, "a", false));
+    DG_TRY(dg_check_no_overlap(d, "d", b, "b", false));
+    if (oa.mn == 0 || ob.mn == 0)
+        return DG_OK;
+    if (a->dtype != DG_FLOAT32 && !dg_use_reference()) {
+        const dg_status st = dg_engine_gemm(&oa, &ob, d, c);
+        if (st != DG_ERR_UNSUPPORTED)
+            return st;
+    }
+    dg_ref_gemm(&oa, 0, 0, oa.mn, &ob, 0, 0, ob.mn, d, c);
+    return DG_OK;
+}
+
+/* The transposed descriptor of t in *store; t itself when it is NULL or not 2-D, so that the
+ * checks report on the caller's tensor. */
+static const dg_tensor *transposed(const dg_tensor *t, dg_tensor *store) {
+    if (!t || t->ndim != 2)
+        return t;
+    *store = dg_tensor_transpose(*t, 0, 1);
+    return store;
+}
+
+dg_status dg_cublaslt_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
+    dg_api_begin("dg_cublaslt_gemm_nt");
+    return cublaslt_nt(a, b, d, c);
+}
+
+dg_status dg_cublaslt_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
+    dg_api_begin("dg_cublaslt_gemm_nn");
+    dg_tensor bt;
+    return cublaslt_nt(a, transposed(b, &bt), d, c);
+}
+
+dg_status dg_cublaslt_gemm_tn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
+    dg_api_begin("dg_cublaslt_gemm_tn");
+    dg_tensor at, bt;
+    return cublaslt_nt(transposed(a, &at), transposed(b, &bt), d, c);
+}
+
+dg_status dg_cublaslt_gemm_tt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
+    dg_api_begin("dg_cublaslt_gemm_tt");
+    dg_tensor at;
+    return cublaslt_nt(transposed(a, &at), b, d, c);
+}
+
+/* ---- FP4 aliases ------------------------------------------------------------------------ */
+
+/* After a failed call of `from`, the same message under the alias's name `to`. */
+static dg_status as_alias(dg_status st, const char *from, const char *to) {
+    if (st == DG_OK)
+        return st;
+    char rest[512];
+    const char *msg = dg_last_error();
+    const size_t n = strlen(from);
+    if (strncmp(msg, from, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
+        msg += n + 2;
+    snprintf(rest, sizeof rest, "%s", msg);
+    dg_api_begin(to);
+    return dg_fail(st, "%s", rest);
+}
+
+dg_status dg_fp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b, const dg_tensor *sfb,
+                         const dg_tensor *d, const dg_tensor *c, const dg_gemm_options *opts) {
+    return as_alias(dg_fp8_fp4_gemm_nt(a, sfa, b, sfb, d, c, opts), "dg_fp8_fp4_gemm_nt", "dg_fp4_gemm_nt");
+}
+
+dg_status dg_m_grouped_fp4_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                              const dg_tensor *sfb, const dg_tensor *d,
+                                              const dg_tensor *grouped_layout, const dg_gemm_options *opts) {
+    return as_alias(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(a, sfa, b, sfb, d, grouped_layout, opts),
+                    "dg_m_grouped_fp8_fp4_gemm_nt_contiguous", "dg_m_grouped_fp4_gemm_nt_contiguous");
+}
+
+dg_status dg_m_grouped_fp4_gemm_nt_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                          const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *masked_m,
+                                          int expected_m, const dg_gemm_options *opts) {
+    return as_alias(dg_m_grouped_fp8_fp4_gemm_nt_masked(a, sfa, b, sfb, d, masked_m, expected_m, opts),
+                    "dg_m_grouped_fp8_fp4_gemm_nt_masked", "dg_m_grouped_fp4_gemm_nt_masked");
+}
