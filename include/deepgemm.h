@@ -664,7 +664,13 @@ DG_API dg_status dg_fp8_fp4_paged_mqa_logits(const dg_tensor *q, const dg_tensor
  *   s < nb % num_splits, in order (DeepGEMM's split). Splits without blocks are zero.
  * N > 0 and K > 0 are required; M = 0 does nothing. Unlike the GPU, any N and K are accepted.
  * Float32 FMAs, no TF32 rounding (calc_diff against float64 far below DeepGEMM's 1e-8); the same
- * bits for any thread count. The reference backend rounds exact (double) sums once.
+ * bits for any thread count and row of M. The reference backend rounds exact (double) sums once.
+ * Bits across ISA levels: each output is held as L partial sums (lane l: the terms k = l mod L
+ * of its split, in increasing k) added in a fixed order at the end, with L = 8 on the portable
+ * and AVX2 levels (the same bits, tested) and L = 16 on the AVX-512 levels; AMX runs its own
+ * tile order. So generic/AVX2 and AVX-512 differ in the last bits (a different summation tree,
+ * both within float32 rounding of the exact sum): a wider lane count is what makes the AVX-512
+ * kernel fast, so it is kept and stated here.
  */
 DG_API dg_status dg_tf32_hc_prenorm_gemm(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
                                          const dg_tensor *sqr_sum, int num_splits);
