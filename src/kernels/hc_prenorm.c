@@ -34,8 +34,8 @@
 
 const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa) {
 #define KERNEL(isa, ISA, fin)                                                                            \
-    {#isa, DG_HC_LANES_##ISA, DG_HC_ROWS_##ISA, DG_HC_COLS_##ISA, DG_HC_KC_##ISA, dg_hc_pack_##isa,       \
-     dg_hc_convert_##isa, dg_hc_micro_##isa, fin}
+    {#isa, DG_HC_LANES_##ISA, DG_HC_ROWS_##ISA, DG_HC_COLS_##ISA, DG_HC_KC_##ISA, DG_HC_LD_##ISA,         \
+     dg_hc_pack_##isa, dg_hc_convert_##isa, dg_hc_micro_##isa, fin}
     static const dg_hc_kernel generic = KERNEL(generic, GENERIC, dg_hc_finish_generic);
 #if DG_HC_HAVE_X86_KERNELS
     static const dg_hc_kernel avx2 = KERNEL(avx2, AVX2, dg_hc_finish_generic);
@@ -85,8 +85,8 @@ static void prefetch_b(const hc_job *j, int64_t ns0, int64_t nsc, int64_t kc, in
 static void run_block_columns(const hc_job *j, float *scratch, int sp, int64_t r0, int64_t r1, int64_t ns0,
                               int64_t nsc) {
     const dg_hc_kernel *kn = j->kern;
-    const int64_t KC = kn->kc;
-    float *pk = scratch, *xa = pk + (size_t)DG_HC_NS * KC, *state = xa + (size_t)kn->rows * KC;
+    const int64_t KC = kn->kc, LD = kn->ld;
+    float *pk = scratch, *xa = pk + (size_t)DG_HC_NS * LD, *state = xa + (size_t)kn->rows * LD;
     const int64_t sf = j->state_floats, groups = dg_ceil_div(nsc, kn->cols);
     int64_t k0, k1;
     dg_hc_split_range(j->k, j->splits, sp, &k0, &k1);
@@ -111,7 +111,7 @@ static void run_block_columns(const hc_job *j, float *scratch, int sp, int64_t r
                 if (pr >= r1)
                     pr = r0 + (pr - r1), pk_c = next_kc;
                 const uint16_t *pf = g < kn->rows && pr < r1 && pk_c < k1 ? j->a + pr * j->lda + pk_c : NULL;
-                kn->micro(xa, rows, dg_align(len, 16), pk + g * kn->cols * KC, st + g * kn->cols * kn->lanes,
+                kn->micro(xa, rows, dg_align(len, 16), pk + g * kn->cols * LD, st + g * kn->cols * kn->lanes,
                           sf, first, pf);
             }
         }
@@ -464,7 +464,7 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     } else
 #endif
     {
-        j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * j.kern->kc + block_rows * j.state_floats, 16);
+        j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * j.kern->ld + block_rows * j.state_floats, 16);
     }
     j.threads = choose_threads(j.splits * j.m, 2.0 * (double)j.m * (double)j.n * (double)j.k);
     int64_t next_unit = 0;

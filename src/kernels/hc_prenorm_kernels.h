@@ -64,7 +64,8 @@ typedef struct dg_hc_kernel {
     int lanes; /* partial sums per output */
     int rows;  /* rows of A per micro call (register blocking) */
     int cols;  /* panel rows per micro call; divides DG_HC_NS */
-    int kc;    /* K per chunk and the row stride of pk and xa (a multiple of 16, <= DG_HC_KC) */
+    int kc;    /* K per chunk (a multiple of 16, <= DG_HC_KC) */
+    int ld;    /* row stride of pk and xa in floats (>= kc, a multiple of 8) */
     dg_hc_pack_fn pack;
     dg_hc_convert_fn convert;
     dg_hc_micro_fn micro;
@@ -83,6 +84,7 @@ void dg_hc_finish_avx512(const float *st, float *out);
 
 DG_HC_KERNEL_DECL(generic)
 #define DG_HC_KC_GENERIC DG_HC_KC
+#define DG_HC_LD_GENERIC DG_HC_KC
 #define DG_HC_LANES_GENERIC 8
 #define DG_HC_ROWS_GENERIC 4
 #define DG_HC_COLS_GENERIC 24
@@ -103,10 +105,14 @@ DG_HC_KERNEL_DECL(avx512)
  * it came from L2 for every micro call, 6 loads per 12 FMAs (measured on Zen 3, M = 4096,
  * K = 7168: see hc_prenorm_avx2.c). */
 #define DG_HC_KC_AVX2 224
+/* Rows 232 floats apart: with a stride of whole cache lines every load of a micro step hits the
+ * same offset in its line (one L1 bank), which held the kernel near half its FMA rate on Zen 3. */
+#define DG_HC_LD_AVX2 232
 #define DG_HC_LANES_AVX2 8
 #define DG_HC_ROWS_AVX2 2 /* 16 ymm registers: 2 x 6 sums, 2 A vectors, 1 B vector */
 #define DG_HC_COLS_AVX2 6
 #define DG_HC_KC_AVX512 DG_HC_KC
+#define DG_HC_LD_AVX512 DG_HC_KC
 #define DG_HC_LANES_AVX512 16
 #define DG_HC_ROWS_AVX512 4 /* 32 zmm registers: 4 x 6 sums, 4 A vectors, 1 B vector */
 #define DG_HC_COLS_AVX512 6

@@ -8,7 +8,7 @@
 #include <immintrin.h>
 
 #define R DG_HC_ROWS_AVX2
-#define KC DG_HC_KC_AVX2 /* the row stride of pk and xa, and the largest len */
+#define KC DG_HC_LD_AVX2 /* the row stride of pk and xa (the largest len is DG_HC_KC_AVX2) */
 #define C DG_HC_COLS_AVX2
 
 /* 8 BF16 -> 8 float32: widen to 32 bits and shift into the high half. */
