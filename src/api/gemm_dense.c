@@ -224,7 +224,7 @@ dg_status dg_fp8_gemm_tt(const dg_tensor *a, const dg_tensor *sfa, const dg_tens
  */
 static dg_status check_head_splits(const int *hs, int64_t n, int64_t *d_cols) {
     DG_CHECK(hs != NULL, DG_ERR_NULL_POINTER, "argument 'head_splits' is NULL");
-    DG_CHECK(hs[0] >= 0 && hs[1] >= 0 && hs[2] >= 0 && hs[0] + hs[2] > 0, DG_ERR_VALUE,
+    DG_CHECK(hs[0] >= 0 && hs[1] >= 0 && hs[2] >= 0 && (int64_t)hs[0] + hs[2] > 0, DG_ERR_VALUE,
              "argument 'head_splits' (%d, %d, %d) must be non-negative with left + right > 0", hs[0],
              hs[1], hs[2]);
     const int64_t lr = (int64_t)hs[0] + hs[2];

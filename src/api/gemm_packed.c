@@ -23,6 +23,17 @@ dg_status dg_pack_b(const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_opti
 dg_status dg_packed_b_make(dg_operand *ob, const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_options *opts,
                            dg_status (*pack)(const dg_operand *, struct dg_packed_b *), dg_packed_b **out) {
     int gran_a[2] = {0, 0}, gran_b[2] = {0, 0};
+    /* The packed form holds every logical weight (at least 2 bytes each, plus per-group
+     * padding), so a broadcast b (stride 0) claiming more than memory can hold is refused here,
+     * before the engine sizes its buffers (found by tests/fuzz: G = 2^62 overflowed them, and
+     * so did K = 2^63 - 1 with N = 0, rounding K up to even). */
+    const int64_t groups = ob->groups > 0 ? ob->groups : 1;
+    int64_t weights;
+    DG_CHECK(groups <= (DG_MAX_SPAN_BYTES >> 10) && ob->mn <= (DG_MAX_SPAN_BYTES >> 2) &&
+                 ob->k <= (DG_MAX_SPAN_BYTES >> 2) && dg_mul_ok(groups, ob->mn, &weights) &&
+                 dg_mul_ok(weights, ob->k, &weights) && weights <= (DG_MAX_SPAN_BYTES >> 2),
+             DG_ERR_OVERFLOW, "argument 'b': packing %lld x %lld x %lld weights needs more than 2^56 bytes",
+             (long long)groups, (long long)ob->mn, (long long)ob->k);
     if (b->dtype == DG_BFLOAT16) {
         DG_CHECK(sfb == NULL, DG_ERR_VALUE, "argument 'sfb' must be NULL for a BF16 'b'");
     } else {

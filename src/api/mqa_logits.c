@@ -28,9 +28,15 @@ static dg_status check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tens
     p->fp4 = fp4;
     p->s = q->shape[0];
     p->h = q->shape[1];
-    p->d = fp4 ? 2 * q->shape[2] : q->shape[2];
+    DG_CHECK(dg_mul_ok(q->shape[2], fp4 ? 2 : 1, &p->d), DG_ERR_OVERFLOW,
+             "argument 'q': its head dimension %lld overflows", (long long)q->shape[2]);
     DG_CHECK(p->h >= 1, DG_ERR_SHAPE, "argument 'q' must have at least one head");
     DG_CHECK(p->d >= 1, DG_ERR_SHAPE, "argument 'q' must have a non-empty head dimension");
+    /* an empty q (S = 0) may claim any H and D; the per-token buffers hold H x D values */
+    int64_t hd;
+    DG_CHECK(dg_mul_ok(p->h, p->d, &hd) && hd <= DG_MAX_SPAN_BYTES, DG_ERR_OVERFLOW,
+             "argument 'q': %lld heads of %lld elements are more than any process can address",
+             (long long)p->h, (long long)p->d);
     if (fp4) {
         DG_CHECK(p->d % 32 == 0 && p->d <= 128, DG_ERR_SHAPE,
                  "argument 'q': the FP4 head dim must be a multiple of 32 and at most 128 (one packed "

@@ -126,7 +126,9 @@ dg_status dg_get_paged_mqa_logits_metadata(const dg_tensor *context_lens, int bl
     DG_CHECK(num_sms >= 1, DG_ERR_VALUE, "argument 'num_sms' must be >= 1, got %d", num_sms);
     if (indices)
         DG_TRY(check_indices(indices, batch, next_n));
-    DG_CHECK(batch * next_n <= INT32_MAX, DG_ERR_OVERFLOW, "argument 'context_lens': too many rows for int32");
+    int64_t rows;
+    DG_CHECK(dg_mul_ok(batch, next_n, &rows) && rows <= INT32_MAX, DG_ERR_OVERFLOW,
+             "argument 'context_lens': too many rows for int32");
     DG_CHECK(schedule_meta != NULL, DG_ERR_NULL_POINTER, "argument 'schedule_meta' is NULL");
     if (schedule_meta->data == NULL) {
         *schedule_meta = dg_tensor_2d(NULL, DG_INT32, (int64_t)num_sms + 1, 2);
@@ -154,10 +156,16 @@ static dg_status check_q_cache(dg_paged_mqa_problem *p, const dg_tensor *q, cons
     p->batch = q->shape[0];
     p->next_n = q->shape[1];
     p->h = q->shape[2];
-    p->d = p->fp4 ? 2 * q->shape[3] : q->shape[3];
+    DG_CHECK(dg_mul_ok(q->shape[3], p->fp4 ? 2 : 1, &p->d), DG_ERR_OVERFLOW,
+             "argument 'q': its head dimension %lld overflows", (long long)q->shape[3]);
     DG_CHECK(p->next_n >= 1 && p->h >= 1 && p->d >= 1, DG_ERR_SHAPE,
              "argument 'q' must have next_n, heads and head dim >= 1");
-    DG_CHECK(p->batch * p->next_n <= INT32_MAX, DG_ERR_OVERFLOW, "argument 'q': too many query rows");
+    int64_t rows, hd; /* an empty q (B = 0) may claim any next_n, H and D (found by tests/fuzz) */
+    DG_CHECK(dg_mul_ok(p->batch, p->next_n, &rows) && rows <= INT32_MAX, DG_ERR_OVERFLOW,
+             "argument 'q': too many query rows");
+    DG_CHECK(dg_mul_ok(p->h, p->d, &hd) && hd <= DG_MAX_SPAN_BYTES, DG_ERR_OVERFLOW,
+             "argument 'q': %lld heads of %lld elements are more than any process can address",
+             (long long)p->h, (long long)p->d);
     if (p->fp4) {
         DG_CHECK(p->d % 32 == 0 && p->d <= 128, DG_ERR_SHAPE,
                  "argument 'q': the FP4 head dim must be a multiple of 32 and at most 128, got %lld",

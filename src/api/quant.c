@@ -103,6 +103,8 @@ static void store_scale_row(const float *sf, int64_t cols, bool packed, const dg
 static dg_status fast_quant_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bool use_ue8m0, bool packed, bool fp4,
                                    const dg_tensor *out, const dg_tensor *out_sf) {
     const int64_t m = x->shape[0], k = x->shape[1], sm = qa_ceil_div(m, bm), sk = qa_ceil_div(k, bk);
+    if (m == 0 || k == 0) /* no element and no scale (sk = 0); x may have NULL data */
+        return DG_OK;
     /* Threads only for work worth waking them (~64K elements each); rows are independent, so
      * the count does not change the result. */
     int64_t nt = dg_num_threads(), work = m * k / 65536 + 1;
@@ -311,7 +313,10 @@ dg_status dg_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, in
     dg_api_begin("dg_cast_back_from_fp4");
     DG_TRY(qa_check_fp4(packed, "packed"));
     DG_TRY(qa_check_gran_k(gran_k));
-    const int64_t m = packed->shape[0], n = packed->shape[1] * 2, s = qa_ceil_div(n, gran_k);
+    int64_t n; /* logical N: twice the packed bytes (an empty tensor may claim any extent) */
+    DG_CHECK(dg_mul_ok(packed->shape[1], 2, &n), DG_ERR_OVERFLOW,
+             "argument 'packed': its logical extent 2 x %lld overflows", (long long)packed->shape[1]);
+    const int64_t m = packed->shape[0], s = qa_ceil_div(n, gran_k);
     DG_TRY(dg_check_tensor_dtype(sf, "sf", 2, use_packed_ue8m0 ? DG_INT32 : DG_FLOAT32));
     DG_TRY(dg_check_dim(sf, "sf", 0, m));
     const int64_t sf_cols = use_packed_ue8m0 ? qa_ceil_div(s, 4) : s;

@@ -107,6 +107,8 @@ static void answer_query(dg_tensor *out, const dg_tensor *want) {
 static void copy_same_layout(const dg_tensor *src, const dg_tensor *dst) {
     const dg_tensor s = as3d(src), d = as3d(dst);
     const size_t es = dg_dtype_size(src->dtype);
+    if (s.shape[0] == 0 || s.shape[1] == 0 || s.shape[2] == 0) /* empty: do not walk the others */
+        return;
     for (int64_t g = 0; g < s.shape[0]; ++g)
         for (int64_t i = 0; i < s.shape[1]; ++i)
             for (int64_t j = 0; j < s.shape[2]; ++j)
@@ -136,6 +138,9 @@ static dg_status check_distinct_ue8m0_exact(const dg_tensor *sf3) {
     int64_t n[3];
     for (int d = 0; d < 3; ++d)
         n[d] = sf3->strides[d] == 0 && sf3->shape[d] > 1 ? 1 : sf3->shape[d];
+    if (n[0] == 0 || n[1] == 0 || n[2] == 0) /* empty: the loops would still walk the other
+                                                  extents (2^34 of them: a hang found by tests/fuzz) */
+        return DG_OK;
     for (int64_t g = 0; g < n[0]; ++g)
         for (int64_t i = 0; i < n[1]; ++i)
             for (int64_t j = 0; j < n[2]; ++j)
@@ -191,6 +196,8 @@ static dg_status mn_major_float(const dg_tensor *sf, dg_tensor *out) {
         return DG_OK;
     }
     const dg_tensor o = as3d(out);
+    if (s.shape[0] == 0 || s.shape[1] == 0 || s.shape[2] == 0) /* empty: do not walk the others */
+        return DG_OK;
     for (int64_t g = 0; g < s.shape[0]; ++g)
         for (int64_t i = 0; i < s.shape[1]; ++i)
             for (int64_t j = 0; j < s.shape[2]; ++j)
@@ -216,6 +223,8 @@ static dg_status pack_mn_major(const dg_tensor *sf3, int64_t mn, int gran_mn, co
                                const dg_tensor *out3) {
     const int64_t alignment = dg_get_mk_alignment_for_contiguous_layout();
     const int64_t sk = sf3->shape[2], packed_k = dg_ceil_div(sk, 4);
+    if (sf3->shape[0] == 0 || mn == 0 || packed_k == 0) /* nothing read or written; do not walk */
+        return DG_OK;                                   /* the other extents (tests/fuzz: a hang) */
     for (int64_t g = 0; g < sf3->shape[0]; ++g)
         for (int64_t i = 0; i < mn; ++i) {
             const bool valid = !psum || psum_row_valid(psum, alignment, i);
@@ -313,6 +322,8 @@ static bool plan_locate(const k_grouped_plan *p, int64_t row, int64_t *first, in
 static dg_status pack_k_grouped(const k_grouped_plan *p, const dg_tensor *sf, int64_t packed_k, const dg_tensor *out) {
     const dg_tensor s = as3d(sf);
     const int64_t mn = sf->shape[1];
+    if (mn == 0) /* nothing read or written; do not walk the packed rows (tests/fuzz: a hang) */
+        return DG_OK;
     for (int64_t r = 0; r < packed_k; ++r) {
         int64_t first = 0, end = 0;
         const bool owned = plan_locate(p, r, &first, &end);

@@ -26,6 +26,11 @@ dg_status dg_check_tensor(const dg_tensor *t, const char *name, int ndim) {
              "argument '%s' spans %lld bytes, more than any process can address (2^56)", name,
              (long long)(hi - lo));
     DG_CHECK(t->data != NULL || hi == lo, DG_ERR_NULL_POINTER, "argument '%s' has NULL data", name);
+    /* Kernels load elements as their C types: a pointer off their alignment is undefined
+     * behaviour (found by tests/fuzz; PyTorch's tensors are always aligned). */
+    DG_CHECK(t->data == NULL || (uintptr_t)t->data % dg_dtype_size(t->dtype) == 0, DG_ERR_LAYOUT,
+             "argument '%s': data %p is not aligned to its %d-byte %s elements", name, t->data,
+             (int)dg_dtype_size(t->dtype), dg_dtype_name(t->dtype));
     return DG_OK;
 }
 
@@ -107,6 +112,9 @@ dg_status dg_check_output(const dg_tensor *t, const char *name) {
     /* Sort the dimensions with extent > 1 by stride; each must step past the span of all
      * smaller-stride ones (last element + 1), which rules out any element being addressed twice
      * (a strided row sample of a [S, M, N] output is fine: its rows end before the next slab). */
+    for (int i = 0; i < t->ndim; ++i)
+        if (t->shape[i] == 0) /* no element, none addressed twice (other extents may be huge) */
+            return DG_OK;
     int idx[DG_MAX_DIMS], n = 0;
     for (int i = 0; i < t->ndim; ++i)
         if (t->shape[i] > 1)
@@ -123,7 +131,9 @@ dg_status dg_check_output(const dg_tensor *t, const char *name) {
         DG_CHECK(t->strides[d] >= need, DG_ERR_LAYOUT,
                  "output '%s' has overlapping elements (dimension %d, stride %lld)", name, d,
                  (long long)t->strides[d]);
-        need += t->strides[d] * (t->shape[d] - 1);
+        int64_t step;
+        DG_CHECK(dg_mul_ok(t->strides[d], t->shape[d] - 1, &step) && !__builtin_add_overflow(need, step, &need),
+                 DG_ERR_OVERFLOW, "output '%s': the size of its memory span overflows (dimension %d)", name, d);
     }
     return DG_OK;
 }

@@ -37,7 +37,9 @@ dg_tensor dg_tensor_make(void *data, dg_dtype dtype, int ndim, const int64_t *sh
     for (int i = ndim - 1; i >= 0; --i) {
         t.shape[i] = shape[i];
         t.strides[i] = stride;
-        stride *= shape[i] > 1 ? shape[i] : 1;
+        /* a product past int64 saturates: the entry points then refuse the span (no UB here) */
+        if (!dg_mul_ok(stride, shape[i] > 1 ? shape[i] : 1, &stride))
+            stride = INT64_MAX;
     }
     return t;
 }
