@@ -34,7 +34,7 @@ static inline void fp4_32(const uint8_t *src, float s, float *out) {
     const __m128i lo = _mm_and_si128(b, nib), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
     const __m128i c[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)}; /* k order */
     for (int q = 0; q < 4; ++q) {
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_srli_si128(c[q >> 1], q & 1 ? 8 : 0));
+        const __m256i idx = _mm256_cvtepu8_epi32(q & 1 ? _mm_unpackhi_epi64(c[q >> 1], c[q >> 1]) : c[q >> 1]);
         const __m256 mag = _mm256_permutevar8x32_ps(lut, idx);
         const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(idx, _mm256_set1_epi32(8)), 28);
         _mm256_storeu_ps(out + 8 * q, _mm256_mul_ps(_mm256_or_ps(mag, _mm256_castsi256_ps(sign)), sv));
