@@ -224,11 +224,11 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     const dg_tensor *t = b->data;
     const bool scaled_b = !plan->fold_b && b->sf;
     for (int64_t kb = 0; kb < dp->a.nkb; ++kb)
-        for (int r = 0; r < 32; ++r)
+        for (int r = 0; r < DG_DECODE_ROWS; ++r)
             sb[kb * 32 + r] = scaled_b && r < cols && kb * plan->gblk < b->k
                                   ? dg_operand_scale(b, 0, n0 + r, kb * plan->gblk) : 1.0f;
     for (int64_t q = 0; q < dp->nkbf; ++q)
-        for (int r = 0; r < 32; ++r) {
+        for (int r = 0; r < DG_DECODE_ROWS; ++r) {
             const float s = r < cols ? dg_operand_scale(b, 0, n0 + r, q * dp->fblk) : 1.0f;
             /* exact as one multiply: value * s stays a normal float32, unit * s is finite */
             if (!(s >= 0x1p-100f && s * dp->unit <= 0x1p127f))
