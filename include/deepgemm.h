@@ -55,7 +55,9 @@ typedef enum dg_status {
     DG_ERR_OVERFLOW = 6,     /* a size computation overflows, or a tensor (or a result the query
                                 form would describe) spans more than 2^56 bytes, which no process
                                 can address: refused from shapes and strides, no element read */
-    DG_ERR_ALLOC = 7,        /* a temporary buffer could not be allocated */
+    DG_ERR_ALLOC = 7,        /* a temporary buffer could not be allocated: no output written,
+                                except that a grouped GEMM may have finished some of its work
+                                items (each element of D then holds its old or its final value) */
     DG_ERR_UNSUPPORTED = 8,  /* a valid request this build does not implement */
     DG_ERR_INTERNAL = 9
 } dg_status;

@@ -3,6 +3,7 @@
  * (tests/fuzz/), each reduced to the call that reached it. In a DG_SANITIZE build a regression
  * is a sanitizer report; in any build the status and message are checked.
  */
+#include "core/internal.h" /* dg_alloc_fail_nth: checks that a call allocates nothing */
 #include "test_util.h"
 
 #include <string.h>
@@ -147,6 +148,70 @@ static void test_packed_ue8m0_empty_many_groups(void) {
     TU_CHECK_OK(dg_get_mn_major_tma_aligned_packed_ue8m0_tensor(&t, NULL, &out));
 }
 
+/* fuzz_sf_layout: an empty sf [0, 154641101568] with a psum layout of empty groups made the
+ * k-grouped packer's value check walk every column of its unowned packed rows: a hang. The
+ * query form now answers at once (the output itself could never be allocated). */
+static void test_k_grouped_empty_huge_mn(void) {
+    static float sf[1];
+    static int32_t layout[66];
+    const int64_t mn = 154641101568;
+    dg_tensor ts = dg_tensor_2d(sf, DG_FLOAT32, 0, mn);
+    dg_tensor tl = dg_tensor_1d(layout, DG_INT32, 66);
+    dg_tensor out;
+    memset(&out, 0, sizeof out);
+    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&ts, &tl, NULL, 0, 128, 128, 1, &out));
+    TU_CHECK(out.shape[0] == (3 * 66) / 4 && out.shape[1] == mn, "k-grouped query: got [%lld, %lld]",
+             (long long)out.shape[0], (long long)out.shape[1]);
+}
+
+/* fuzz_mqa: an empty q (S = 0) with 2^25 heads of 64 (a size that passes the checks) made the
+ * reference backend allocate its H x D query buffer, 17 GB, before finding no row to compute. */
+static void test_mqa_ref_empty_q_many_heads(void) {
+    static uint8_t kv[64];
+    static float kv_sf[1], w[1], logits[1];
+    static int32_t ks[1], ke[1];
+    const int64_t heads = (int64_t)1 << 25;
+    int64_t qs[3] = {0, heads, 64};
+    dg_tensor q = dg_tensor_make(NULL, DG_FLOAT8_E4M3, 3, qs);
+    dg_tensor tkv = dg_tensor_2d(kv, DG_FLOAT8_E4M3, 1, 64), tsf = dg_tensor_1d(kv_sf, DG_FLOAT32, 1);
+    dg_tensor tw = dg_tensor_2d(w, DG_FLOAT32, 0, heads), tks = dg_tensor_1d(ks, DG_INT32, 0),
+              tke = dg_tensor_1d(ke, DG_INT32, 0), tl = dg_tensor_2d(logits, DG_FLOAT32, 0, 1);
+    TU_CHECK_OK(dg_fp8_mqa_logits(&q, &tkv, &tsf, &tw, &tks, &tke, 1, 0, &tl));
+    dg_set_backend(DG_BACKEND_REFERENCE);
+    dg_alloc_fail_nth(1); /* any allocation would fail the call */
+    TU_CHECK_OK(dg_fp8_mqa_logits(&q, &tkv, &tsf, &tw, &tks, &tke, 1, 0, &tl));
+    TU_CHECK(dg_alloc_fail_pending(), "the reference backend allocated for an empty query");
+    dg_alloc_fail_nth(0);
+    dg_set_backend(DG_BACKEND_AUTO);
+}
+
+/* fuzz_gemm_dense: dg_pack_b of an empty BF16 b [0, 2^33 + 255] sized its staging rows by K and
+ * touched 2.1 GB; FP8 b [32, 0] with float32 scales [32, 0] of NULL data (no element) formed
+ * row pointers from NULL (UBSan) when the engine checked whether its scales are powers of two,
+ * packed or not (dg_fp8_gemm_tt with K = 0). Both now finish at once without touching memory. */
+static void test_pack_empty_b(void) {
+    dg_tensor b = dg_tensor_2d(NULL, DG_BFLOAT16, 0, ((int64_t)1 << 33) + 255);
+    dg_packed_b *p = NULL;
+    dg_alloc_fail_nth(3); /* the packed object's own blocks only, no K-sized staging */
+    TU_CHECK_OK(dg_pack_b(&b, NULL, NULL, &p));
+    TU_CHECK(dg_alloc_fail_pending(), "packing an empty B allocated more than its object");
+    dg_alloc_fail_nth(0);
+    dg_packed_b_free(p);
+    p = NULL;
+    dg_tensor b8 = dg_tensor_2d(NULL, DG_FLOAT8_E4M3, 32, 0), sf = dg_tensor_2d(NULL, DG_FLOAT32, 1, 0);
+    static float a8[1];
+    dg_tensor a = dg_tensor_2d(a8, DG_FLOAT8_E4M3, 4, 0), sfa = dg_tensor_2d(a8, DG_FLOAT32, 4, 0);
+    TU_CHECK_OK(dg_pack_b(&b8, &sf, NULL, &p));
+    dg_packed_b_free(p);
+    static uint16_t d[4 * 32];
+    dg_tensor td = dg_tensor_2d(d, DG_BFLOAT16, 4, 32);
+    TU_CHECK_OK(dg_fp8_gemm_nt(&a, &sfa, &b8, &sf, &td, NULL, NULL));
+    int zero = 1;
+    for (int i = 0; i < 4 * 32; ++i)
+        zero &= d[i] == 0;
+    TU_CHECK(zero, "K = 0 gives D = 0");
+}
+
 int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } groups[] = {
         {"misaligned_data", test_misaligned_data},
@@ -158,6 +223,9 @@ int main(int argc, char **argv) {
         {"skip_head_mid_int_splits", test_skip_head_mid_int_splits},
         {"cast_back_fp4_doubling", test_cast_back_fp4_doubling},
         {"packed_ue8m0_empty_many_groups", test_packed_ue8m0_empty_many_groups},
+        {"k_grouped_empty_huge_mn", test_k_grouped_empty_huge_mn},
+        {"mqa_ref_empty_q_many_heads", test_mqa_ref_empty_q_many_heads},
+        {"pack_empty_b", test_pack_empty_b},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; ++i)
         if (argc < 2 || strstr(groups[i].name, argv[1]))

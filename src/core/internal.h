@@ -115,6 +115,12 @@ bool dg_use_reference(void);       /* DG_BACKEND=reference or dg_set_backend */
 /* 64-byte aligned; NULL on failure or when bytes overflow. Free with dg_free. */
 void *dg_malloc(size_t bytes);
 void *dg_calloc(size_t count, size_t size);
+/* align a power of two; bytes rounded up to a multiple of it (C11 aligned_alloc's rule). */
+void *dg_aligned_alloc(size_t align, size_t bytes);
 void dg_free(void *p);
+/* Test-only fault injection: the nth allocation from now (through the functions above) fails,
+ * later ones succeed; n <= 0 turns it off. dg_alloc_fail_pending: the failure is still to come. */
+void dg_alloc_fail_nth(long n);
+bool dg_alloc_fail_pending(void);
 
 #endif /* DG_CORE_INTERNAL_H */

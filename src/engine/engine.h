@@ -281,6 +281,8 @@ void dg_ukr_f32_avx512_mr8(int64_t kc, const void *a, const void *b, float *c, i
  * contents undefined; give it back with dg_ws_put. NULL when out of memory. */
 void *dg_ws_get(size_t bytes);
 void dg_ws_put(void *p);
+/* Frees the pooled blocks no call holds (tests: so that the next call allocates afresh). */
+void dg_ws_release_idle(void);
 
 /* A packed operand (see the format above). */
 typedef struct dg_packed {

@@ -36,6 +36,8 @@ static inline bool is_pow2(float s) {
 /* Every float32 scale of the operand is a positive power of two (UE8M0-valued). */
 static bool all_scales_pow2(const dg_operand *op) {
     const dg_tensor *t = op->sf;
+    if (dg_tensor_numel(t) == 0) /* none (K = 0 or MN = 0): the data pointer may be NULL */
+        return true;
     if (!op->grouped && t->strides[1] == 1) { /* row-major float32: scan the rows directly */
         for (int64_t r = 0; r < t->shape[0]; ++r) {
             const float *row = (const float *)t->data + r * t->strides[0];
@@ -315,7 +317,9 @@ dg_status dg_engine_pack(const dg_operand *op, int fold, int gblk, dg_pack_fmt f
         return dg_fail(DG_ERR_ALLOC, "out of memory packing a %lld x %lld operand", (long long)op->mn,
                        (long long)op->k);
     }
-    if (out->kp == 0) /* K = 0: empty panels; the operand (NULL data, any strides) is never addressed */
+    /* K = 0: empty panels; MN = 0: no panel (K may still be huge: no staging row is needed).
+     * The operand (NULL data, any strides) is never addressed. */
+    if (out->kp == 0 || out->panels == 0)
         return DG_OK;
     const dg_pack_bf16_fn fast = r <= 32 && isa ? isa->pack_bf16 : NULL;
     const dg_pack_bf16_fn fast_mn = fast ? isa->pack_bf16_mn : NULL;

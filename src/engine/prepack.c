@@ -35,7 +35,7 @@ static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 void *dg_packed_alloc(size_t bytes) {
     const size_t huge = (size_t)2 << 20, align = bytes >= 2 * huge ? huge : 64;
     const size_t cap = (bytes + align - 1) / align * align;
-    void *p = aligned_alloc(align, cap);
+    void *p = dg_aligned_alloc(align, cap);
 #ifdef MADV_HUGEPAGE
     if (p && align == huge)
         madvise(p, cap, MADV_HUGEPAGE);

@@ -30,7 +30,7 @@ static void *big_alloc(size_t bytes, size_t *cap) {
         return dg_malloc(bytes);
     }
     *cap = (bytes + DG_WS_HUGE - 1) / DG_WS_HUGE * DG_WS_HUGE;
-    void *p = aligned_alloc(DG_WS_HUGE, *cap);
+    void *p = dg_aligned_alloc(DG_WS_HUGE, *cap);
 #ifdef MADV_HUGEPAGE
     if (p)
         madvise(p, *cap, MADV_HUGEPAGE);
@@ -83,4 +83,15 @@ void dg_ws_put(void *p) {
         }
     pthread_mutex_unlock(&g_mu);
     free(p);
+}
+
+void dg_ws_release_idle(void) {
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < DG_WS_SLOTS; ++i)
+        if (!g_slots[i].busy) {
+            free(g_slots[i].ptr);
+            g_slots[i].ptr = NULL;
+            g_slots[i].cap = 0;
+        }
+    pthread_mutex_unlock(&g_mu);
 }

@@ -413,6 +413,14 @@ static float *scratch_get(size_t bytes, bool *lent) {
     return dg_malloc(bytes);
 }
 
+void dg_hc_release_scratch(void) {
+    pthread_mutex_lock(&g_cache_lock);
+    dg_free(g_cache);
+    g_cache = NULL;
+    g_cache_bytes = 0;
+    pthread_mutex_unlock(&g_cache_lock);
+}
+
 static void scratch_put(float *p, bool lent) {
     if (lent)
         pthread_mutex_unlock(&g_cache_lock);

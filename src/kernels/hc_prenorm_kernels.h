@@ -161,6 +161,9 @@ void dg_hc_amx_block_t(const uint16_t *a, int64_t lda, int rows, int64_t k0, int
 void dg_hc_amx_finish(const float *st, int rows, int64_t nsc, float *d, int64_t ldd, float *s);
 #endif
 
+/* Frees the scratch buffer kept between calls (tests: so that the next call allocates). */
+void dg_hc_release_scratch(void);
+
 /* The kernel dg_hc_prenorm_fast uses for an ISA level (the best this build has at or below it). */
 const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa);
 

@@ -87,6 +87,8 @@ dg_status dg_ref_mqa_logits(const dg_mqa_problem *p) {
     const int64_t h = p->h, d = p->d;
     const int64_t row_bytes = p->fp4 ? d / 2 : d;
     const int64_t width = p->max_seqlen_k > 0 ? p->max_seqlen_k : p->sk;
+    if (p->s == 0) /* no query row: nothing to write, and h * d may be huge (tests/fuzz) */
+        return DG_OK;
     double *qd = dg_malloc((size_t)(h * d + h + d) * sizeof(double));
     DG_CHECK(qd != NULL, DG_ERR_ALLOC, "no memory for a %lld x %lld query buffer", (long long)h, (long long)d);
     double *w = qd + h * d, *kd = w + h;
@@ -151,6 +153,8 @@ static double load_cache_row(double *out, const dg_paged_mqa_problem *p, int64_t
 
 dg_status dg_ref_paged_mqa_logits(const dg_paged_mqa_problem *p) {
     const int64_t h = p->h, d = p->d, rows = p->batch * p->next_n;
+    if (rows == 0) /* no query row: nothing to write, and h * d may be huge */
+        return DG_OK;
     double *qd = dg_malloc((size_t)(h * d + h + d) * sizeof(double));
     DG_CHECK(qd != NULL, DG_ERR_ALLOC, "no memory for a %lld x %lld query buffer", (long long)h, (long long)d);
     double *w = qd + h * d, *kd = w + h;

@@ -369,18 +369,6 @@ static void fz_expect_ok(dg_status st, const char *fn) {
     }
 }
 
-/* Known engine defect (known/README.md): an empty scale tensor with NULL data reaches pointer
- * arithmetic on NULL in src/engine/pack.c. Until it is fixed, the GEMM harnesses give empty
- * scale tensors a (never read) 16-byte buffer instead of NULL. */
-static void fz_no_null_empty(fz_ctx *c, dg_tensor *t) {
-    if (t && !t->data)
-        for (int i = 0; i < t->ndim && i < DG_MAX_DIMS; ++i)
-            if (t->shape[i] == 0) {
-                t->data = fz_alloc(c, 16);
-                return;
-            }
-}
-
 /* Mark t (may be NULL, or have NULL data) as an output: it must not change on failure. */
 static void fz_output(fz_ctx *c, const dg_tensor *t) {
     if (!t || !t->data || c->nouts >= FZ_MAX_TENSORS)
