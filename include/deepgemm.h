@@ -174,6 +174,22 @@ DG_API int dg_get_ignore_compile_dims(void);
  * path ever trade determinism for speed, it will be off by default and this switch will choose. */
 DG_API void dg_use_deterministic_algorithms(int enabled);
 DG_API int dg_get_deterministic_algorithms(void);
+/*
+ * Path report: which implementation served each kind of call. With DG_PRINT_PATHS=1 (or
+ * dg_set_print_paths(1)) every distinct line is written once to stderr as "[deepgemm path]
+ * <entry point>: <path> [<faster path> declined: <why>] | first: <shape of the first call>",
+ * for example "dg_fp8_gemm_nt: avx2 decode kernel (M <= 2, E4M3 B read in place) | first: m=1
+ * n=2112 k=7168". Paths name the level (amx, avx512_bf16, avx512, avx2, generic) or
+ * "reference". Mode 2 (DG_PRINT_PATHS=2) records without printing; 0 turns it off (default).
+ * dg_get_path_report copies the recorded lines, '\n'-terminated, into buf (NUL-terminated,
+ * truncated to size) and returns the length the whole report needs (snprintf's rule);
+ * dg_clear_path_report forgets them, so that they are recorded and printed again. At most 256
+ * distinct lines are kept. Off, the report costs one relaxed load per dispatch decision.
+ */
+DG_API void dg_set_print_paths(int mode);
+DG_API int dg_get_print_paths(void);
+DG_API size_t dg_get_path_report(char *buf, size_t size);
+DG_API void dg_clear_path_report(void);
 DG_API dg_status dg_set_block_size_multiple_of(int block_m_multiple_of, int block_n_multiple_of);
 DG_API void dg_get_block_size_multiple_of(int *block_m_multiple_of, int *block_n_multiple_of);
 /* Row alignment of each group in m-grouped contiguous layouts (default 128, as DeepGEMM). */

@@ -19,6 +19,7 @@ from ._C import (
     get_theoretical_mk_alignment_for_contiguous_layout,
     # CPU-only extras
     set_backend, get_backend, get_isa, set_isa,
+    set_print_paths, get_print_paths, get_path_report, clear_path_report,
     # CPU extras: weights packed once (PackedB) for the `_nt` GEMMs, passed in place of b
     pack_b, PackedB,
     # cuBLASLt GEMMs: plain GEMMs on the CPU engine (BF16, unscaled FP8, float32 operands)

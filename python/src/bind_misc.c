@@ -63,6 +63,39 @@ static PyObject *py_use_deterministic_algorithms(PyObject *s, PyObject *args, Py
 static PyObject *py_get_deterministic_algorithms(PyObject *s, PyObject *unused) {
     return PyBool_FromLong(dg_get_deterministic_algorithms());
 }
+/* The path report (dg_set_print_paths): mode 0 off, 1 print to stderr and record, 2 record. */
+static PyObject *py_set_print_paths(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"mode", NULL};
+    int v;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_print_paths", kwl, &v))
+        return NULL;
+    if (v < 0 || v > 2) {
+        PyErr_Format(PyExc_ValueError, "set_print_paths: argument 'mode' must be 0, 1 or 2, got %d", v);
+        return NULL;
+    }
+    dg_set_print_paths(v);
+    Py_RETURN_NONE;
+}
+static PyObject *py_get_print_paths(PyObject *s, PyObject *unused) { return PyLong_FromLong(dg_get_print_paths()); }
+/* The recorded lines as a list of str. */
+static PyObject *py_get_path_report(PyObject *s, PyObject *unused) {
+    const size_t need = dg_get_path_report(NULL, 0) + 1;
+    char *buf = PyMem_Malloc(need);
+    if (!buf)
+        return PyErr_NoMemory();
+    dg_get_path_report(buf, need);
+    PyObject *text = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strlen(buf), "replace");
+    PyMem_Free(buf);
+    if (!text)
+        return NULL;
+    PyObject *lines = PyUnicode_Splitlines(text, 0);
+    Py_DECREF(text);
+    return lines;
+}
+static PyObject *py_clear_path_report(PyObject *s, PyObject *unused) {
+    dg_clear_path_report();
+    Py_RETURN_NONE;
+}
 /* new_value: an int (both) or an (m, n) tuple, as DeepGEMM. */
 static PyObject *py_set_block_size_multiple_of(PyObject *s, PyObject *args, PyObject *kw) {
     static const char *fn = "set_block_size_multiple_of";
@@ -336,6 +369,11 @@ PyMethodDef dgp_misc_methods[] = {
     M(use_deterministic_algorithms, "use_deterministic_algorithms(enabled): accepted; results are always "
                                     "deterministic here"),
     M0(get_deterministic_algorithms, "get_deterministic_algorithms() -> True (always deterministic here)"),
+    M(set_print_paths, "set_print_paths(mode): path report; 0 off, 1 print each new path to stderr, 2 record only "
+                       "(DG_PRINT_PATHS)"),
+    M0(get_print_paths, "get_print_paths() -> the path report's mode"),
+    M0(get_path_report, "get_path_report() -> list of str: which path served each kind of call since the last clear"),
+    M0(clear_path_report, "clear_path_report(): forget the recorded paths"),
     M(set_block_size_multiple_of, "set_block_size_multiple_of(new_value): int or (m, n)"),
     M0(get_block_size_multiple_of, "get_block_size_multiple_of() -> (m, n)"),
     M(set_mk_alignment_for_contiguous_layout, "set_mk_alignment_for_contiguous_layout(new_value)"),

@@ -68,6 +68,8 @@ static dg_status cublaslt_nt(const dg_tensor *a, const dg_tensor *b, const dg_te
         if (st != DG_ERR_UNSUPPORTED)
             return st;
     }
+    DG_PATH_REFERENCE(a->dtype == DG_FLOAT32 ? "FLOAT32 inputs (the engine takes BF16, FP8, FP4)"
+                                              : "these operands' scale blocks");
     dg_ref_gemm(&oa, 0, 0, oa.mn, &ob, 0, 0, ob.mn, d, c);
     return DG_OK;
 }

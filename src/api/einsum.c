@@ -178,6 +178,7 @@ dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, co
     if (sum_batch) {
         if (!dg_use_reference())
             return engine_bmk_bnk_mn(a, b, d, c);
+        DG_PATH_REFERENCE("");
         dg_ref_einsum_bmk_bnk_mn(a, b, d, c);
         return DG_OK;
     }
@@ -192,6 +193,7 @@ dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, co
         return DG_OK;
     if (!dg_use_reference())
         return engine_heads(&va, &vb, &vd);
+    DG_PATH_REFERENCE("");
     dg_ref_bmm(&oa, &ob, &vd, NULL);
     return DG_OK;
 }
@@ -320,6 +322,7 @@ dg_status dg_fp8_einsum(const char *expr, const dg_tensor *a, const dg_tensor *s
         return DG_OK;
     if (!dg_use_reference())
         return engine_fp8(&va, &vsfa, &vb, &vsfb, r, &vd, c ? &vc : NULL, &oa, &ob);
+    DG_PATH_REFERENCE("");
     dg_ref_bmm(&oa, &ob, &vd, c ? &vc : NULL);
     return DG_OK;
 }

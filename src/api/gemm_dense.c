@@ -71,6 +71,7 @@ static dg_status run_gemm(const dg_operand *a, const dg_operand *b, const dg_ten
         if (st != DG_ERR_UNSUPPORTED)
             return st;
     }
+    DG_PATH_REFERENCE("these operands' scale blocks");
     dg_ref_gemm(a, 0, 0, a->mn, b, 0, 0, b->mn, d, c);
     return DG_OK;
 }
@@ -291,6 +292,7 @@ dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tensor *sfa,
         if (st != DG_ERR_UNSUPPORTED)
             return st;
     }
+    DG_PATH_REFERENCE("these operands' scale blocks");
     for (int64_t h = 0; h < heads; ++h) {
         const int64_t n0 = h * (left + right), col0 = h * (left + mid + right);
         const dg_tensor dl = dg_ref_view2d(d, -1, 0, oa.mn, col0, left);

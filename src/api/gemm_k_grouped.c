@@ -245,6 +245,7 @@ static dg_status k_grouped(const dg_tensor *a, const dg_tensor *sfa, const dg_te
             s = dg_engine_k_grouped(&prob);
         if (dg_use_reference() || s == DG_ERR_UNSUPPORTED) {
             s = DG_OK;
+            DG_PATH_REFERENCE("these operands' scale blocks");
             dg_ref_k_grouped(&prob);
         }
     }

@@ -56,6 +56,7 @@ static dg_status m_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg
         if (st != DG_ERR_UNSUPPORTED)
             return st;
     }
+    DG_PATH_REFERENCE("these operands' scale blocks");
     dg_ref_m_grouped_contiguous(&A, &B, d, layout, psum, alignment, zero_padding);
     return DG_OK;
 }
@@ -114,6 +115,7 @@ static dg_status m_masked(const dg_tensor *a, const dg_tensor *sfa, const dg_ten
         if (st != DG_ERR_UNSUPPORTED)
             return st;
     }
+    DG_PATH_REFERENCE("these operands' scale blocks");
     dg_ref_m_grouped_masked(&A, &B, d, mm);
     return DG_OK;
 }

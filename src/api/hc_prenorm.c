@@ -65,6 +65,7 @@ dg_status dg_tf32_hc_prenorm_gemm(const dg_tensor *a, const dg_tensor *b, const 
     const int splits = num_splits > 0 ? num_splits : 1;
     if (!dg_use_reference())
         return dg_hc_prenorm_fast(a, b, &d3, &s2, splits);
+    DG_PATH_REFERENCE("");
     dg_ref_hc_prenorm(a, b, &d3, &s2, splits);
     return DG_OK;
 }

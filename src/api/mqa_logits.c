@@ -139,7 +139,11 @@ static dg_status mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_
     DG_TRY(check_logits(&p, logits, ks, ke, legacy, &is_query));
     if (is_query)
         return DG_OK;
-    return dg_use_reference() ? dg_ref_mqa_logits(&p) : dg_mqa_logits_fast(&p);
+    if (dg_use_reference()) {
+        DG_PATH_REFERENCE("");
+        return dg_ref_mqa_logits(&p);
+    }
+    return dg_mqa_logits_fast(&p);
 }
 
 dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,

@@ -326,7 +326,11 @@ static dg_status paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, con
     DG_TRY(check_paged_logits(&p, logits, legacy, &is_query, ins, names, 8));
     if (is_query)
         return DG_OK;
-    return dg_use_reference() ? dg_ref_paged_mqa_logits(&p) : dg_paged_mqa_logits_fast(&p);
+    if (dg_use_reference()) {
+        DG_PATH_REFERENCE("");
+        return dg_ref_paged_mqa_logits(&p);
+    }
+    return dg_paged_mqa_logits_fast(&p);
 }
 
 dg_status dg_fp8_fp4_paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv_cache,

@@ -118,6 +118,10 @@ static dg_status fast_quant_blocks(const dg_tensor *x, int64_t bm, int64_t bk, b
     const dg_isa isa = dg_get_isa();
     const dg_quant_kernels *qk = quant_kernels(isa);
     const dg_convert_kernels *ck = dg_convert_kernels_for(isa);
+    DG_PATH("%s amax and scale kernels, %s blocks of %lldx%lld%s | first: m=%lld k=%lld",
+            qk == quant_kernels(DG_ISA_GENERIC) ? "generic" : "avx512", fp4 ? "FP4" : "FP8", (long long)bm,
+            (long long)bk, qk == quant_kernels(DG_ISA_GENERIC) && isa >= DG_ISA_AVX2 ? " [no avx2 kernels]" : "",
+            (long long)m, (long long)k);
     const bool bf16 = x->dtype == DG_BFLOAT16;
 #pragma omp parallel for schedule(static) num_threads((int)nt)
     for (int64_t g = 0; g < sm; ++g) {
@@ -156,6 +160,7 @@ static dg_status quant_fp8_blocks(const dg_tensor *x, int64_t bm, int64_t bk, bo
                                   const dg_tensor *out, const dg_tensor *out_sf) {
     if (!dg_use_reference() && x->strides[1] == 1 && out->strides[1] == 1)
         return fast_quant_blocks(x, bm, bk, use_ue8m0, packed, false, out, out_sf);
+    DG_PATH_REFERENCE("x or out is strided along K");
     return ref_quant_fp8_blocks(x, bm, bk, use_ue8m0, packed, out, out_sf);
 }
 
@@ -257,6 +262,7 @@ dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int gran_k
         return DG_OK;
     if (!dg_use_reference() && x->strides[1] == 1 && out->strides[1] == 1)
         return fast_quant_blocks(x, 1, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, true, out, out_sf);
+    DG_PATH_REFERENCE("x or out is strided along K");
     return ref_quant_fp4_token(x, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, out, out_sf);
 }
 

@@ -103,6 +103,25 @@ static inline int64_t dg_ceil_div(int64_t a, int64_t b) { return a / b + (a % b 
 /* b > 0 and a <= INT64_MAX - b: callers align extents of checked tensors, which are far smaller. */
 static inline int64_t dg_align(int64_t a, int64_t b) { return dg_ceil_div(a, b) * b; }
 
+/* ---- path report (runtime/paths.c) ------------------------------------------------------ */
+
+/* The entry point whose call runs on this thread (set by dg_api_begin). */
+const char *dg_api_name(void);
+/* 0: off; 1: print and record; 2: record only (DG_PRINT_PATHS, dg_set_print_paths). */
+int dg_paths_mode(void);
+/* Records "<entry point>: <line>" once; the text after " | first: " (an example shape) is not
+ * part of what makes a line new. Use DG_PATH: it costs one load while the report is off. */
+void dg_path_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define DG_PATH(...)                                                                           \
+    do {                                                                                       \
+        if (dg_paths_mode())                                                                   \
+            dg_path_note(__VA_ARGS__);                                                         \
+    } while (0)
+/* The reference serves a call: chosen (DG_BACKEND=reference), or the fast path declined. */
+#define DG_PATH_REFERENCE(declined_why)                                                        \
+    DG_PATH("reference%s%s%s", dg_use_reference() ? " (the reference backend is selected)" : " [fast path declined: ", \
+            dg_use_reference() ? "" : (declined_why), dg_use_reference() ? "" : "]")
+
 /* ---- settings (runtime/settings.c) ------------------------------------------------------- */
 
 const dg_cpu_info *dg_cpu(void); /* detected once; never clears the error message */

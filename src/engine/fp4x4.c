@@ -35,6 +35,7 @@ typedef struct f4_cfg {
     void (*begin)(void);
     int a_bias;
     int mc, nc, kc_steps;
+    const char *name; /* the path report's name of ukr */
 } f4_cfg;
 
 /* The kernel for M rows of A at the current ISA level. For M <= VNNI_M the VNNI kernel is
@@ -42,17 +43,17 @@ typedef struct f4_cfg {
 #define VNNI_M 4
 static f4_cfg config_now(int64_t m) {
     const dg_isa isa = dg_get_isa();
-    f4_cfg c = {dg_f4_ukr_generic, NULL, 0, 256, 256, 32};
+    f4_cfg c = {dg_f4_ukr_generic, NULL, 0, 256, 256, 32, "generic int32"};
 #if DG_X86
 #if defined(DG_HAVE_AMX)
     if (isa >= DG_ISA_AMX && m > VNNI_M)
-        c.ukr = dg_f4_ukr_amx, c.begin = dg_f4_ukr_amx_begin;
+        c.ukr = dg_f4_ukr_amx, c.begin = dg_f4_ukr_amx_begin, c.name = "amx int8 tiles";
     else
 #endif
     if (isa >= DG_ISA_AVX512_BF16)
-        c.ukr = dg_f4_ukr_vnni, c.a_bias = 12;
+        c.ukr = dg_f4_ukr_vnni, c.a_bias = 12, c.name = "avx512 VNNI";
     else if (isa >= DG_ISA_AVX2)
-        c.ukr = dg_f4_ukr_avx2, c.a_bias = 12;
+        c.ukr = dg_f4_ukr_avx2, c.a_bias = 12, c.name = "avx2 VPMADDUBSW";
 #else
     (void)isa, (void)m;
 #endif
@@ -403,6 +404,8 @@ dg_status dg_engine_gemm_fp4x4(const dg_operand *a, const dg_operand *b, const d
     pthread_once(&g_once, init_pair);
     const f4_cfg cfg = config_now(a->mn);
     const int gblk = gcd(a->gran_k, b->gran_k);
+    DG_PATH("fp4 x fp4 integer kernel, %s, %s-M (exact block dot products) | first: m=%lld n=%lld k=%lld", cfg.name,
+            a->mn <= SMALL_M ? "small" : "large", (long long)a->mn, (long long)b->mn, (long long)a->k);
     f4_packed pa, pb;
     DG_TRY(pack_all(a, 0, cfg.a_bias, gblk, &pa));
     dg_status st;

@@ -167,11 +167,21 @@ dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tens
         return dg_engine_gemm_fp4x4(a, b, d, c);
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
     dg_scale_plan plan;
-    if (!dg_engine_plan_scales(a, b, &plan))
+    if (!dg_engine_plan_scales(a, b, &plan)) {
+        DG_PATH("reference [engine declined: a K block of %d/%d scales holds an odd number of k]", a->gran_k,
+                b->gran_k);
         return DG_ERR_UNSUPPORTED;
-    cfg = dg_engine_config_for(cfg, &plan);
+    }
+    const dg_engine_cfg *chosen = dg_engine_config_for(cfg, &plan);
+    if (chosen != cfg)
+        DG_PATH("%s instead of %s [scale block %d is not a whole AMX k step (32)]", chosen->name, cfg->name, plan.gblk);
+    cfg = chosen;
     if (dg_engine_small_applies(cfg, a, b))
         return dg_engine_gemm_small(cfg, a, b, &plan, d, c);
+    DG_PATH("%s large-M kernel (%dx%d tiles, %s%s)%s | first: m=%lld n=%lld k=%lld", cfg->name, cfg->mr, cfg->nr,
+            dg_dtype_name(a->data->dtype), plan.gblk ? ", scales per K block" : "",
+            a->mn <= dg_engine_small_m_max(cfg) ? " [small-M path: none at this level]" : "", (long long)a->mn,
+            (long long)b->mn, (long long)a->k);
     dg_packed pa, pb;
     DG_TRY(dg_engine_pack(a, plan.fold_a, plan.gblk, dg_engine_fmt_a(cfg), cfg->mr, cfg, &pa));
     dg_status st = dg_engine_pack(b, plan.fold_b, plan.gblk, cfg->fmt, cfg->nr, cfg, &pb);

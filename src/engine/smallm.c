@@ -197,19 +197,37 @@ void dg_engine_decode_a_free(dg_decode_a *a) {
     a->rows = a->sa = NULL;
 }
 
+/* Why the decode kernel does not take an M <= 2 call (the path report), or NULL when it does. */
+static const char *decode_declines(const dg_engine_cfg *cfg, const dg_operand *b, const dg_scale_plan *plan,
+                                   int fmt) {
+    if (!atomic_load(&g_decode))
+        return "switched off (dg_engine_set_decode)";
+    if (fmt < 0)
+        return b->grouped ? "B is grouped" : b->data->strides[1] != 1 ? "B is not K-major"
+               : b->data->dtype == DG_BFLOAT16 ? "BF16 B with scales" : "B's format";
+    if (!cfg->decode[fmt])
+        return "no decode kernel for B's format at this level";
+    if (plan->gblk % DG_DECODE_STEP || (plan->fold_b && b->sf && b->gran_k % DG_DECODE_STEP))
+        return "the scale block is not a multiple of the kernel's k step";
+    return NULL;
+}
+
 /* Fills dp and sets *use when the decode kernel takes this call. */
 static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                 const dg_scale_plan *plan, decode_plan *dp, bool *use) {
     memset(dp, 0, sizeof *dp);
     *use = false;
     const int fmt = atomic_load(&g_decode) ? decode_format(b) : -1;
-    if (a->mn > 2 || a->mn < 1 || b->k < 1 || fmt < 0 || !cfg->decode[fmt] || plan->gblk % DG_DECODE_STEP)
+    if (a->mn > 2 || a->mn < 1 || b->k < 1)
         return DG_OK;
-    if (plan->fold_b && b->sf) {
-        if (b->gran_k % DG_DECODE_STEP)
-            return DG_OK;
-        dp->fblk = b->gran_k, dp->nkbf = dg_ceil_div(b->k, b->gran_k);
+    const char *why = decode_declines(cfg, b, plan, fmt);
+    if (why) {
+        DG_PATH("%s small-M kernel [decode kernel declined: %s] | first: m=%lld n=%lld k=%lld", cfg->name, why,
+                (long long)a->mn, (long long)b->mn, (long long)b->k);
+        return DG_OK;
     }
+    if (plan->fold_b && b->sf)
+        dp->fblk = b->gran_k, dp->nkbf = dg_ceil_div(b->k, b->gran_k);
     dp->fn = cfg->decode[fmt];
     dp->unit = fmt == DG_DECODE_E4M3 ? 0x1p120f : 1.0f;
     DG_TRY(dg_engine_decode_a(cfg, a, plan->fold_a, plan->gblk, &dp->a));
@@ -411,6 +429,9 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     j.e4m3_kmajor = bt->dtype == DG_FLOAT8_E4M3 && bt->strides[1] == 1 && !(plan->fold_b && b->sf);
     j.scaled_b = !plan->fold_b && b->sf;
     j.e4m3_fused = j.e4m3_kmajor && dg_cpu_has_avx512_vbmi();
+    DG_PATH("%s small-M AMX kernel (D^T tiles; B %s%s) | first: m=%lld n=%lld k=%lld", cfg->name,
+            dg_dtype_name(bt->dtype), j.bf16_kmajor || j.e4m3_kmajor ? " read in place" : " widened",
+            (long long)a->mn, (long long)b->mn, (long long)b->k);
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_AMX_B, 16, cfg, &pa));
     j.pa = &pa;
@@ -496,6 +517,13 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     decode = decode && width == DG_DECODE_ROWS;
     const int64_t items = dg_ceil_div(n, width);
     const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
+    if (decode)
+        DG_PATH("%s decode kernel (M <= 2, %s B read in place) | first: m=%lld n=%lld k=%lld", cfg->name,
+                dg_dtype_name(b->data->dtype), (long long)a->mn, (long long)n, (long long)b->k);
+    else if (a->mn > 2)
+        DG_PATH("%s small-M kernel (M <= %lld) | first: m=%lld n=%lld k=%lld", cfg->name,
+                (long long)dg_engine_small_m_max(cfg), (long long)a->mn, (long long)n, (long long)b->k);
+    atomic_int exact_blocks = 0;
     /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
@@ -531,6 +559,8 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
                     dg_engine_store_row(d, c, i, i0, icols, dout + i * 32);
                 continue;
             }
+            if (decode)
+                atomic_store_explicit(&exact_blocks, 1, memory_order_relaxed);
             run_blocks(&jt, i0, icols, stage, bbuf, cbuf, sbuf);
             for (int64_t n0 = i0; n0 < i0 + icols; n0 += nr) {
                 const int64_t cols = n - n0 < nr ? n - n0 : nr;
@@ -539,6 +569,9 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
             }
         }
     }
+    if (atomic_load(&exact_blocks)) /* noted here: worker threads have no entry point name */
+        DG_PATH("%s decode kernel: some 16-row blocks ran the exact small-M path [E4M3 NaN codes, or folded "
+                "scales a single multiply cannot apply exactly]", cfg->name);
     dg_engine_decode_a_free(&dp.a);
     dg_free(mem);
     dg_engine_packed_free(&pa);

@@ -451,6 +451,15 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     };
     const int64_t lanes = j.kern->lanes;
     j.state_floats = DG_HC_STATE(lanes);
+#if DG_HC_HAVE_AMX
+    if (dg_get_isa() >= DG_ISA_AMX && j.n <= HC_AMX_MAX_N)
+        DG_PATH("amx kernel (B split into three BF16 parts) | first: m=%lld n=%lld k=%lld", (long long)j.m,
+                (long long)j.n, (long long)j.k);
+    else
+#endif
+        DG_PATH("%s kernel (%d float32 partial sums per output)%s | first: m=%lld n=%lld k=%lld", j.kern->name,
+                j.kern->lanes, dg_get_isa() >= DG_ISA_AMX ? " [amx declined: N too wide]" : "", (long long)j.m,
+                (long long)j.n, (long long)j.k);
     const int64_t block_rows = j.m < HC_MB ? j.m : HC_MB; /* a block never spans more than M rows */
 #if DG_HC_HAVE_AMX
     /* Every AMX thread packs all of B it uses: wide B (not DeepSeek's) takes the FMA kernels. */

@@ -331,6 +331,9 @@ static void clean_prefill(const dg_mqa_problem *p, int threads) {
 dg_status dg_mqa_logits_fast(const dg_mqa_problem *p) {
     mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
                  .row_bytes = p->fp4 ? p->d / 2 : p->d, .fp4 = p->fp4, .problem = p, .run = run_prefill_item};
+    DG_PATH("%s kernel (%s%s) | first: s=%lld h=%lld d=%lld sk=%lld", c.kern->name, p->fp4 ? "FP4" : "FP8",
+            p->fp4 && c.kern->tile4 ? ", integer dot products" : "", (long long)p->s, (long long)p->h,
+            (long long)p->d, (long long)p->sk);
     const int64_t nw = c.kern->nw, qb = c.kern->qb > 0 ? c.kern->qb : MQA_QB;
     c.tokens_per_unit = qb;
     double pairs = 0, cum = 0;
@@ -443,6 +446,9 @@ dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
     mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
                  .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = p->next_n, .fp4 = p->fp4,
                  .problem = p, .run = run_paged_item};
+    DG_PATH("%s kernel (%s%s, paged) | first: batch=%lld next_n=%lld h=%lld d=%lld", c.kern->name,
+            p->fp4 ? "FP4" : "FP8", p->fp4 && c.kern->tile4 ? ", integer dot products" : "", (long long)p->batch,
+            (long long)p->next_n, (long long)p->h, (long long)p->d);
     double pairs = 0, cum = 0;
     for (int pass = 0; pass < 2; ++pass) {
         int64_t n = 0;

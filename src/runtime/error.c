@@ -15,6 +15,8 @@ void dg_api_begin(const char *api_name) {
     tl_message[0] = '\0';
 }
 
+const char *dg_api_name(void) { return tl_api; }
+
 dg_status dg_fail(dg_status status, const char *fmt, ...) {
     int n = snprintf(tl_message, DG_MSG_CAP, "%s: ", tl_api);
     if (n < 0 || n >= DG_MSG_CAP)
