@@ -212,6 +212,24 @@ static void test_pack_empty_b(void) {
     TU_CHECK(zero, "K = 0 gives D = 0");
 }
 
+/* fuzz_hc_einsum (offline run): "bmk,bnk->mn" with S = 0 and K = 2^63 - 1 (a, b empty, d [2, 3]
+ * real) rounded K up to whole k pairs in the engine's packer: signed overflow (UBSan,
+ * dg_pack_kp). Now d = c (or 0) directly, on both backends. */
+static void test_einsum_empty_s_huge_k(void) {
+    static uint16_t x[1];
+    static float dd[6], cc[6] = {1, 2, 3, 4, 5, 6};
+    dg_tensor a = dg_tensor_3d(x, DG_BFLOAT16, 0, 2, INT64_MAX), b = dg_tensor_3d(x, DG_BFLOAT16, 0, 3, INT64_MAX);
+    dg_tensor d = dg_tensor_2d(dd, DG_FLOAT32, 2, 3), c = dg_tensor_2d(cc, DG_FLOAT32, 2, 3);
+    for (int backend = 0; backend < 2; ++backend) {
+        dg_set_backend(backend ? DG_BACKEND_REFERENCE : DG_BACKEND_AUTO);
+        TU_CHECK_OK(dg_einsum("bmk,bnk->mn", &a, &b, &d, &c));
+        TU_CHECK(memcmp(dd, cc, sizeof dd) == 0, "backend %d: d = c", backend);
+        TU_CHECK_OK(dg_einsum("bmk,bnk->mn", &a, &b, &d, NULL));
+        TU_CHECK(dd[0] == 0 && dd[5] == 0, "backend %d: d = 0", backend);
+    }
+    dg_set_backend(DG_BACKEND_AUTO);
+}
+
 int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } groups[] = {
         {"misaligned_data", test_misaligned_data},
@@ -226,6 +244,7 @@ int main(int argc, char **argv) {
         {"k_grouped_empty_huge_mn", test_k_grouped_empty_huge_mn},
         {"mqa_ref_empty_q_many_heads", test_mqa_ref_empty_q_many_heads},
         {"pack_empty_b", test_pack_empty_b},
+        {"einsum_empty_s_huge_k", test_einsum_empty_s_huge_k},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; ++i)
         if (argc < 2 || strstr(groups[i].name, argv[1]))
