@@ -7,6 +7,22 @@
  */
 #include "dgpy.h"
 
+/* logits_dtype (NULL: not given, float32 stays): float32 or bfloat16, checked here so that the
+ * message names the Python argument rather than the library's output tensor. */
+static int logits_dtype_from(PyObject *obj, const char *fn, dg_dtype *out) {
+    dg_dtype d;
+    if (!obj)
+        return 0;
+    if (dgp_dtype_from(obj, fn, "logits_dtype", &d))
+        return -1;
+    if (d != DG_FLOAT32 && d != DG_BFLOAT16) {
+        PyErr_Format(PyExc_TypeError, "%s: argument 'logits_dtype' must be float32 or bfloat16, got %S", fn, obj);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
 /* max_seqlen_k is DeepGEMM's: 0 gives logits [S, SK]; > 0 gives "compressed" logits
  * [S, max_seqlen_k] whose column c is kv row cu_seq_len_k_start[i] + c. The legacy form has no
  * logits_dtype, so its keyword list must end one entry earlier to match its format. */
@@ -15,12 +31,13 @@ static PyObject *mqa_logits(PyObject *args, PyObject *kw, const char *fn, int le
                              "max_seqlen_k", "logits_dtype", NULL};
     static char *kw_old[] = {"q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end", "clean_logits",
                              "max_seqlen_k", NULL};
-    PyObject *q, *kv, *w, *ks, *ke, *dtype_obj = NULL;
+    PyObject *q, *kv, *w, *ks, *ke, *max_obj = NULL, *dtype_obj = NULL;
     int clean = 1, max_seqlen_k = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OOOOO|pi%s:%s", legacy ? "" : "O", fn);
+    snprintf(fmt, sizeof fmt, "OOOOO|pO%s:%s", legacy ? "" : "O", fn);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, legacy ? kw_old : kw_new, &q, &kv, &w, &ks, &ke, &clean,
-                                     &max_seqlen_k, &dtype_obj))
+                                     &max_obj, &dtype_obj) ||
+        (max_obj && dgp_int(max_obj, fn, "max_seqlen_k", &max_seqlen_k)))
         return NULL;
     dgp_tensor tq, tqs = {0}, tkv, tkvs, tw, tks, tke;
     dg_tensor logits = {0};
@@ -29,7 +46,7 @@ static PyObject *mqa_logits(PyObject *args, PyObject *kw, const char *fn, int le
     if (rc || dgp_pair_from(kv, fn, "kv", 0, &tkv, &tkvs) || dgp_tensor_from(w, fn, "weights", 0, &tw) ||
         dgp_tensor_from(ks, fn, "cu_seq_len_k_start", 0, &tks) ||
         dgp_tensor_from(ke, fn, "cu_seq_len_k_end", 0, &tke) ||
-        (dtype_obj && dgp_dtype_from(dtype_obj, fn, "logits_dtype", &logits.dtype)))
+        logits_dtype_from(dtype_obj, fn, &logits.dtype))
         return NULL;
     dg_status st = legacy ? dg_fp8_mqa_logits(&tq.t, &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t, clean, max_seqlen_k,
                                               &logits)
@@ -65,10 +82,11 @@ static PyObject *py_fp8_mqa_logits(PyObject *s, PyObject *args, PyObject *kw) {
 static PyObject *py_get_paged_mqa_logits_metadata(PyObject *s, PyObject *args, PyObject *kw) {
     static const char *fn = "get_paged_mqa_logits_metadata";
     static char *kwl[] = {"context_lens", "block_kv", "num_sms", "indices", NULL};
-    PyObject *lens, *indices = Py_None;
+    PyObject *lens, *block_obj, *sms_obj, *indices = Py_None;
     int block_kv, num_sms;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|O:get_paged_mqa_logits_metadata", kwl, &lens, &block_kv,
-                                     &num_sms, &indices))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:get_paged_mqa_logits_metadata", kwl, &lens, &block_obj,
+                                     &sms_obj, &indices) ||
+        dgp_int(block_obj, fn, "block_kv", &block_kv) || dgp_int(sms_obj, fn, "num_sms", &num_sms))
         return NULL;
     dgp_tensor tl, ti;
     if (dgp_tensor_from(lens, fn, "context_lens", 0, &tl) ||
@@ -94,19 +112,19 @@ static PyObject *paged_logits(PyObject *args, PyObject *kw, const char *fn, int 
                              "max_context_len", "clean_logits", "logits_dtype", "indices", NULL};
     static char *kw_old[] = {"q", "kv_cache", "weights", "context_lens", "block_table", "schedule_meta",
                              "max_context_len", "clean_logits", "indices", NULL};
-    PyObject *q, *kv, *w, *lens, *table, *meta, *dtype_obj = NULL, *indices = Py_None;
+    PyObject *q, *kv, *w, *lens, *table, *meta, *max_obj, *dtype_obj = NULL, *indices = Py_None;
     int max_len, clean = 0, ok;
     char fmt[64];
     if (legacy) {
-        snprintf(fmt, sizeof fmt, "OOOOOOi|pO:%s", fn);
-        ok = PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_old, &q, &kv, &w, &lens, &table, &meta, &max_len, &clean,
+        snprintf(fmt, sizeof fmt, "OOOOOOO|pO:%s", fn);
+        ok = PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_old, &q, &kv, &w, &lens, &table, &meta, &max_obj, &clean,
                                          &indices);
     } else {
-        snprintf(fmt, sizeof fmt, "OOOOOOi|pOO:%s", fn);
-        ok = PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_new, &q, &kv, &w, &lens, &table, &meta, &max_len, &clean,
+        snprintf(fmt, sizeof fmt, "OOOOOOO|pOO:%s", fn);
+        ok = PyArg_ParseTupleAndKeywords(args, kw, fmt, kw_new, &q, &kv, &w, &lens, &table, &meta, &max_obj, &clean,
                                          &dtype_obj, &indices);
     }
-    if (!ok)
+    if (!ok || dgp_int(max_obj, fn, "max_context_len", &max_len))
         return NULL;
     dgp_tensor tq, tqs = {0}, tkv, tw, tl, tt, tm, ti;
     dg_tensor logits = {0};
@@ -116,7 +134,7 @@ static PyObject *paged_logits(PyObject *args, PyObject *kw, const char *fn, int 
         dgp_tensor_from(lens, fn, "context_lens", 0, &tl) || dgp_tensor_from(table, fn, "block_table", 0, &tt) ||
         dgp_tensor_from(meta, fn, "schedule_meta", 0, &tm) ||
         dgp_tensor_from(indices, fn, "indices", DGP_OPTIONAL, &ti) ||
-        (dtype_obj && dgp_dtype_from(dtype_obj, fn, "logits_dtype", &logits.dtype)))
+        logits_dtype_from(dtype_obj, fn, &logits.dtype))
         return NULL;
 #define PAGED_CALL                                                                                          \
     (legacy ? dg_fp8_paged_mqa_logits(&tq.t, &tkv.t, &tw.t, &tl.t, &tt.t, &tm.t, max_len, clean, dgp_ptr(&ti), \

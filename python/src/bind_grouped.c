@@ -126,11 +126,12 @@ static PyObject *py_m_grouped_fp8_fp4_gemm_nn_contiguous(PyObject *s, PyObject *
 static PyObject *py_m_grouped_bf16_gemm_nt_masked(PyObject *s, PyObject *args, PyObject *kw) {
     static const char *fn = "m_grouped_bf16_gemm_nt_masked";
     static char *kwl[] = {"a", "b", "d", "masked_m", "expected_m", "compiled_dims", NULL};
-    PyObject *a, *b, *d, *masked;
+    PyObject *a, *b, *d, *masked, *expected_obj;
     int expected_m;
     const char *dims = "nk";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOi|s:m_grouped_bf16_gemm_nt_masked", kwl, &a, &b, &d, &masked,
-                                     &expected_m, &dims))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|s:m_grouped_bf16_gemm_nt_masked", kwl, &a, &b, &d, &masked,
+                                     &expected_obj, &dims) ||
+        dgp_int(expected_obj, fn, "expected_m", &expected_m))
         return NULL;
     const int packed = dgp_is_packed(b);
     dgp_tensor ta, tb, td, tm;
@@ -158,11 +159,12 @@ static PyObject *py_m_grouped_fp8_fp4_gemm_nt_masked(PyObject *s, PyObject *args
     static const char *fn = "m_grouped_fp8_fp4_gemm_nt_masked";
     static char *kwl[] = {"a", "b", "d", "masked_m", "expected_m", "recipe", "recipe_a", "recipe_b",
                           "compiled_dims", "disable_ue8m0_cast", NULL};
-    PyObject *a, *b, *d, *masked, *recipe = Py_None, *recipe_a = Py_None, *recipe_b = Py_None;
+    PyObject *a, *b, *d, *masked, *expected_obj, *recipe = Py_None, *recipe_a = Py_None, *recipe_b = Py_None;
     int expected_m, disable = 0;
     const char *dims = "nk";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOi|OOOsp:m_grouped_fp8_fp4_gemm_nt_masked", kwl, &a, &b, &d,
-                                     &masked, &expected_m, &recipe, &recipe_a, &recipe_b, &dims, &disable))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|OOOsp:m_grouped_fp8_fp4_gemm_nt_masked", kwl, &a, &b, &d,
+                                     &masked, &expected_obj, &recipe, &recipe_a, &recipe_b, &dims, &disable) ||
+        dgp_int(expected_obj, fn, "expected_m", &expected_m))
         return NULL;
     const int packed = dgp_is_packed(b);
     dgp_tensor ta, sfa, tb, sfb, td, tm;

@@ -60,10 +60,11 @@ static PyObject *mega_ref(PyObject *args, PyObject *kw, const char *fn, int fp8)
     static char *kwl[] = {"num_experts", "x", "topk_idx", "topk_weights", "l1_weights", "l2_weights", "y",
                           "cumulative_local_expert_recv_stats", "activation_clamp", NULL};
     int E;
-    PyObject *x, *idx, *w, *l1, *l2, *y, *stats = Py_None, *clamp_obj = Py_None;
+    PyObject *e_obj, *x, *idx, *w, *l1, *l2, *y, *stats = Py_None, *clamp_obj = Py_None;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "iOOOOOO|OO:%s", fn);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &E, &x, &idx, &w, &l1, &l2, &y, &stats, &clamp_obj))
+    snprintf(fmt, sizeof fmt, "OOOOOOO|OO:%s", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &e_obj, &x, &idx, &w, &l1, &l2, &y, &stats, &clamp_obj) ||
+        dgp_int(e_obj, fn, "num_experts", &E))
         return NULL;
     Py_ssize_t R = (PyList_Check(x) || PyTuple_Check(x)) ? PySequence_Size(x) : -1;
     if (R <= 0 || R > 4096) {
@@ -73,8 +74,14 @@ static PyObject *mega_ref(PyObject *args, PyObject *kw, const char *fn, int fp8)
     float clamp = INFINITY;
     if (clamp_obj != Py_None) {
         double v = PyFloat_AsDouble(clamp_obj);
-        if (v == -1.0 && PyErr_Occurred())
+        if (v == -1.0 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError, "%s: argument 'activation_clamp' must be a float or None, got %s", fn,
+                             Py_TYPE(clamp_obj)->tp_name);
+            }
             return NULL;
+        }
         clamp = (float)v;
     }
     rank_list lx = {0}, li = {0}, lw = {0}, l1l = {0}, l2l = {0}, ly = {0}, ls = {0};

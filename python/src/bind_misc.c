@@ -16,16 +16,20 @@ static PyObject *status_none(dg_status st) {
 
 static PyObject *py_set_num_sms(PyObject *s, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"new_num_sms", NULL};
+    PyObject *o;
     int v;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_num_sms", kwl, &v))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_num_sms", kwl, &o) ||
+        dgp_int(o, "set_num_sms", "new_num_sms", &v))
         return NULL;
     return status_none(dg_set_num_sms(v));
 }
 static PyObject *py_get_num_sms(PyObject *s, PyObject *unused) { return PyLong_FromLong(dg_get_num_sms()); }
 static PyObject *py_set_tc_util(PyObject *s, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"new_tc_util", NULL};
+    PyObject *o;
     int v;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_tc_util", kwl, &v))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_tc_util", kwl, &o) ||
+        dgp_int(o, "set_tc_util", "new_tc_util", &v))
         return NULL;
     return status_none(dg_set_tc_util(v));
 }
@@ -66,8 +70,10 @@ static PyObject *py_get_deterministic_algorithms(PyObject *s, PyObject *unused) 
 /* The path report (dg_set_print_paths): mode 0 off, 1 print to stderr and record, 2 record. */
 static PyObject *py_set_print_paths(PyObject *s, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"mode", NULL};
+    PyObject *o;
     int v;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_print_paths", kwl, &v))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_print_paths", kwl, &o) ||
+        dgp_int(o, "set_print_paths", "mode", &v))
         return NULL;
     if (v < 0 || v > 2) {
         PyErr_Format(PyExc_ValueError, "set_print_paths: argument 'mode' must be 0, 1 or 2, got %d", v);
@@ -104,7 +110,7 @@ static PyObject *py_set_block_size_multiple_of(PyObject *s, PyObject *args, PyOb
     int v[2];
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_block_size_multiple_of", kwl, &o))
         return NULL;
-    if (PyLong_Check(o)) {
+    if (PyLong_Check(o) || PyIndex_Check(o)) {
         if (dgp_int(o, fn, "new_value", &v[0]))
             return NULL;
         v[1] = v[0];
@@ -120,8 +126,10 @@ static PyObject *py_get_block_size_multiple_of(PyObject *s, PyObject *unused) {
 }
 static PyObject *py_set_mk_alignment_for_contiguous_layout(PyObject *s, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"new_value", NULL};
+    PyObject *o;
     int v;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:set_mk_alignment_for_contiguous_layout", kwl, &v))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:set_mk_alignment_for_contiguous_layout", kwl, &o) ||
+        dgp_int(o, "set_mk_alignment_for_contiguous_layout", "new_value", &v))
         return NULL;
     return status_none(dg_set_mk_alignment_for_contiguous_layout(v));
 }
@@ -240,9 +248,12 @@ static PyObject *py_fp8_einsum(PyObject *s, PyObject *args, PyObject *kw) {
 /* ---- scale-factor layouts ------------------------------------------------------------------ */
 
 static PyObject *py_get_tma_aligned_size(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "get_tma_aligned_size";
     static char *kwl[] = {"x", "element_size", NULL};
+    PyObject *xo, *eo;
     int x, es, out = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ii:get_tma_aligned_size", kwl, &x, &es))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:get_tma_aligned_size", kwl, &xo, &eo) ||
+        dgp_int(xo, fn, "x", &x) || dgp_int(eo, fn, "element_size", &es))
         return NULL;
     dg_status st = dg_get_tma_aligned_size(x, es, &out);
     return st == DG_OK ? PyLong_FromLong(out) : dgp_raise(st);
@@ -294,10 +305,11 @@ static PyObject *py_get_mn_major_tma_aligned_packed_ue8m0_tensor(PyObject *s, Py
 static PyObject *py_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(PyObject *s, PyObject *args, PyObject *kw) {
     static const char *fn = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor";
     static char *kwl[] = {"sf", "grouped_layout", "ks_cpu", "gran_k", "k_alignment", "use_psum_layout", NULL};
-    PyObject *sf, *layout, *ks_obj;
+    PyObject *sf, *layout, *ks_obj, *gran_obj, *align_obj;
     int gran_k, k_alignment, use_psum = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOii|p:get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", kwl,
-                                     &sf, &layout, &ks_obj, &gran_k, &k_alignment, &use_psum))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|p:get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", kwl,
+                                     &sf, &layout, &ks_obj, &gran_obj, &align_obj, &use_psum) ||
+        dgp_int(gran_obj, fn, "gran_k", &gran_k) || dgp_int(align_obj, fn, "k_alignment", &k_alignment))
         return NULL;
     dgp_tensor t, tl;
     int *ks = NULL, num_ks = 0;
@@ -326,11 +338,12 @@ static PyObject *py_transform_sf_into_required_layout(PyObject *s, PyObject *arg
     static const char *fn = "transform_sf_into_required_layout";
     static char *kwl[] = {"sf", "mn", "k", "recipe", "num_groups", "is_sfa", "disable_ue8m0_cast", "psum_layout",
                           NULL};
-    PyObject *sf, *recipe, *ng = Py_None, *is_sfa = Py_None, *psum = Py_None;
-    long long mn, k;
+    PyObject *sf, *mn_obj, *k_obj, *recipe, *ng = Py_None, *is_sfa = Py_None, *psum = Py_None;
+    int64_t mn, k;
     int disable = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLLO|OOpO:transform_sf_into_required_layout", kwl, &sf, &mn, &k,
-                                     &recipe, &ng, &is_sfa, &disable, &psum))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOpO:transform_sf_into_required_layout", kwl, &sf, &mn_obj,
+                                     &k_obj, &recipe, &ng, &is_sfa, &disable, &psum) ||
+        dgp_int64(mn_obj, fn, "mn", &mn) || dgp_int64(k_obj, fn, "k", &k))
         return NULL;
     int r[3], len = (PyTuple_Check(recipe) || PyList_Check(recipe)) ? (int)PySequence_Size(recipe) : -1;
     if (len != 2 && len != 3) {

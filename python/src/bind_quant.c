@@ -28,11 +28,12 @@
 
 static PyObject *token_cast(PyObject *args, PyObject *kw, const char *fn, int fp4) {
     static char *kwl[] = {"x", "use_ue8m0", "gran_k", "use_packed_ue8m0", NULL};
-    PyObject *x;
+    PyObject *x, *gran_obj = NULL;
     int ue8m0, gran_k = 128, packed = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "Op|ip:%s", fn);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &x, &ue8m0, &gran_k, &packed))
+    snprintf(fmt, sizeof fmt, "Op|Op:%s", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &x, &ue8m0, &gran_obj, &packed) ||
+        (gran_obj && dgp_int(gran_obj, fn, "gran_k", &gran_k)))
         return NULL;
     dgp_tensor t;
     if (dgp_tensor_from(x, fn, "x", 0, &t))
@@ -51,11 +52,12 @@ static PyObject *py_per_token_cast_to_fp4(PyObject *s, PyObject *args, PyObject 
 
 static PyObject *block_cast(PyObject *args, PyObject *kw, const char *fn, int channel) {
     static char *kwl[] = {"x", "use_ue8m0", "gran_k", NULL};
-    PyObject *x;
+    PyObject *x, *gran_obj = NULL;
     int ue8m0, gran_k = 128;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "Op|i:%s", fn);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &x, &ue8m0, &gran_k))
+    snprintf(fmt, sizeof fmt, "Op|O:%s", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &x, &ue8m0, &gran_obj) ||
+        (gran_obj && dgp_int(gran_obj, fn, "gran_k", &gran_k)))
         return NULL;
     dgp_tensor t;
     if (dgp_tensor_from(x, fn, "x", 0, &t))
@@ -119,9 +121,10 @@ static PyObject *py_per_custom_dims_cast_to_fp8(PyObject *s, PyObject *args, PyO
 static PyObject *py_cast_back_from_fp4(PyObject *s, PyObject *args, PyObject *kw) {
     static const char *fn = "cast_back_from_fp4";
     static char *kwl[] = {"packed", "sf", "gran_k", "use_packed_ue8m0", NULL};
-    PyObject *p, *sf;
+    PyObject *p, *sf, *gran_obj = NULL;
     int gran_k = 128, packed_sf = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|ip:cast_back_from_fp4", kwl, &p, &sf, &gran_k, &packed_sf))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Op:cast_back_from_fp4", kwl, &p, &sf, &gran_obj, &packed_sf) ||
+        (gran_obj && dgp_int(gran_obj, fn, "gran_k", &gran_k)))
         return NULL;
     dgp_tensor tp, ts;
     if (dgp_tensor_from(p, fn, "packed", 0, &tp) || dgp_tensor_from(sf, fn, "sf", 0, &ts))

@@ -298,20 +298,65 @@ int dgp_pair_from(PyObject *obj, const char *fn, const char *arg, int sf_optiona
     return rc;
 }
 
+/* obj as a Python int (a new reference), through __index__ as CPython's own int parsing does
+ * (bools, NumPy integers, one-element integer tensors); anything else, or an __index__ that
+ * refuses (a float tensor), is a TypeError naming fn and arg. */
+static PyObject *dgp_index(PyObject *obj, const char *fn, const char *arg) {
+    if (PyLong_Check(obj) || PyIndex_Check(obj)) {
+        PyObject *v = PyNumber_Index(obj);
+        if (v || !PyErr_ExceptionMatches(PyExc_TypeError))
+            return v;
+        PyErr_Clear();
+    }
+    PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be an int, got %s", fn, arg, Py_TYPE(obj)->tp_name);
+    return NULL;
+}
+
+/* The ValueError for an int v out of range; v's digits when Python can print them. */
+static int dgp_int_overflow(PyObject *v, const char *fn, const char *arg, int bits) {
+    PyObject *text = PyObject_Str(v);
+    if (text) {
+        PyErr_Format(PyExc_ValueError, "%s: argument '%s' = %U does not fit in a %d-bit int", fn, arg, text, bits);
+        Py_DECREF(text);
+    } else { /* past sys.get_int_max_str_digits() */
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: argument '%s' (an int too long to print) does not fit in a %d-bit int",
+                     fn, arg, bits);
+    }
+    return -1;
+}
+
+/* The one conversion of integer arguments: obj -> int64 in [lo, hi], bits naming the range. */
+static int dgp_int_range(PyObject *obj, const char *fn, const char *arg, int64_t lo, int64_t hi, int bits,
+                         int64_t *val) {
+    PyObject *v = dgp_index(obj, fn, arg);
+    if (!v)
+        return -1;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        Py_DECREF(v);
+        return -1;
+    }
+    int rc = 0;
+    if (overflow || x < lo || x > hi)
+        rc = dgp_int_overflow(v, fn, arg, bits);
+    else
+        *val = (int64_t)x;
+    Py_DECREF(v);
+    return rc;
+}
+
 int dgp_int(PyObject *obj, const char *fn, const char *arg, int *val) {
-    if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be an int, got %s", fn, arg, Py_TYPE(obj)->tp_name);
+    int64_t v;
+    if (dgp_int_range(obj, fn, arg, INT32_MIN, INT32_MAX, 32, &v))
         return -1;
-    }
-    long v = PyLong_AsLong(obj);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    if (v < INT32_MIN || v > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s: argument '%s' = %ld does not fit in a 32-bit int", fn, arg, v);
-        return -1;
-    }
     *val = (int)v;
     return 0;
+}
+
+int dgp_int64(PyObject *obj, const char *fn, const char *arg, int64_t *val) {
+    return dgp_int_range(obj, fn, arg, INT64_MIN, INT64_MAX, 64, val);
 }
 
 int dgp_opt_int(PyObject *obj, const char *fn, const char *arg, int *val, int *given) {

@@ -40,8 +40,14 @@ int dgp_pair_from(PyObject *obj, const char *fn, const char *arg, int sf_optiona
 int dgp_int_tuple(PyObject *obj, const char *fn, const char *arg, int n, int allow_none, int *vals, int *given);
 /* None or an int; *given says which. */
 int dgp_opt_int(PyObject *obj, const char *fn, const char *arg, int *val, int *given);
-/* A Python int into a C int (range checked). */
+/* Every integer argument is parsed as an object ("O") and converted by one of these (never by
+ * CPython's "i" / "L" formats, whose errors name no argument and include OverflowError): a Python
+ * int, a bool or an object with __index__ (NumPy integers, one-element integer tensors) into a C
+ * int / int64. Anything else: TypeError "<fn>: argument '<arg>' must be an int, got float";
+ * out of range: ValueError "<fn>: argument '<arg>' = <value> does not fit in a 32-bit int"
+ * (64-bit for dgp_int64). */
 int dgp_int(PyObject *obj, const char *fn, const char *arg, int *val);
+int dgp_int64(PyObject *obj, const char *fn, const char *arg, int64_t *val);
 /* None, a list/tuple of ints or a 1-D int tensor/array (read once) -> malloc'ed int array. */
 int dgp_int_list(PyObject *obj, const char *fn, const char *arg, int **vals, int *count);
 /* torch.float32 / torch.bfloat16 / numpy dtype / "bfloat16" ... -> dg_dtype. */

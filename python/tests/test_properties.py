@@ -17,8 +17,8 @@ must raise TypeError / ValueError (as the README says: dtype -> TypeError, shape
 device -> ValueError) with a message naming the function and the argument, and leave every
 tensor, the sentinel-filled outputs included, bitwise as it was.
 
-Known library bugs are the plain tests marked xfail(strict=True) at the end (see their reasons);
-the hypothesis properties leave those inputs out so they stay green.
+Integer arguments (huge, negative, not ints) and logits_dtype have plain tests at the end as
+well, from the bugs these properties found (issue 17, fixed in the bindings).
 
 Profiles: 'dg-ci' (default; derandomized, small: the file runs in seconds, also under ASan) and
 'dg-dev' (random, many more examples): DG_HYPOTHESIS_PROFILE=dg-dev pytest test_properties.py.
@@ -792,7 +792,8 @@ def test_get_tma_aligned_size(x, elem):
 # length -> TypeError) and the argument names of which the message must quote one.
 
 E_TYPE, E_VALUE = (TypeError,), (ValueError,)
-HUGE_INTS = st.one_of(st.integers(2 ** 31, 2 ** 63 - 1), st.integers(-(2 ** 63), -(2 ** 31) - 1))
+HUGE_INTS = st.one_of(st.integers(2 ** 31, 2 ** 63 - 1), st.integers(-(2 ** 63), -(2 ** 31) - 1),
+                      st.integers(2 ** 63, 2 ** 80), st.integers(-(2 ** 80), -(2 ** 63) - 1))
 NONPOS_INTS = st.one_of(st.sampled_from([0, -1, -128, -(2 ** 31)]), st.integers(-(2 ** 31), 0))
 NOT_TENSORS = st.sampled_from([None, 3, 1.5, 'x', [[1.0]], (1, 2)])
 
@@ -805,7 +806,7 @@ def expect_rejected(fn, kw, exc, names, keep=()):
     err, msg = info.value, str(info.value)
     try:
         note(f'{type(err).__name__}: {msg}')
-    except hypothesis.errors.InvalidArgument:  # a plain test (the xfail ones)
+    except hypothesis.errors.InvalidArgument:  # a plain test (the integer-argument ones)
         pass
     snap.assert_unchanged('a tensor of the rejected call (output or input)')
     assert type(err) in exc, f'{type(err).__name__} (want {[e.__name__ for e in exc]}): {msg}'
@@ -951,7 +952,7 @@ def spoil_recipe(draw, kw, what):
         r[draw(st.integers(0, 2))] = draw(NONPOS_INTS)
         kw['recipe'] = tuple(r)
         return E_VALUE, ['recipe']
-    if what == 'recipe_huge':  # past a 32-bit int (within a C long: beyond that, see the xfail tests)
+    if what == 'recipe_huge':  # past a 32-bit int, past a C long too
         r = [1, 128, 128]
         r[draw(st.integers(0, 2))] = draw(HUGE_INTS)
         kw['recipe'] = tuple(r)
@@ -1260,7 +1261,8 @@ def bad_mqa_logits(draw, what):
         kw['max_seqlen_k'] = draw(st.integers(1, ke[0] - ks[0] - 1))
         return fn, kw, E_VALUE, ['max_seqlen_k'], ()
     if what == 'logits_dtype_name':
-        kw['logits_dtype'] = draw(st.sampled_from(['float33', 'not_a_dtype', '', 'torch.cuda']))
+        kw['logits_dtype'] = draw(st.sampled_from(['float33', 'not_a_dtype', '', 'torch.cuda', 'int', 'int8',
+                                                   torch.int32, torch.int64, torch.int8, torch.float16]))
         return fn, kw, E_TYPE, ['logits_dtype'], ()
     x = draw(st.sampled_from(['cu_seq_len_k_start', 'cu_seq_len_k_end', 'weights']))
     kw[x] = draw(NOT_TENSORS)
@@ -1594,16 +1596,16 @@ def test_numpy_gives_the_torch_bits(m, n, k, seed):
     assert np.array_equal(sfn.view(np.uint32), sf.numpy().view(np.uint32))
 
 
-# ---- library bugs these properties found (issue 17): recorded, not fixed here ------------------------
+# ---- integer arguments and logits_dtype (issue 17: bugs these properties found, fixed) ------------
 #
-# Scalar integer arguments that CPython converts itself (PyArg_ParseTupleAndKeywords 'i' / 'L'
-# formats, and PyLong_AsLong in python/src/convert.c:dgp_int) raise CPython's own exceptions:
-# OverflowError 'signed integer is greater than maximum' / 'Python int too large to convert to C
-# long', or TypeError "'float' object cannot be interpreted as an integer". Those messages name
-# neither the function nor the argument, and OverflowError is none of the exceptions the README
-# promises (TypeError / ValueError / RuntimeError). The arguments dgp_int converts already answer
-# "argument 'recipe' = 4294967296 does not fit in a 32-bit int" (ValueError) for values that fit
-# in a C long: the wanted behaviour. Nothing is written in any of these cases (checked).
+# Scalar integer arguments were converted by CPython itself (PyArg_ParseTupleAndKeywords 'i' /
+# 'L' formats, PyLong_AsLong in python/src/convert.c:dgp_int) and raised CPython's own
+# exceptions: OverflowError 'signed integer is greater than maximum' / 'Python int too large to
+# convert to C long', or TypeError "'float' object cannot be interpreted as an integer", naming
+# neither the function nor the argument (and OverflowError is none of the exceptions the README
+# promises). Every integer argument now goes through dgp_int / dgp_int64: TypeError "<fn>:
+# argument '<arg>' must be an int, got float", ValueError "<fn>: argument '<arg>' = <value> does
+# not fit in a 32-bit int" (64-bit). Nothing is written in any of these cases (checked).
 
 def _masked_call(expected_m):
     a, b = torch.randn(2, 8, 16, dtype=BF), torch.randn(2, 4, 16, dtype=BF)
@@ -1624,9 +1626,23 @@ def _cast_call(gran_k):
     return utils.per_token_cast_to_fp8, dict(x=torch.randn(4, 128), use_ue8m0=False, gran_k=gran_k)
 
 
+def _block_cast_call(gran_k):
+    return utils.per_block_cast_to_fp8, dict(x=torch.randn(4, 128), use_ue8m0=False, gran_k=gran_k)
+
+
+def _cast_back_call(gran_k):
+    q, sf = utils.per_token_cast_to_fp4(torch.randn(4, 64), use_ue8m0=True, gran_k=32)
+    return utils.cast_back_from_fp4, dict(packed=q, sf=sf, gran_k=gran_k)
+
+
 def _metadata_call(block_kv):
     return dg.get_paged_mqa_logits_metadata, dict(context_lens=torch.tensor([5, 9], dtype=torch.int32),
                                                   block_kv=block_kv, num_sms=2)
+
+
+def _metadata_sms_call(num_sms):
+    return dg.get_paged_mqa_logits_metadata, dict(context_lens=torch.tensor([5, 9], dtype=torch.int32),
+                                                  block_kv=64, num_sms=num_sms)
 
 
 def _fp8_recipe_call(entry):
@@ -1635,10 +1651,29 @@ def _fp8_recipe_call(entry):
     return dg.fp8_gemm_nt, dict(a=a, b=b, d=sentinel(4, 8)[1], recipe=(1, entry, 128))
 
 
+def _skip_head_mid_call(mid):
+    a = utils.per_token_cast_to_fp8(torch.randn(4, 128), use_ue8m0=False)
+    b = utils.per_block_cast_to_fp8(torch.randn(8, 128), use_ue8m0=False)
+    return dg.fp8_gemm_nt_skip_head_mid, dict(a=a, b=b, d=sentinel(4, 16)[1], head_splits=(4, mid, 4))
+
+
 def _hc_call(num_splits):
     return dg.tf32_hc_prenorm_gemm, dict(a=torch.randn(4, 64, dtype=BF), b=torch.randn(5, 64),
                                          d=sentinel(4, 5, dtype=F32)[1], sqr_sum=sentinel(4, dtype=F32)[1],
                                          num_splits=num_splits)
+
+
+def _psum_call(expected):
+    a, b = torch.randn(8, 16, dtype=BF), torch.randn(2, 4, 16, dtype=BF)
+    return dg.m_grouped_bf16_gemm_nt_contiguous, dict(a=a, b=b, d=sentinel(8, 4)[1],
+                                                      grouped_layout=torch.tensor([4, 8], dtype=torch.int32),
+                                                      use_psum_layout=True, expected_m_for_psum_layout=expected)
+
+
+def _ks_call(k1):
+    a, b = torch.randn(8, 4, dtype=BF), torch.randn(8, 6, dtype=BF)
+    return dg.k_grouped_bf16_gemm_tn_contiguous, dict(a=a, b=b, d=sentinel(2, 4, 6, dtype=F32)[1], ks_cpu=[4, k1],
+                                                      grouped_layout=torch.tensor([4, 8], dtype=torch.int32))
 
 
 def _transform_call(mn):
@@ -1646,53 +1681,107 @@ def _transform_call(mn):
                                                       is_sfa=True)
 
 
-INT_ARGUMENT_BUGS = [
-    # (call builder, argument, value): 'i' format, past a C int
+def _transform_k_call(k):
+    return dg.transform_sf_into_required_layout, dict(sf=torch.ones(4, 1), mn=4, k=k, recipe=(1, 128, 128),
+                                                      is_sfa=True)
+
+
+def _transform_groups_call(groups):
+    return dg.transform_sf_into_required_layout, dict(sf=torch.ones(4, 1), mn=4, k=128, recipe=(1, 128, 128),
+                                                      is_sfa=True, num_groups=groups)
+
+
+def _tma_size_call(x):
+    return dg.get_tma_aligned_size, dict(x=x, element_size=4)
+
+
+def _set_num_sms_call(n):
+    return dg.set_num_sms, dict(new_num_sms=n)
+
+
+INT_ARGUMENTS = [
+    # (call builder, argument, value): formerly an 'i' format, past a C int
     pytest.param(_masked_call, 'expected_m', 2 ** 31, id='expected_m=2^31'),
     pytest.param(_mqa_call, 'max_seqlen_k', 2 ** 31, id='max_seqlen_k=2^31'),
     pytest.param(_cast_call, 'gran_k', 2 ** 31, id='gran_k=2^31'),
+    pytest.param(_block_cast_call, 'gran_k', -(2 ** 31) - 1, id='block gran_k=-2^31-1'),
+    pytest.param(_cast_back_call, 'gran_k', 2 ** 40, id='cast_back gran_k=2^40'),
     pytest.param(_metadata_call, 'block_kv', 2 ** 31, id='block_kv=2^31'),
-    # 'i' format, not an int
+    pytest.param(_metadata_sms_call, 'num_sms', 2 ** 70, id='num_sms=2^70'),
+    pytest.param(_tma_size_call, 'x', 2 ** 64, id='tma x=2^64'),
+    pytest.param(_set_num_sms_call, 'new_num_sms', 2 ** 31, id='set_num_sms=2^31'),
+    # formerly an 'i' format, not an int
     pytest.param(_masked_call, 'expected_m', 1.5, id='expected_m=1.5'),
+    pytest.param(_mqa_call, 'max_seqlen_k', None, id='max_seqlen_k=None'),
     pytest.param(_cast_call, 'gran_k', '128', id="gran_k='128'"),
-    # dgp_int (PyLong_AsLong), past a C long
+    pytest.param(_cast_back_call, 'gran_k', 32.0, id='cast_back gran_k=32.0'),
+    pytest.param(_metadata_call, 'block_kv', 64.0, id='block_kv=64.0'),
+    pytest.param(_tma_size_call, 'x', 1.5, id='tma x=1.5'),
+    pytest.param(_set_num_sms_call, 'new_num_sms', 2.0, id='set_num_sms=2.0'),
+    pytest.param(_masked_call, 'expected_m', torch.tensor(2.0), id='expected_m=float tensor'),
+    # formerly dgp_int (PyLong_AsLong), past a C long
     pytest.param(_masked_call, 'expected_m', 2 ** 64, id='expected_m=2^64'),
     pytest.param(_fp8_recipe_call, 'recipe', 2 ** 63, id='recipe=(1,2^63,128)'),
+    pytest.param(_fp8_recipe_call, 'recipe', -(2 ** 64), id='recipe=(1,-2^64,128)'),
+    pytest.param(_skip_head_mid_call, 'head_splits', 2 ** 63, id='head_splits=(4,2^63,4)'),
     pytest.param(_hc_call, 'num_splits', 2 ** 64, id='num_splits=2^64'),
-    # 'L' format, past a long long
+    pytest.param(_psum_call, 'expected_m_for_psum_layout', 2 ** 63, id='expected_m_for_psum_layout=2^63'),
+    pytest.param(_ks_call, 'ks_cpu', 2 ** 63, id='ks_cpu=[4,2^63]'),
+    pytest.param(_ks_call, 'ks_cpu', 4.0, id='ks_cpu=[4,4.0]'),
+    pytest.param(_transform_groups_call, 'num_groups', 2 ** 64, id='num_groups=2^64'),
+    # formerly an 'L' format, past a long long / not an int
     pytest.param(_transform_call, 'mn', 2 ** 64, id='mn=2^64'),
+    pytest.param(_transform_call, 'mn', 4.0, id='mn=4.0'),
+    pytest.param(_transform_k_call, 'k', -(2 ** 63) - 1, id='k=-2^63-1'),
 ]
 
 
-@pytest.mark.parametrize('build,arg,value', INT_ARGUMENT_BUGS)
-def test_int_argument_errors_write_nothing(build, arg, value):
-    """The part of the contract these calls do keep: an exception, and nothing written."""
+@pytest.mark.parametrize('build,arg,value', INT_ARGUMENTS)
+def test_int_arguments_name_themselves(build, arg, value):
+    """TypeError (not an int) / ValueError (out of range) naming function and argument; nothing written."""
     fn, kw = build(value)
-    snap = Snapshot(kw)
-    with pytest.raises((OverflowError, TypeError, ValueError)):
+    exc = E_VALUE if isinstance(value, int) else E_TYPE
+    expect_rejected(fn, kw, exc, [arg])
+
+
+@pytest.mark.parametrize('value', [2 ** 31, 2 ** 63, -(2 ** 63) - 1, 10 ** 5000],
+                         ids=['2^31', '2^63', '-2^63-1', '10^5000'])
+def test_int_argument_overflow_message(value):
+    """The value is quoted (an int too long to print, past Python's digit limit, is said so)."""
+    fn, kw = _masked_call(value)
+    with pytest.raises(ValueError, match="m_grouped_bf16_gemm_nt_masked: argument 'expected_m'") as info:
         fn(**kw)
-    snap.assert_unchanged()
+    assert 'does not fit in a 32-bit int' in str(info.value)
+    if value != 10 ** 5000:
+        assert f'= {value} ' in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason='library bug (issue 17): integer arguments converted by CPython (PyArg "i"/"L" '
-                          'formats, PyLong_AsLong in dgp_int) raise OverflowError / TypeError whose message '
-                          'names neither the function nor the argument; want ValueError (TypeError for a '
-                          'non-int) naming both, as dgp_int does for 32-bit overflow')
-@pytest.mark.parametrize('build,arg,value', INT_ARGUMENT_BUGS)
-def test_bug_int_arguments_name_themselves(build, arg, value):
-    fn, kw = build(value)
-    expect_rejected(fn, kw, (ValueError, TypeError), [arg])
+def test_int_arguments_accept_index():
+    """What CPython's parsing accepted still is: bools, NumPy integers, one-element integer tensors."""
+    np = pytest.importorskip('numpy')
+    assert dg.get_tma_aligned_size(np.int64(5), torch.tensor(4)) == dg.get_tma_aligned_size(5, 4)
+    assert dg.get_tma_aligned_size(True, 1) == 16
+    fn, kw = _masked_call(np.int32(8))
+    fn(**kw)
+    fn, kw = _transform_call(np.int64(4))
+    assert torch.equal(fn(**kw), dg.transform_sf_into_required_layout(**_transform_call(4)[1]))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="library bug (issue 17): fp8_fp4_mqa_logits(logits_dtype=torch.int32) (or 'int') "
-                          "raises TypeError \"dg_fp8_fp4_mqa_logits: argument 'logits' must be float32 or "
-                          "bfloat16, got int32\": 'logits' is the C output, not a Python argument; the "
-                          "offending argument is 'logits_dtype'")
-@pytest.mark.parametrize('logits_dtype', [torch.int32, 'int'])
-def test_bug_logits_dtype_named(logits_dtype):
-    fn, kw = _mqa_call(0)
-    kw.pop('max_seqlen_k')
-    kw['q'] = (kw['q'], None)
-    expect_rejected(dg.fp8_fp4_mqa_logits, dict(kw, logits_dtype=logits_dtype), E_TYPE, ['logits_dtype'])
+@pytest.mark.parametrize('logits_dtype', [torch.int32, 'int', torch.int8, torch.float16])
+@pytest.mark.parametrize('paged', [False, True])
+def test_logits_dtype_named(logits_dtype, paged):
+    """fp8_fp4_mqa_logits(logits_dtype=torch.int32) named 'logits' (the C output), not 'logits_dtype'."""
+    if paged:
+        q = torch.randn(2, 1, 2, 32).to(E4M3)
+        kv = torch.zeros(2, 64, 1, 36, dtype=torch.uint8)
+        lens = torch.tensor([5, 9], dtype=torch.int32)
+        kw = dict(q=(q, None), kv_cache=kv, weights=torch.randn(2, 2), context_lens=lens,
+                  block_table=torch.tensor([[0], [1]], dtype=torch.int32),
+                  schedule_meta=dg.get_paged_mqa_logits_metadata(lens, 64, dg.get_num_sms()), max_context_len=64)
+        fn = dg.fp8_fp4_paged_mqa_logits
+    else:
+        fn, kw = _mqa_call(0)
+        kw.pop('max_seqlen_k')
+        kw['q'] = (kw['q'], None)
+        fn = dg.fp8_fp4_mqa_logits
+    expect_rejected(fn, dict(kw, logits_dtype=logits_dtype), E_TYPE, ['logits_dtype'])
