@@ -166,6 +166,8 @@ DG_API dg_status dg_set_tc_util(int tc_util);
 DG_API int dg_get_tc_util(void);
 DG_API void dg_set_pdl(int enable_pdl);
 DG_API int dg_get_pdl(void);
+/* 1: the runtime JIT compiles no dimension in as a constant, whatever compiled_dims names
+ * (DeepGEMM's set_ignore_compile_dims; README, "Runtime JIT"). Results do not change. */
 DG_API void dg_set_ignore_compile_dims(int ignore);
 DG_API int dg_get_ignore_compile_dims(void);
 /* DeepGEMM 2.8's use_deterministic_algorithms(enabled). Every kernel here is always
@@ -221,7 +223,8 @@ typedef struct dg_gemm_options {
     int recipe_a[2];        /* (gran_mn, gran_k) for A; all 0 = not given */
     int recipe_b[2];        /* (gran_mn, gran_k) for B; all 0 = not given */
     int disable_ue8m0_cast; /* accepted: the CPU applies float32 scales exactly as given */
-    const char *compiled_dims; /* accepted, no effect (JIT hint) */
+    const char *compiled_dims; /* dims ('m', 'n', 'k') the runtime JIT may make constants; NULL:
+                                * "nk" (README, "Runtime JIT"); never changes results */
     /* m-grouped contiguous layouts */
     int use_psum_layout;
     int ensure_zero_padding;         /* DeepGEMM's default is 1 */

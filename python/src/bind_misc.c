@@ -377,7 +377,8 @@ PyMethodDef dgp_misc_methods[] = {
     M0(get_tc_util, "get_tc_util()"),
     M(set_pdl, "set_pdl(new_enable_pdl): accepted, no effect on a CPU"),
     M0(get_pdl, "get_pdl()"),
-    M(set_ignore_compile_dims, "set_ignore_compile_dims(new_value): accepted, no effect on a CPU"),
+    M(set_ignore_compile_dims,
+      "set_ignore_compile_dims(new_value): the runtime JIT compiles no dimension in as a constant (same results)"),
     M0(get_ignore_compile_dims, "get_ignore_compile_dims()"),
     M(use_deterministic_algorithms, "use_deterministic_algorithms(enabled): accepted; results are always "
                                     "deterministic here"),

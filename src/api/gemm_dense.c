@@ -146,6 +146,7 @@ static dg_status fp8_fp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const
 static dg_status fp8_fp4_layout(int trans_a, int trans_b, const dg_tensor *a, const dg_tensor *sfa,
                                 const dg_tensor *b, const dg_tensor *sfb, const dg_tensor *d,
                                 const dg_tensor *c, const dg_gemm_options *opts) {
+    dg_api_set_compiled_dims(opts ? opts->compiled_dims : NULL); /* the JIT's (engine/jit_ukr.c) */
     dg_tensor at, sfat, bt, sfbt;
     if (trans_a) {
         a = transposed(a, &at);

@@ -107,6 +107,12 @@ static inline int64_t dg_align(int64_t a, int64_t b) { return dg_ceil_div(a, b) 
 
 /* The entry point whose call runs on this thread (set by dg_api_begin). */
 const char *dg_api_name(void);
+/* The call's compiled_dims (dg_gemm_options; DeepGEMM: the dimensions a JIT compiles in as
+ * constants), set by entry points that take options (reset by dg_api_begin): DG_DIM_* bits, or
+ * -1 when not given (the entry point's default applies). */
+enum { DG_DIM_M = 1, DG_DIM_N = 2, DG_DIM_K = 4 };
+void dg_api_set_compiled_dims(const char *dims);
+int dg_api_compiled_dims(void);
 /* 0: off; 1: print and record; 2: record only (DG_PRINT_PATHS, dg_set_print_paths). */
 int dg_paths_mode(void);
 /* Records "<entry point>: <line>" once; the text after " | first: " (an example shape) is not

@@ -21,6 +21,7 @@
  * bitwise (tests/test_engine_smallm_amx.c). The choice depends only on the configuration and M.
  */
 #include "engine.h"
+#include "jit_ukr.h"
 
 #include <stdatomic.h>
 #include <string.h>
@@ -509,6 +510,9 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         dg_engine_packed_free(&pa);
         return dst;
     }
+    if (!decode) /* the runtime JIT's instance for these k extents, where it serves (jit_ukr.c) */
+        j.ukr = dg_engine_jit_small_ukr(cfg, j.ukr, j.mr, plan->gblk ? plan->gblk : j.slice, pa.kp, a->mn, b->mn,
+                                        b->k);
     const int nr = cfg->nr;
     /* Work items: DG_DECODE_ROWS columns for the decode kernel (whole NR blocks for its fallback), else one
      * NR block (staging 4 blocks per A pass measured no faster at M = 16 and 64 on Zen 3). */
