@@ -9,11 +9,22 @@
 
 static _Thread_local char tl_message[DG_MSG_CAP];
 static _Thread_local const char *tl_api = "deepgemm";
+static _Thread_local int tl_dims = -1; /* the call's compiled_dims (DG_DIM_* bits), -1: not given */
 
 void dg_api_begin(const char *api_name) {
     tl_api = api_name ? api_name : "deepgemm";
     tl_message[0] = '\0';
+    tl_dims = -1;
 }
+
+void dg_api_set_compiled_dims(const char *dims) {
+    int bits = 0;
+    for (const char *p = dims; p && *p; ++p)
+        bits |= *p == 'm' ? DG_DIM_M : *p == 'n' ? DG_DIM_N : *p == 'k' ? DG_DIM_K : 0;
+    tl_dims = dims ? bits : -1;
+}
+
+int dg_api_compiled_dims(void) { return tl_dims; }
 
 const char *dg_api_name(void) { return tl_api; }
 
