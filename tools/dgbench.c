@@ -6,8 +6,12 @@
  * that describe their GEMM to the peer libraries found at run time (oneDNN, MKL, OpenBLAS; see
  * dgbench_peer.h) get one more line per peer: its time on the same inputs and ours/peer.
  *
- *   dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [--no-peers] [FILTER...]
+ *   dgbench [--quick] [--json FILE] [--plot FILE.png] [--reps N] [--no-peaks] [--no-peers] [FILTER...]
+ *   dgbench --digest [--write DIR] [--json FILE] [FILTER...]
  *   dgbench --list | --info | --help
+ *
+ * --digest prints a hash of each case's outputs instead of timing it (dgbench_digest.c).
+ * --plot draws the run's roofline with tools/dgplot.py (python3 with matplotlib).
  *
  * A case runs when its name contains any FILTER (all cases when none is given).
  * Uses only the public header. Exit status: 0, 1 when a case failed, 2 on bad usage or when
@@ -16,9 +20,14 @@
 #include "dgbench.h"
 #include "dgbench_peer.h"
 
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
 
 /* Every kernel family's cases; a new family adds its dgbench_<family>.c and one line here. */
 static const bench_family *const g_families[] = {
@@ -31,8 +40,8 @@ enum { NUM_FAMILIES = sizeof g_families / sizeof g_families[0] };
 #define BENCH_TIME_BUDGET 1.0
 
 typedef struct options {
-    int quick, list, info, no_peaks, no_peers, reps;
-    const char *json;
+    int quick, list, info, no_peaks, no_peers, reps, digest;
+    const char *json, *write_dir, *plot;
     char **filters;
     int nfilters;
 } options;
@@ -52,13 +61,21 @@ typedef struct result {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dgbench [--quick] [--json FILE] [--reps N] [--no-peaks] [--no-peers] [FILTER...]\n"
+            "usage: dgbench [--quick] [--json FILE] [--plot FILE.png] [--reps N] [--no-peaks] [--no-peers] [FILTER...]\n"
+            "       dgbench --digest [--write DIR] [--json FILE] [FILTER...]\n"
             "       dgbench --list | --info | --help\n"
             "  --quick      small shapes and short limit measurements\n"
             "  --json FILE  also write the results as JSON to FILE\n"
+            "  --plot FILE  draw the results as a roofline (arithmetic intensity vs GFLOPS under the\n"
+            "               measured limits) into FILE with python3 tools/dgplot.py (matplotlib;\n"
+            "               DGBENCH_PLOT_SCRIPT: the script's path when not found next to the build)\n"
             "  --reps N     timed repetitions per case after one warm-up (default 3)\n"
             "  --no-peaks   skip measuring the machine's limits\n"
             "  --no-peers   do not time oneDNN / MKL / OpenBLAS on the same inputs\n"
+            "  --digest     no timing: per case one call on a small digest shape from fixed-seed inputs,\n"
+            "               then a hash (FNV-1a 64) of its whole outputs: 'case isa digest' lines\n"
+            "  --write DIR  with --digest (all cases): also write DIR/<isa>.txt, the reference\n"
+            "               file tests/test_digest.sh compares with (DIR: tests/digests)\n"
             "  --list       print the case names and exit\n"
             "  --info       print what the library sees on this CPU and exit\n"
             "  FILTER       run only cases whose name contains FILTER\n"
@@ -83,8 +100,14 @@ static int parse_args(int argc, char **argv, options *o) {
             o->no_peaks = 1;
         else if (!strcmp(a, "--no-peers"))
             o->no_peers = 1;
+        else if (!strcmp(a, "--digest"))
+            o->digest = 1;
         else if (!strcmp(a, "--json") && i + 1 < argc)
             o->json = argv[++i];
+        else if (!strcmp(a, "--write") && i + 1 < argc)
+            o->write_dir = argv[++i];
+        else if (!strcmp(a, "--plot") && i + 1 < argc)
+            o->plot = argv[++i];
         else if (!strcmp(a, "--reps") && i + 1 < argc && (o->reps = atoi(argv[++i])) > 0)
             continue;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -96,6 +119,14 @@ static int parse_args(int argc, char **argv, options *o) {
             return -1;
         } else
             o->filters[o->nfilters++] = argv[i];
+    }
+    if (o->plot && o->digest) {
+        fprintf(stderr, "dgbench: --plot draws timed results, not --digest ones\n");
+        return -1;
+    }
+    if (o->write_dir && (!o->digest || o->nfilters > 0)) {
+        fprintf(stderr, "dgbench: --write needs --digest and no FILTER (a reference file holds every case)\n");
+        return -1;
     }
     return 0;
 }
@@ -376,12 +407,59 @@ static int write_json(const char *path, const bench_peaks *p, const result *rs, 
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* tools/dgplot.py: $DGBENCH_PLOT_SCRIPT, else ../tools/ from the executable's directory (a build
+ * directory inside the source tree) or from the current directory. */
+static int find_plot_script(char *path, size_t size) {
+    const char *env = getenv("DGBENCH_PLOT_SCRIPT");
+    if (env && *env) {
+        snprintf(path, size, "%s", env);
+        return access(path, R_OK) == 0 ? 0 : -1;
+    }
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(path, size, "%s/../tools/dgplot.py", exe);
+            if (access(path, R_OK) == 0)
+                return 0;
+        }
+    }
+    snprintf(path, size, "tools/dgplot.py");
+    return access(path, R_OK) == 0 ? 0 : -1;
+}
+
+/* python3 dgplot.py JSON OUT; returns its exit status (127: not run). */
+static int run_plot(const char *json, const char *out) {
+    char script[4200];
+    if (find_plot_script(script, sizeof script) != 0) {
+        fprintf(stderr, "dgbench: cannot find tools/dgplot.py (set DGBENCH_PLOT_SCRIPT); draw it with: "
+                        "python3 tools/dgplot.py %s %s\n", json, out);
+        return 127;
+    }
+    char *args[] = {"python3", script, (char *)json, (char *)out, NULL};
+    pid_t pid;
+    if (posix_spawnp(&pid, "python3", NULL, NULL, args, environ) != 0) {
+        fprintf(stderr, "dgbench: cannot run python3 for --plot\n");
+        return 127;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
+        return 127;
+    return WEXITSTATUS(status);
+}
+
 int main(int argc, char **argv) {
     options o;
-    if (parse_args(argc, argv, &o) != 0)
+    if (parse_args(argc, argv, &o) != 0) {
+        free(o.filters);
         return 2;
+    }
     if (o.info) {
         print_info();
+        free(o.filters);
         return 0;
     }
     int total = 0;
@@ -392,6 +470,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < g_families[f]->count; ++i)
                 if (selected(&o, g_families[f]->cases[i].name))
                     printf("%s\n", g_families[f]->cases[i].name);
+        free(o.filters);
         return 0;
     }
     int matches = 0;
@@ -400,7 +479,20 @@ int main(int argc, char **argv) {
             matches += selected(&o, g_families[f]->cases[i].name);
     if (matches == 0) {
         fprintf(stderr, "dgbench: no case matches the filter (see --list)\n");
+        free(o.filters);
         return 2;
+    }
+    if (o.digest) {
+        const bench_case **sel = calloc((size_t)total + 1, sizeof *sel);
+        int n = 0;
+        for (int f = 0; f < NUM_FAMILIES && sel; ++f)
+            for (int i = 0; i < g_families[f]->count; ++i)
+                if (selected(&o, g_families[f]->cases[i].name))
+                    sel[n++] = &g_families[f]->cases[i];
+        const int rc = sel ? bench_digest(sel, n, o.json, o.write_dir) : 1;
+        free(sel);
+        free(o.filters);
+        return rc;
     }
     print_info();
     bench_peaks peaks;
@@ -437,6 +529,24 @@ int main(int argc, char **argv) {
     if (o.json && write_json(o.json, &peaks, rs, n, o.quick) != 0) {
         fprintf(stderr, "dgbench: cannot write %s\n", o.json);
         failed++;
+    }
+    if (o.plot) { /* from the JSON results: --json's file, or a temporary one */
+        char tmp[4096] = "";
+        const char *json = o.json;
+        if (!json) {
+            const char *dir = getenv("TMPDIR");
+            snprintf(tmp, sizeof tmp, "%s/dgbench-plot-XXXXXX", dir && *dir ? dir : "/tmp");
+            const int fd = mkstemp(tmp);
+            if (fd >= 0)
+                close(fd);
+            json = fd >= 0 && write_json(tmp, &peaks, rs, n, o.quick) == 0 ? tmp : NULL;
+        }
+        if (!json || run_plot(json, o.plot) != 0) {
+            fprintf(stderr, "dgbench: --plot did not draw %s\n", o.plot);
+            failed++;
+        }
+        if (tmp[0])
+            remove(tmp);
     }
     free(rs);
     free(o.filters);

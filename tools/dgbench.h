@@ -47,6 +47,13 @@ typedef enum bench_limit {
 
 /* ---- cases ---- */
 
+/* The `size` argument of setup(): the case's own shape, --quick's smaller one, or --digest's
+ * (small enough that one call per case at the portable level takes milliseconds, large enough
+ * to cross the engine's blocks: K over several KC blocks with a tail, M over several MC tiles
+ * and past the small-M limit where the case is a large-M one, several threads' worth of work). */
+enum { BENCH_SIZE_FULL = 0, BENCH_SIZE_QUICK = 1, BENCH_SIZE_DIGEST = 2 };
+#define BENCH_DIGEST_MAX 4
+
 /* What setup() produces: the work of one run and the output compared between backends. */
 typedef struct bench_work {
     void *state;     /* the case's own buffers, passed to run() and free() */
@@ -56,14 +63,19 @@ typedef struct bench_work {
     char shape[64];  /* e.g. "m=64 n=2112 k=7168" */
     const struct bench_peer_gemm *peer; /* the same GEMM for peer libraries (dgbench_peer.h);
                                            NULL: no peer runs this case */
+    /* --digest: every output of the case, whole (not out's sample), hashed in this order;
+     * ndigest = 0: out. Any dtype and strides (dgbench_digest.c walks the elements). */
+    dg_tensor digest[BENCH_DIGEST_MAX];
+    int ndigest;
 } bench_work;
 
 typedef struct bench_case {
     const char *name;   /* "<family>/<kernel>/<shape>", unique; the filter matches substrings */
     bench_limit limit;
     const void *params; /* the case's own parameters (shape), read by setup() */
-    /* Allocates and fills inputs; `quick` asks for a small shape. Returns 0 on success. */
-    int (*setup)(const struct bench_case *c, int quick, bench_work *w);
+    /* Allocates and fills inputs; `size` is a BENCH_SIZE_* (non-zero: a small shape). Returns 0
+     * on success. */
+    int (*setup)(const struct bench_case *c, int size, bench_work *w);
     dg_status (*run)(void *state);
     void (*free)(void *state);
 } bench_case;
@@ -90,8 +102,15 @@ void *bench_alloc_uninit(size_t bytes); /* the same without zeroing (pages stay 
 void bench_free(void *p);
 double bench_now(void); /* seconds, monotonic */
 
-/* Deterministic normal(0, 1) * scale values. */
+/* Deterministic normal(0, 1) * scale values. With bench_portable_inputs set (--digest) every
+ * generator of this file uses integer arithmetic and single IEEE operations only (no libm, no
+ * a * b + c a compiler could contract into an FMA): the same inputs from the same seed on any
+ * machine, C library and compiler. Normal values are then Irwin-Hall (a sum of four uniforms,
+ * scaled to variance 1). */
+extern int bench_portable_inputs;
 void bench_fill_normal(float *x, size_t n, uint64_t seed, float scale);
+/* (int)(x * (0.7 + 0.6 u)) for a uniform u from splitmix64 state *s (grouped sizes). */
+int64_t bench_jitter(int64_t x, uint64_t *s);
 /* Contiguous tensors over new memory (data NULL when allocation fails). */
 dg_tensor bench_tensor2(dg_dtype dtype, int64_t d0, int64_t d1);
 void bench_tensor_free(dg_tensor *t);
@@ -135,5 +154,15 @@ int bench_read_float(const dg_tensor *t, float *out);
 int bench_can_read_float(dg_dtype dtype);
 /* DeepGEMM's calc_diff: 1 - 2*sum(x*y) / sum(x*x + y*y), in double; 0 when both are zero. */
 double bench_calc_diff(const float *x, const float *y, size_t n);
+
+/* ---- --digest (dgbench_digest.c) ---- */
+
+/* 64-bit FNV-1a over a tensor's elements in row-major order (any strides; element bytes as
+ * stored, little-endian), continuing from h (start: BENCH_FNV_INIT). */
+#define BENCH_FNV_INIT 0xcbf29ce484222325ull
+uint64_t bench_hash_tensor(uint64_t h, const dg_tensor *t);
+/* Prints (and with write_dir writes to write_dir/<isa>.txt; with json also as JSON) the digest
+ * of each of the n cases. Returns the exit status: 0, 1 when a case failed, 2 on bad usage. */
+int bench_digest(const bench_case *const *cases, int n, const char *json, const char *write_dir);
 
 #endif

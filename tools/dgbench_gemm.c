@@ -24,7 +24,10 @@
  * diff: the reference backend is ~0.2 GFLOPS, so it computes only a sample of rows (the first
  * and last two) through the public API on row-sliced views; `out` holds just those rows (the
  * engine's run copies them out of D, a negligible part of the timed work).
- * --quick uses m_quick and N, K divided by 4 (rounded up to 128).
+ * --quick uses m_quick and N, K divided by 4 (rounded up to 128). --digest: large-M cases
+ * M = 263 (past every level's small-M limit, over two MC tiles, a tail of MR), N = 48; small-M
+ * cases their M with N = 200 (decode items of 16 rows and a tail); K = 896 (7168) or 640
+ * (3.5 and 2.5 KC blocks, several 128-wide scale blocks); one copy of B; D hashed whole.
  * Timing includes everything the public call does (argument checks, packing).
  * Bytes counted: A, B and their scales read once, D written once.
  * Peers (dgbench_peer.h) run every case on the same operands, B copies and sampled rows;
@@ -53,7 +56,7 @@ typedef struct gemm_state {
     int64_t m, n, k;
     dg_tensor a, sfa, b[B_COPIES_MAX], sfb, d, sample;
     dg_packed_b *pb[B_COPIES_MAX];
-    int nb, next_b, nsample, npb;
+    int nb, next_b, nsample, npb, size;
     int64_t rows[SAMPLE_MAX];
     dg_gemm_options opts;
     bench_peer_gemm peer; /* this GEMM for oneDNN / OpenBLAS (dgbench_peer.h) */
@@ -185,7 +188,7 @@ static int gemm_alloc_io(gemm_state *st, const gemm_params *p, float *x) {
         return -1;
     if (kTransB[p->layout] && transpose_copy(&st->b[0]) != 0)
         return -1;
-    st->nb = b_copies(p->m, (double)dg_tensor_nbytes(&st->b[0]));
+    st->nb = st->size == BENCH_SIZE_DIGEST ? 1 : b_copies(p->m, (double)dg_tensor_nbytes(&st->b[0]));
     for (int i = 1; i < st->nb; ++i) { /* identical copies: every run computes the same D */
         st->b[i] = bench_tensor2(st->b[0].dtype, st->b[0].shape[0], st->b[0].shape[1]);
         if (!st->b[i].data)
@@ -229,13 +232,19 @@ static void fill_peer(gemm_state *st) {
     g->rows = st->rows, g->nrows = st->nsample;
 }
 
-static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
+static int gemm_setup(const bench_case *c, int size, bench_work *w) {
     const gemm_params *p = c->params;
     gemm_state *st = bench_alloc(sizeof *st);
     if (!st)
         return -1;
-    st->p = p;
+    st->p = p, st->size = size;
+    const int quick = size != BENCH_SIZE_FULL;
     st->m = quick ? p->m_quick : p->m, st->n = quick ? quarter(p->n) : p->n, st->k = quick ? quarter(p->k) : p->k;
+    if (size == BENCH_SIZE_DIGEST) {
+        const int large = p->m > 256;
+        st->m = large ? 263 : p->m, st->n = large ? 48 : 200;
+        st->k = p->k >= 4096 ? 896 : p->k >= 2048 ? 640 : 528;
+    }
     st->opts = dg_gemm_options_default();
     if (p->kind == GEMM_FP8_FP4 || p->kind == GEMM_FP4_FP4) {
         st->opts.recipe_a[0] = 1, st->opts.recipe_a[1] = p->kind == GEMM_FP4_FP4 ? 32 : 128;
@@ -252,6 +261,7 @@ static int gemm_setup(const bench_case *c, int quick, bench_work *w) {
     }
     w->state = st;
     w->out = st->sample;
+    w->digest[0] = st->d, w->ndigest = 1;
     fill_peer(st);
     w->peer = &st->peer;
     w->flops = 2.0 * (double)st->m * (double)st->n * (double)st->k;

@@ -27,6 +27,10 @@
  * first and last group) through the public API on sliced views; the engine run copies the same
  * rows out of D (a negligible part of the timed work).
  * --quick: N and K divided by 4, M (or K) per group by 8, decoding weights not rotated.
+ * --digest (D hashed whole, one copy of the weights): contiguous N = 64, K = 896, M per group
+ * expected / 128; masked N = 80, K = 384 (1.5 KC blocks, three 128-wide scale blocks), M per
+ * group expected / 16 (at least 2: the decoding shapes stay at M <= 2); k-grouped M and N
+ * divided by 64, K per group 320 before rounding to the alignment (so 256 to 512).
  */
 #include "dgbench.h"
 
@@ -60,13 +64,7 @@ typedef struct gstate {
     int npb;
 } gstate;
 
-static uint64_t g_seed;
-static double rnd(void) { /* splitmix64 -> [0, 1) */
-    uint64_t z = (g_seed += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
-}
+static uint64_t g_seed; /* group sizes: bench_jitter's state, reset by every setup */
 
 static double nb(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
 
@@ -153,7 +151,7 @@ static int setup_m(gstate *s, bench_work *w) {
     const int64_t align = dg_get_mk_alignment_for_contiguous_layout();
     int64_t total = 0, rows = 0, max_m = (s->exp * 13 + 9) / 10;
     for (int g = 0; g < s->G; ++g) {
-        s->sizes[g] = (int32_t)(s->exp * (0.7 + 0.6 * rnd()));
+        s->sizes[g] = (int32_t)bench_jitter(s->exp, &g_seed);
         rows += s->sizes[g];
         total += (s->sizes[g] + align - 1) / align * align;
     }
@@ -201,7 +199,7 @@ static int setup_k(gstate *s, bench_work *w) {
     const int64_t align = dg_get_mk_alignment_for_contiguous_layout();
     int64_t sum_k = 0, sf_rows = 0;
     for (int g = 0; g < s->G; ++g) {
-        s->ks[g] = (int)(((int64_t)(s->exp * (0.7 + 0.6 * rnd())) + align - 1) / align * align);
+        s->ks[g] = (int)((bench_jitter(s->exp, &g_seed) + align - 1) / align * align);
         sum_k += s->ks[g];
         sf_rows += (s->ks[g] + 127) / 128;
     }
@@ -245,7 +243,8 @@ static int setup_k(gstate *s, bench_work *w) {
     return 0;
 }
 
-static int grouped_setup(const bench_case *c, int quick, bench_work *w) {
+static int grouped_setup(const bench_case *c, int size, bench_work *w) {
+    const int quick = size != BENCH_SIZE_FULL;
     const gparams *p = c->params;
     gstate *s = bench_alloc(sizeof *s);
     if (!s)
@@ -255,6 +254,14 @@ static int grouped_setup(const bench_case *c, int quick, bench_work *w) {
     s->G = p->G, s->m = p->m;
     s->n = quick ? p->n / 4 : p->n, s->k = quick ? p->k / 4 : p->k;
     s->exp = p->expected / p->scale_div / (quick ? 8 : 1);
+    if (size == BENCH_SIZE_DIGEST) {
+        if (p->kind == G_CONTIG)
+            s->n = 64, s->k = 896, s->exp = p->expected / 128;
+        else if (p->kind == G_MASKED)
+            s->n = 80, s->k = 384, s->exp = p->expected / 16 > 2 ? p->expected / 16 : 2;
+        else
+            s->m = p->m / 64, s->n = p->n / 64, s->exp = 320;
+    }
     if (s->exp < 1)
         s->exp = 1;
     s->o = dg_gemm_options_default();
@@ -273,6 +280,7 @@ static int grouped_setup(const bench_case *c, int quick, bench_work *w) {
     }
     w->state = s;
     w->out = *s->sample;
+    w->digest[0] = *s->d, w->ndigest = 1;
     return 0;
 }
 

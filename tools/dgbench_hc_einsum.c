@@ -10,6 +10,8 @@
  *   einsum/...             the einsum forms on DeepGEMM's test shapes: dgbench_einsum.inc
  *
  * The compared output is d. FLOPs count 2 per multiply-add of the product only.
+ * --digest hashes d and the square sums of one call with K / 16 (448 to 1792: two to eight of
+ * the AVX2 kernel's 224-long chunks, tails) and M 13, 137, 280 or 400 (over the 256-row blocks).
  */
 #include "dgbench.h"
 
@@ -32,7 +34,8 @@ typedef struct hc_state {
 
 static double nb(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
 
-static int hc_setup(const bench_case *c, int quick, bench_work *w) {
+static int hc_setup(const bench_case *c, int size, bench_work *w) {
+    const int quick = size != BENCH_SIZE_FULL;
     const hc_params *p = c->params;
     hc_state *st = bench_alloc(sizeof *st);
     if (!st)
@@ -42,7 +45,10 @@ static int hc_setup(const bench_case *c, int quick, bench_work *w) {
     const int64_t q = quick ? 4 : 1;
     double flops = 0;
     if (p->kind == HC_PRENORM) {
-        const int64_t m = p->d0 / q > 0 ? p->d0 / q : 1, n = p->d1, k = p->d2, sp = p->d3;
+        int64_t m = p->d0 / q > 0 ? p->d0 / q : 1, n = p->d1, k = p->d2;
+        const int64_t sp = p->d3;
+        if (size == BENCH_SIZE_DIGEST)
+            m = p->d0 >= 8192 ? 400 : p->d0 >= 4096 ? 280 : p->d0, k = p->d2 / 16;
         st->a = bench_pool_new(pool, DG_BFLOAT16, 2, (int64_t[]){m, k});
         st->b = bench_pool_new(pool, DG_FLOAT32, 2, (int64_t[]){n, k});
         if (sp > 0) {
@@ -79,6 +85,7 @@ static int hc_setup(const bench_case *c, int quick, bench_work *w) {
     }
     w->state = st;
     w->out = p->kind == HC_PRENORM ? st->d_smp : *st->d;
+    w->digest[0] = *st->d, w->digest[1] = *st->s, w->ndigest = 2;
     w->flops = flops;
     w->bytes = nb(st->a) + nb(st->sfa) + nb(st->b) + nb(st->sfb) + nb(st->d) + nb(st->s);
     return 0;

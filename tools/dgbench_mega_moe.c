@@ -5,6 +5,7 @@
  * Every token goes to two distinct experts chosen round-robin so that all ranks exchange tokens.
  * FLOPs: per routed token 2*H*2I (L1) + 2*I*H (L2). Bytes: x, both weight sets, y.
  * The compared output is y of all ranks (one [R*T, H] buffer; rank r's y is a row slice).
+ * --quick: T / 4; --digest: T = 2.
  */
 #include "dgbench.h"
 
@@ -24,9 +25,9 @@ typedef struct moe_state {
     const dg_tensor *cx[RANKS], *cidx[RANKS], *cwts[RANKS], *cl1[RANKS], *cl2[RANKS], *cy[RANKS];
 } moe_state;
 
-static int moe_setup(const bench_case *c, int quick, bench_work *w) {
+static int moe_setup(const bench_case *c, int size, bench_work *w) {
     const moe_params *p = c->params;
-    const int64_t t = quick ? p->tokens / 4 : p->tokens, h = p->hidden, in = p->inter;
+    const int64_t t = size == BENCH_SIZE_DIGEST ? 2 : size ? p->tokens / 4 : p->tokens, h = p->hidden, in = p->inter;
     const int64_t local = EXPERTS / RANKS;
     moe_state *st = bench_alloc(sizeof *st);
     if (!st)

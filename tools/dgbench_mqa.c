@@ -16,6 +16,8 @@
  * output is a sample: 16 query rows (prefill) or 4 sequences (paged). The default backend
  * computes the whole problem and then copies the sample rows out (a negligible copy); the
  * reference backend computes only the sample rows, through views of the same inputs.
+ * --digest hashes all logits of one call: prefill S = 4 against SK / 8 kv rows (256 to 1024:
+ * one or two kv chunks), paged B / 16 sequences (at most 8) of contexts 384 - (b * 37 mod 512).
  */
 #include "dgbench.h"
 
@@ -177,13 +179,17 @@ static int setup_paged(mqa_state *st, int64_t batch, int64_t ctx, bench_work *w)
     return 0;
 }
 
-static int mqa_setup(const bench_case *c, int quick, bench_work *w) {
+static int mqa_setup(const bench_case *c, int size, bench_work *w) {
     const mqa_params *p = c->params;
     mqa_state *st = bench_alloc(sizeof *st);
     if (!st)
         return -1;
     st->p = p;
-    const int64_t s = quick ? p->s / 4 : p->s, sk = quick ? p->sk / 4 : p->sk;
+    int64_t s = size ? p->s / 4 : p->s, sk = size ? p->sk / 4 : p->sk;
+    if (size == BENCH_SIZE_DIGEST && p->kind == MQA_PREFILL)
+        s = 4, sk = p->sk / 8;
+    else if (size == BENCH_SIZE_DIGEST)
+        s = p->s / 16 < 8 ? p->s / 16 : 8, sk = 384;
     const int rc = p->kind == MQA_PREFILL ? setup_prefill(st, s, sk, w) : setup_paged(st, s, sk, w);
     if (rc != 0) {
         bench_pool_state_free(st);
@@ -191,6 +197,7 @@ static int mqa_setup(const bench_case *c, int quick, bench_work *w) {
     }
     w->state = st;
     w->out = *st->sample;
+    w->digest[0] = *st->logits, w->ndigest = 1;
     return 0;
 }
 

@@ -5,7 +5,8 @@
  *   quant/per_block_fp8   x BF16 [M, K] -> E4M3 [M, K] with 128x128 float32 scales
  *
  * Memory-bound: bytes = x read once, data and scales written once; no FLOPs counted.
- * The compared output is the E4M3 data.
+ * The compared output is the E4M3 data; --digest (M = 136: a tail of a 128-row block) hashes it
+ * and the scales.
  */
 #include "dgbench.h"
 
@@ -24,9 +25,9 @@ typedef struct quant_state {
     dg_tensor *x, *out, *sf;
 } quant_state;
 
-static int quant_setup(const bench_case *c, int quick, bench_work *w) {
+static int quant_setup(const bench_case *c, int size, bench_work *w) {
     const quant_params *p = c->params;
-    const int64_t m = quick ? p->m / 8 : p->m, k = p->k;
+    const int64_t m = size == BENCH_SIZE_DIGEST ? 136 : size ? p->m / 8 : p->m, k = p->k;
     const int64_t sf_rows = p->kind == Q_PER_TOKEN ? m : (m + 127) / 128;
     quant_state *st = bench_alloc(sizeof *st);
     if (!st)
@@ -42,6 +43,7 @@ static int quant_setup(const bench_case *c, int quick, bench_work *w) {
     bench_fill(st->x, 101, 1.0f);
     w->state = st;
     w->out = *st->out;
+    w->digest[0] = *st->out, w->digest[1] = *st->sf, w->ndigest = 2;
     w->flops = 0;
     w->bytes = (double)(dg_tensor_nbytes(st->x) + dg_tensor_nbytes(st->out) + dg_tensor_nbytes(st->sf));
     snprintf(w->shape, sizeof w->shape, "m=%lld k=%lld", (long long)m, (long long)k);

@@ -39,7 +39,26 @@ static uint64_t splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+int bench_portable_inputs;
+
+/* Irwin-Hall: four 16-bit uniforms summed as integers (exact), centred, then two products
+ * (sqrt(12 / 4) / 65536, then the caller's scale): one IEEE rounding each, nothing to contract. */
+static void fill_normal_portable(float *x, size_t n, uint64_t seed, float scale) {
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; ++i) {
+        const uint64_t r = splitmix64(&s);
+        const int32_t sum = (int32_t)(r & 0xffff) + (int32_t)((r >> 16) & 0xffff) + (int32_t)((r >> 32) & 0xffff) +
+                            (int32_t)(r >> 48) - 2 * 65535;
+        volatile float unit = (float)sum * (1.7320508f / 65536.0f); /* volatile: no fused multiply */
+        x[i] = unit * scale;
+    }
+}
+
 void bench_fill_normal(float *x, size_t n, uint64_t seed, float scale) {
+    if (bench_portable_inputs) {
+        fill_normal_portable(x, n, seed, scale);
+        return;
+    }
     uint64_t s = seed;
     /* Box-Muller on two 53-bit uniforms; (0, 1] avoids log(0). */
     for (size_t i = 0; i < n; i += 2) {
@@ -179,8 +198,22 @@ void bench_fill(dg_tensor *t, uint64_t seed, float scale) {
 void bench_fill_uniform(dg_tensor *t, uint64_t seed, float lo, float hi) {
     uint64_t s = seed;
     const size_t n = (size_t)dg_tensor_numel(t);
+    if (bench_portable_inputs) { /* 24-bit uniforms (exact in float), the product kept apart from the sum */
+        for (size_t i = 0; i < n; ++i) {
+            volatile float span = (hi - lo) * ((float)(splitmix64(&s) >> 40) * 0x1.0p-24f);
+            ((float *)t->data)[i] = lo + span;
+        }
+        return;
+    }
     for (size_t i = 0; i < n; ++i)
         ((float *)t->data)[i] = lo + (hi - lo) * (float)((double)(splitmix64(&s) >> 11) * 0x1.0p-53);
+}
+
+int64_t bench_jitter(int64_t x, uint64_t *s) {
+    const uint64_t r = splitmix64(s);
+    if (bench_portable_inputs) /* x * (70 + 0..60) / 100 in integers */
+        return x * (int64_t)(70 + (r >> 11) % 61) / 100;
+    return (int64_t)((double)x * (0.7 + 0.6 * ((double)(r >> 11) / 9007199254740992.0)));
 }
 
 int bench_can_read_float(dg_dtype dtype) {
