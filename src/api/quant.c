@@ -311,6 +311,7 @@ dg_status dg_per_custom_dims_cast_to_fp8(const dg_tensor *x, const int *dims, in
     DG_TRY(dg_check_no_overlap(out, "out", x, "x", false));
     DG_TRY(dg_check_no_overlap(out_sf, "out_sf", x, "x", false));
     DG_TRY(dg_check_no_overlap(out_sf, "out_sf", out, "out", false));
+    DG_PATH("reference loops (no fast kernel for custom dims) | first: ndim=%d", x->ndim);
     return ref_quant_fp8_custom_dims(x, keep, use_ue8m0 != 0, out, out_sf);
 }
 
@@ -339,6 +340,7 @@ dg_status dg_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, in
     DG_TRY(qa_check_output(out, "out", out->dtype, 2, shape));
     DG_TRY(dg_check_no_overlap(out, "out", packed, "packed", false));
     DG_TRY(dg_check_no_overlap(out, "out", sf, "sf", false));
+    DG_PATH("reference loops (no fast kernel) | first: m=%lld n=%lld", (long long)m, (long long)n);
     ref_cast_back_from_fp4(packed, sf, gran_k, use_packed_ue8m0 != 0, out);
     return DG_OK;
 }

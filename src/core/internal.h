@@ -107,6 +107,14 @@ static inline int64_t dg_align(int64_t a, int64_t b) { return dg_ceil_div(a, b) 
 
 /* The entry point whose call runs on this thread (set by dg_api_begin). */
 const char *dg_api_name(void);
+/* What a worker thread needs of its caller's call: the entry point (path report) and the
+ * compiled_dims (JIT). Saved on the calling thread, adopted by each work item. */
+typedef struct dg_api_context {
+    const char *api;
+    int dims;
+} dg_api_context;
+dg_api_context dg_api_save(void);
+void dg_api_adopt(dg_api_context ctx);
 /* The call's compiled_dims (dg_gemm_options; DeepGEMM: the dimensions a JIT compiles in as
  * constants), set by entry points that take options (reset by dg_api_begin): DG_DIM_* bits, or
  * -1 when not given (the entry point's default applies). */

@@ -519,6 +519,8 @@ dg_status dg_engine_bgemm(const dg_bgemm *p) {
         else
             fall = c, gid[p->groups - 1 - nfall++] = g;
     }
+    DG_PATH("%s batched kernel (%lld groups%s%s) | first: m=%lld n=%lld k=%lld", cfg->name, (long long)p->groups,
+            nfall ? ", some on " : "", nfall ? fall->name : "", (long long)p->m, (long long)p->n, (long long)p->k);
     bjob jobs[2];
     int njobs = 0;
     if (nmain)

@@ -178,8 +178,8 @@ dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tens
     cfg = chosen;
     if (dg_engine_small_applies(cfg, a, b))
         return dg_engine_gemm_small(cfg, a, b, &plan, d, c);
-    DG_PATH("%s large-M kernel (%dx%d tiles, %s%s)%s | first: m=%lld n=%lld k=%lld", cfg->name, cfg->mr, cfg->nr,
-            dg_dtype_name(a->data->dtype), plan.gblk ? ", scales per K block" : "",
+    DG_PATH("%s large-M kernel (%dx%d tiles, A %s, B %s%s)%s | first: m=%lld n=%lld k=%lld", cfg->name, cfg->mr,
+            cfg->nr, dg_dtype_name(a->data->dtype), dg_dtype_name(b->data->dtype), plan.gblk ? ", scales per K block" : "",
             a->mn <= dg_engine_small_m_max(cfg) ? " [small-M path: none at this level]" : "", (long long)a->mn,
             (long long)b->mn, (long long)a->k);
     dg_packed pa, pb;

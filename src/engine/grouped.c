@@ -111,6 +111,7 @@ static bool chunk_job(const gjob *j, gitem *it) {
 static dg_status run_items(const gitem *items, int64_t n) {
     int failed = 0;
     dg_status first = DG_OK;
+    const dg_api_context ctx = dg_api_save();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(dg_num_threads())
     for (int64_t i = 0; i < n; ++i) {
         int stop;
@@ -118,6 +119,7 @@ static dg_status run_items(const gitem *items, int64_t n) {
         stop = failed;
         if (stop)
             continue;
+        dg_api_adopt(ctx); /* path lines and compiled_dims as the caller's */
         const dg_status st = dg_engine_gemm(&items[i].job->a, &items[i].b, &items[i].dv, NULL);
         if (st != DG_OK) {
 #pragma omp critical /* unnamed: a named one exports a global symbol */

@@ -191,6 +191,7 @@ static dg_status run_items(pitem *items, int64_t n) {
         return st;
     int failed = 0;
     dg_status first = DG_OK;
+    const dg_api_context ctx = dg_api_save();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(dg_num_threads())
     for (int64_t i = 0; i < n; ++i) {
         int stop;
@@ -198,6 +199,7 @@ static dg_status run_items(pitem *items, int64_t n) {
         stop = failed;
         if (stop || items[i].a.mn > SMALL_M)
             continue;
+        dg_api_adopt(ctx); /* path lines and compiled_dims as the caller's */
         const dg_status s = dg_engine_gemm_prepacked(&items[i].a, &items[i].b, &items[i].dv, NULL);
         if (s != DG_OK) {
 #pragma omp critical

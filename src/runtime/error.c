@@ -28,6 +28,13 @@ int dg_api_compiled_dims(void) { return tl_dims; }
 
 const char *dg_api_name(void) { return tl_api; }
 
+dg_api_context dg_api_save(void) { return (dg_api_context){tl_api, tl_dims}; }
+
+void dg_api_adopt(dg_api_context ctx) { /* the message stays the worker's own */
+    tl_api = ctx.api;
+    tl_dims = ctx.dims;
+}
+
 dg_status dg_fail(dg_status status, const char *fmt, ...) {
     int n = snprintf(tl_message, DG_MSG_CAP, "%s: ", tl_api);
     if (n < 0 || n >= DG_MSG_CAP)
