@@ -230,6 +230,17 @@ static void test_einsum_empty_s_huge_k(void) {
     dg_set_backend(DG_BACKEND_AUTO);
 }
 
+/* fuzz_quant (CI's fixed-seed run): dg_per_token_cast_to_fp4 of an empty x [0, 2^63 - 2] with
+ * gran_k = 9 (an odd number of blocks of odd size) formed blocks * gran_k for its error message:
+ * signed overflow (UBSan). The message now gives K and the block count. */
+static void test_fp4_cast_odd_padding_huge_k(void) {
+    static uint16_t x[1];
+    dg_tensor tx = dg_tensor_2d(x, DG_BFLOAT16, 0, INT64_MAX - 1), out, sf;
+    memset(&out, 0, sizeof out);
+    memset(&sf, 0, sizeof sf);
+    expect(dg_per_token_cast_to_fp4(&tx, 0, 9, 0, &out, &sf), DG_ERR_VALUE, "'gran_k'", "K = 2^63 - 2, gran_k = 9");
+}
+
 int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } groups[] = {
         {"misaligned_data", test_misaligned_data},
@@ -245,6 +256,7 @@ int main(int argc, char **argv) {
         {"mqa_ref_empty_q_many_heads", test_mqa_ref_empty_q_many_heads},
         {"pack_empty_b", test_pack_empty_b},
         {"einsum_empty_s_huge_k", test_einsum_empty_s_huge_k},
+        {"fp4_cast_odd_padding_huge_k", test_fp4_cast_odd_padding_huge_k},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; ++i)
         if (argc < 2 || strstr(groups[i].name, argv[1]))

@@ -249,9 +249,9 @@ dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int gran_k
     DG_TRY(qa_check_gran_k(gran_k));
     const int64_t m = x->shape[0], k = x->shape[1], s = qa_ceil_div(k, gran_k);
     DG_CHECK(k % 2 == 0, DG_ERR_SHAPE, "argument 'x': K (%lld) must be even to pack FP4 pairs", (long long)k);
-    DG_CHECK((s % 2 == 0) || (gran_k % 2 == 0), DG_ERR_VALUE,
-             "argument 'gran_k' (%d): K padded to a multiple of it (%lld) must be even", gran_k,
-             (long long)(s * gran_k));
+    DG_CHECK((s % 2 == 0) || (gran_k % 2 == 0), DG_ERR_VALUE, /* no s * gran_k: it may overflow (tests/fuzz) */
+             "argument 'gran_k' (%d): K (%lld) padded to a multiple of it (%lld blocks) must be even", gran_k,
+             (long long)k, (long long)s);
     DG_CHECK(!use_packed_ue8m0 || use_ue8m0, DG_ERR_VALUE,
              "argument 'use_packed_ue8m0' needs use_ue8m0 (only powers of two can be packed)");
     const int64_t shape[2] = {m, k / 2}, sf_shape[2] = {m, use_packed_ue8m0 ? qa_ceil_div(s, 4) : s};

@@ -470,9 +470,12 @@ static dg_status check_sm90_sfb(const dg_tensor *sf) {
     const int nd = sf->ndim;
     const int64_t r = sf->shape[nd - 2], c = sf->shape[nd - 1];
     const int64_t sr = sf->strides[nd - 2], sc = sf->strides[nd - 1];
+    int64_t rc = 0;
+    const bool rc_ok = !__builtin_mul_overflow(r, c, &rc); /* an empty sf may have huge r and c */
     if (nd == 3)
-        DG_CHECK(sf->strides[0] == r * c, DG_ERR_LAYOUT, "argument 'sf': group stride must be %lld, got %lld",
-                 (long long)(r * c), (long long)sf->strides[0]);
+        DG_CHECK(rc_ok && sf->strides[0] == rc, DG_ERR_LAYOUT,
+                 "argument 'sf': group stride must be %lld x %lld, got %lld", (long long)r, (long long)c,
+                 (long long)sf->strides[0]);
     DG_CHECK((sc == 1 && sr == c) || (sc == r && sr == 1), DG_ERR_LAYOUT,
              "argument 'sf' must be contiguous or MN-major contiguous (strides %lld, %lld)", (long long)sr,
              (long long)sc);
