@@ -36,19 +36,6 @@ static dg_status check_d(const dg_tensor *d, dg_dtype in, int64_t m, int64_t n) 
     return dg_check_output(d, "d");
 }
 
-/* Optional C: D's dtype and shape, unit stride along N, the very same view as D or disjoint. */
-static dg_status check_c(const dg_tensor *c, const dg_tensor *d) {
-    if (!c)
-        return DG_OK;
-    DG_TRY(dg_check_tensor(c, "c", 2));
-    DG_CHECK(c->dtype == d->dtype, DG_ERR_DTYPE, "argument 'c' must have the dtype of 'd' (%s), got %s",
-             dg_dtype_name(d->dtype), dg_dtype_name(c->dtype));
-    DG_TRY(dg_check_dim(c, "c", 0, d->shape[0]));
-    DG_TRY(dg_check_dim(c, "c", 1, d->shape[1]));
-    DG_TRY(dg_check_last_dim_contiguous(c, "c"));
-    return dg_check_no_overlap(d, "d", c, "c", true);
-}
-
 static dg_status cublaslt_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_operand oa, ob; /* no scales attached: every element counts with scale 1 */
     DG_TRY(dg_operand_init(&oa, "a", a, 0, kInputs, 3));
@@ -58,7 +45,7 @@ static dg_status cublaslt_nt(const dg_tensor *a, const dg_tensor *b, const dg_te
     DG_CHECK(oa.k == ob.k, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)", (long long)oa.k,
              (long long)ob.k);
     DG_TRY(check_d(d, a->dtype, oa.mn, ob.mn));
-    DG_TRY(check_c(c, d));
+    DG_TRY(dg_check_c_like_d(c, d));
     DG_TRY(dg_check_no_overlap(d, "d", a, "a", false));
     DG_TRY(dg_check_no_overlap(d, "d", b, "b", false));
     if (oa.mn == 0 || ob.mn == 0)
@@ -74,15 +61,6 @@ static dg_status cublaslt_nt(const dg_tensor *a, const dg_tensor *b, const dg_te
     return DG_OK;
 }
 
-/* The transposed descriptor of t in *store; t itself when it is NULL or not 2-D, so that the
- * checks report on the caller's tensor. */
-static const dg_tensor *transposed(const dg_tensor *t, dg_tensor *store) {
-    if (!t || t->ndim != 2)
-        return t;
-    *store = dg_tensor_transpose(*t, 0, 1);
-    return store;
-}
-
 dg_status dg_cublaslt_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_cublaslt_gemm_nt");
     return cublaslt_nt(a, b, d, c);
@@ -91,19 +69,19 @@ dg_status dg_cublaslt_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_t
 dg_status dg_cublaslt_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_cublaslt_gemm_nn");
     dg_tensor bt;
-    return cublaslt_nt(a, transposed(b, &bt), d, c);
+    return cublaslt_nt(a, dg_transposed_2d(b, &bt), d, c);
 }
 
 dg_status dg_cublaslt_gemm_tn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_cublaslt_gemm_tn");
     dg_tensor at, bt;
-    return cublaslt_nt(transposed(a, &at), transposed(b, &bt), d, c);
+    return cublaslt_nt(dg_transposed_2d(a, &at), dg_transposed_2d(b, &bt), d, c);
 }
 
 dg_status dg_cublaslt_gemm_tt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_cublaslt_gemm_tt");
     dg_tensor at;
-    return cublaslt_nt(transposed(a, &at), b, d, c);
+    return cublaslt_nt(dg_transposed_2d(a, &at), b, d, c);
 }
 
 /* ---- FP4 aliases ------------------------------------------------------------------------ */

@@ -24,27 +24,13 @@ static dg_status check_d(const dg_tensor *d, int64_t m, int64_t n) {
     return dg_check_output(d, "d");
 }
 
-/* Optional C: D's dtype and shape, unit stride along N, and either the very same view as D
- * (accumulate in place) or disjoint from it. */
-static dg_status check_c(const dg_tensor *c, const dg_tensor *d) {
-    if (!c)
-        return DG_OK;
-    DG_TRY(dg_check_tensor(c, "c", 2));
-    DG_CHECK(c->dtype == d->dtype, DG_ERR_DTYPE, "argument 'c' must have the dtype of 'd' (%s), got %s",
-             dg_dtype_name(d->dtype), dg_dtype_name(c->dtype));
-    DG_TRY(dg_check_dim(c, "c", 0, d->shape[0]));
-    DG_TRY(dg_check_dim(c, "c", 1, d->shape[1]));
-    DG_TRY(dg_check_last_dim_contiguous(c, "c"));
-    return dg_check_no_overlap(d, "d", c, "c", true);
-}
-
 /* A and B agree on K; D is [M, N]. */
 static dg_status check_problem(const dg_operand *a, const dg_operand *b, const dg_tensor *d,
                                const dg_tensor *c) {
     DG_CHECK(a->k == b->k, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)",
              (long long)a->k, (long long)b->k);
     DG_TRY(check_d(d, a->mn, b->mn));
-    return check_c(c, d);
+    return dg_check_c_like_d(c, d);
 }
 
 /* D must not overlap any read-only input (a scale tensor may be NULL). */
@@ -53,15 +39,6 @@ static dg_status check_inputs_apart(const dg_tensor *d, const dg_operand *a, con
     DG_TRY(dg_check_no_overlap(d, "d", b->data, "b", false));
     DG_TRY(dg_check_no_overlap(d, "d", a->sf, "sfa", false));
     return dg_check_no_overlap(d, "d", b->sf, "sfb", false);
-}
-
-/* The transposed descriptor of t in *store; t itself when it is NULL or not 2-D, so that the
- * checks report on the caller's tensor. */
-static const dg_tensor *transposed(const dg_tensor *t, dg_tensor *store) {
-    if (!t || t->ndim != 2)
-        return t;
-    *store = dg_tensor_transpose(*t, 0, 1);
-    return store;
 }
 
 /* The engine unless the reference is forced or the engine declines this operand pair. */
@@ -99,19 +76,19 @@ dg_status dg_bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tenso
 dg_status dg_bf16_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_bf16_gemm_nn");
     dg_tensor bt;
-    return bf16_gemm_nt(a, transposed(b, &bt), d, c);
+    return bf16_gemm_nt(a, dg_transposed_2d(b, &bt), d, c);
 }
 
 dg_status dg_bf16_gemm_tn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_bf16_gemm_tn");
     dg_tensor at, bt;
-    return bf16_gemm_nt(transposed(a, &at), transposed(b, &bt), d, c);
+    return bf16_gemm_nt(dg_transposed_2d(a, &at), dg_transposed_2d(b, &bt), d, c);
 }
 
 dg_status dg_bf16_gemm_tt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_bf16_gemm_tt");
     dg_tensor at;
-    return bf16_gemm_nt(transposed(a, &at), b, d, c);
+    return bf16_gemm_nt(dg_transposed_2d(a, &at), b, d, c);
 }
 
 /* ---- FP8 / FP4 -------------------------------------------------------------------------- */
@@ -149,12 +126,12 @@ static dg_status fp8_fp4_layout(int trans_a, int trans_b, const dg_tensor *a, co
     dg_api_set_compiled_dims(opts ? opts->compiled_dims : NULL); /* the JIT's (engine/jit_ukr.c) */
     dg_tensor at, sfat, bt, sfbt;
     if (trans_a) {
-        a = transposed(a, &at);
-        sfa = transposed(sfa, &sfat);
+        a = dg_transposed_2d(a, &at);
+        sfa = dg_transposed_2d(sfa, &sfat);
     }
     if (trans_b) {
-        b = transposed(b, &bt);
-        sfb = transposed(sfb, &sfbt);
+        b = dg_transposed_2d(b, &bt);
+        sfb = dg_transposed_2d(sfb, &sfbt);
     }
     return fp8_fp4_gemm_nt(a, sfa, b, sfb, d, c, opts);
 }

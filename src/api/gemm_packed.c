@@ -91,15 +91,7 @@ static dg_status check_out(const dg_operand *a, const dg_packed_b *b, const dg_t
     DG_TRY(dg_check_dim(d, "d", 1, b->n));
     DG_TRY(dg_check_last_dim_contiguous(d, "d"));
     DG_TRY(dg_check_output(d, "d"));
-    if (c) {
-        DG_TRY(dg_check_tensor(c, "c", 2));
-        DG_CHECK(c->dtype == d->dtype, DG_ERR_DTYPE, "argument 'c' must have the dtype of 'd' (%s), got %s",
-                 dg_dtype_name(d->dtype), dg_dtype_name(c->dtype));
-        DG_TRY(dg_check_dim(c, "c", 0, d->shape[0]));
-        DG_TRY(dg_check_dim(c, "c", 1, d->shape[1]));
-        DG_TRY(dg_check_last_dim_contiguous(c, "c"));
-        DG_TRY(dg_check_no_overlap(d, "d", c, "c", true));
-    }
+    DG_TRY(dg_check_c_like_d(c, d));
     DG_TRY(dg_check_no_overlap(d, "d", a->data, "a", false));
     return dg_check_no_overlap(d, "d", a->sf, "sfa", false);
 }

@@ -137,3 +137,15 @@ dg_status dg_check_output(const dg_tensor *t, const char *name) {
     }
     return DG_OK;
 }
+
+dg_status dg_check_c_like_d(const dg_tensor *c, const dg_tensor *d) {
+    if (!c)
+        return DG_OK;
+    DG_TRY(dg_check_tensor(c, "c", 2));
+    DG_CHECK(c->dtype == d->dtype, DG_ERR_DTYPE, "argument 'c' must have the dtype of 'd' (%s), got %s",
+             dg_dtype_name(d->dtype), dg_dtype_name(c->dtype));
+    DG_TRY(dg_check_dim(c, "c", 0, d->shape[0]));
+    DG_TRY(dg_check_dim(c, "c", 1, d->shape[1]));
+    DG_TRY(dg_check_last_dim_contiguous(c, "c"));
+    return dg_check_no_overlap(d, "d", c, "c", true);
+}

@@ -103,6 +103,21 @@ static inline int64_t dg_ceil_div(int64_t a, int64_t b) { return a / b + (a % b 
 /* b > 0 and a <= INT64_MAX - b: callers align extents of checked tensors, which are far smaller. */
 static inline int64_t dg_align(int64_t a, int64_t b) { return dg_ceil_div(a, b) * b; }
 
+/* ---- argument helpers shared by the GEMM entry points (core/check.c) ------------------------ */
+
+/* Optional C of a 2-D D: D's dtype and shape, unit stride along N, and either the very same view
+ * as D (accumulate in place) or disjoint from it. NULL: DG_OK. */
+dg_status dg_check_c_like_d(const dg_tensor *c, const dg_tensor *d);
+
+/* The transposed descriptor of t in *store; t itself when it is NULL or not 2-D, so that the
+ * checks report on the caller's tensor (the _nn / _tn / _tt forms). */
+static inline const dg_tensor *dg_transposed_2d(const dg_tensor *t, dg_tensor *store) {
+    if (!t || t->ndim != 2)
+        return t;
+    *store = dg_tensor_transpose(*t, 0, 1);
+    return store;
+}
+
 /* ---- path report (runtime/paths.c) ------------------------------------------------------ */
 
 /* The entry point whose call runs on this thread (set by dg_api_begin). */
@@ -132,9 +147,12 @@ void dg_path_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
             dg_path_note(__VA_ARGS__);                                                         \
     } while (0)
 /* The reference serves a call: chosen (DG_BACKEND=reference), or the fast path declined. */
+void dg_path_reference(const char *declined_why);
 #define DG_PATH_REFERENCE(declined_why)                                                        \
-    DG_PATH("reference%s%s%s", dg_use_reference() ? " (the reference backend is selected)" : " [fast path declined: ", \
-            dg_use_reference() ? "" : (declined_why), dg_use_reference() ? "" : "]")
+    do {                                                                                       \
+        if (dg_paths_mode())                                                                   \
+            dg_path_reference(declined_why);                                                   \
+    } while (0)
 
 /* ---- settings (runtime/settings.c) ------------------------------------------------------- */
 

@@ -80,6 +80,13 @@ void dg_path_note(const char *fmt, ...) {
     pthread_mutex_unlock(&g_mu);
 }
 
+void dg_path_reference(const char *declined_why) {
+    if (dg_use_reference())
+        dg_path_note("reference (the reference backend is selected)");
+    else
+        dg_path_note("reference [fast path declined: %s]", declined_why);
+}
+
 size_t dg_get_path_report(char *buf, size_t size) {
     pthread_mutex_lock(&g_mu);
     size_t need = 0;
