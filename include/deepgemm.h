@@ -59,7 +59,11 @@ typedef enum dg_status {
                                 except that a grouped GEMM may have finished some of its work
                                 items (each element of D then holds its old or its final value) */
     DG_ERR_UNSUPPORTED = 8,  /* a valid request this build does not implement */
-    DG_ERR_INTERNAL = 9
+    DG_ERR_INTERNAL = 9,
+    DG_ERR_COMM = 10         /* a collective call (mega MoE ranks) failed: a peer rank exited, did
+                                not arrive within DG_COMM_TIMEOUT, or failed itself; the symmetric
+                                buffer is then unusable (destroy it) unless the message says a
+                                peer rejected its arguments */
 } dg_status;
 
 /* The message of the most recent call on this thread ("" when it succeeded). */
@@ -846,6 +850,91 @@ DG_API dg_status dg_bf16_mega_moe_reference(
     const dg_tensor *const *topk_weights, const dg_tensor *const *l1_weights,
     const dg_tensor *const *l2_weights, const dg_tensor *const *y,
     const dg_tensor *const *cumulative_local_expert_recv_stats, float activation_clamp);
+
+/*
+ * Expert-parallel Mega MoE across processes (DeepGEMM's get_symm_buffer_for_mega_moe,
+ * fp8_fp4_mega_moe, bf16_mega_moe). Each of R ranks (processes) owns E/R consecutive experts and
+ * a symmetric buffer: a POSIX shared-memory segment of the same layout on every rank, mapped by
+ * every rank of the machine. A call computes, for the tokens every rank placed in its buffer,
+ * exactly the chain of dg_fp8_fp4_mega_moe_reference above (steps 1-6), with these kernels:
+ *   1. dispatch: each rank reads the (token, slot) pairs routed to its experts straight from
+ *      the peers' buffers, in (source rank, token, slot) order;
+ *   2./5. per local expert (one wave), its rows gathered and multiplied by dg_fp8_fp4_gemm_nt
+ *      (recipe (1, 1, 32)) or dg_bf16_gemm_nt, so both GEMMs give bitwise the rows of the
+ *      m-grouped contiguous GEMMs on the gathered layout (batch invariance);
+ *   3./4. SwiGLU, clamp, top-k weight and the activation quantisation as the reference states;
+ *   6. the expert output rows are written into the source rank's combine area and summed there
+ *      in slot order (the reference's combine, the one order).
+ * So y is bitwise the same for any R, any thread count and any split of the tokens, and equal
+ * to the unfused chain built from the public GEMMs; against the reference's double sums it
+ * agrees within DeepGEMM's calc_diff thresholds.
+ *
+ * Creating a buffer is collective and takes three steps with a barrier of the caller's
+ * bootstrap (MPI, torch.distributed, mpi4py) between them: dg_symm_buffer_create (every rank,
+ * the same `name`), barrier, dg_symm_buffer_attach (maps the peers, checks that every rank
+ * passed the same configuration: a mismatch fails on every rank), barrier,
+ * dg_symm_buffer_seal (removes the segment names; the mappings stay). The calls are collective
+ * too: every rank calls with its own y; ranks synchronise through counters in the segments.
+ * Failures are errors on every rank, never a hang: a rank whose arguments are invalid fails
+ * with its message and its peers fail with DG_ERR_VALUE naming it; topk_idx entries outside
+ * [-1, E) on any rank fail on every rank; a rank that exited or did not arrive within
+ * DG_COMM_TIMEOUT seconds (default 60) fails the others with DG_ERR_COMM. y and the stats are
+ * written only when every rank succeeded.
+ * All ranks must run on one machine (shared memory); across machines the MPI network path is
+ * not implemented yet (DG_ERR_UNSUPPORTED names it).
+ */
+typedef enum dg_mega_moe_mma {
+    DG_MEGA_MOE_FP8XFP4 = 0,  /* DeepGEMM's mma_type 'fp8xfp4' */
+    DG_MEGA_MOE_BF16XBF16 = 1 /* 'bf16xbf16' */
+} dg_mega_moe_mma;
+
+typedef struct dg_mega_moe_config {
+    int num_ranks, rank;
+    int64_t num_experts;             /* E, a multiple of num_ranks */
+    int64_t num_max_tokens_per_rank; /* rounded up to dg_get_token_alignment_for_mega_moe() */
+    int64_t num_topk, hidden, intermediate_hidden;
+    int64_t num_shared_experts;      /* must be 0: fused shared experts are not implemented yet */
+    dg_mega_moe_mma mma;
+} dg_mega_moe_config;
+
+typedef struct dg_symm_buffer dg_symm_buffer;
+
+DG_API int64_t dg_get_token_alignment_for_mega_moe(void);
+/* Bytes of one rank's segment for cfg (rank ignored); DG_ERR_* for an invalid configuration. */
+DG_API dg_status dg_get_symm_buffer_size_for_mega_moe(const dg_mega_moe_config *cfg, int64_t *bytes);
+/* name: 1-64 characters of [A-Za-z0-9_.-], the same on every rank, unique per buffer. */
+DG_API dg_status dg_symm_buffer_create(const dg_mega_moe_config *cfg, const char *name, dg_symm_buffer **out);
+DG_API dg_status dg_symm_buffer_attach(dg_symm_buffer *buf);
+DG_API dg_status dg_symm_buffer_seal(dg_symm_buffer *buf);
+/* Frees the rank's mappings (not collective; call after the last mega MoE call of every rank). */
+DG_API void dg_symm_buffer_destroy(dg_symm_buffer *buf);
+/* The configuration with num_max_tokens_per_rank aligned as the buffer holds it. */
+DG_API dg_status dg_symm_buffer_config(const dg_symm_buffer *buf, dg_mega_moe_config *cfg);
+/*
+ * Views of this rank's inputs in its segment (DeepGEMM's buffer.x, ...), contiguous, with
+ * T = num_max_tokens_per_rank rows: "x" [T, H] FLOAT8_E4M3 (BFLOAT16 for bf16xbf16), "x_sf"
+ * [T, ceil(H/128)] INT32 (four per-1x32 UE8M0 bytes each; fp8xfp4 only), "topk_idx" [T, K]
+ * INT64, "topk_weights" [T, K] FLOAT32. The first y.shape[0] rows are the call's tokens.
+ */
+DG_API dg_status dg_symm_buffer_view(const dg_symm_buffer *buf, const char *field, dg_tensor *out);
+
+/*
+ * The fused calls. y: BFLOAT16 [T_r, H], any strides, T_r <= num_max_tokens_per_rank (may
+ * differ per rank, may be 0). Weights of this rank's E/R experts as in the reference (layout
+ * before or after dg_transform_weights_for_mega_moe, which is the identity on the CPU): L1
+ * [E/R, 2I, H] and L2 [E/R, H, I], packed FP4 with per-1x32 UE8M0 scales (FLOAT32 or INT32
+ * packed, any strides) or BFLOAT16. stats: NULL or INT32 [E/R] contiguous, increased as the
+ * reference does. activation_clamp: INFINITY (none) or >= 0.
+ */
+DG_API dg_status dg_fp8_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights,
+                                     const dg_tensor *l1_weights_sf, const dg_tensor *l2_weights,
+                                     const dg_tensor *l2_weights_sf, dg_symm_buffer *buf,
+                                     const dg_tensor *cumulative_local_expert_recv_stats,
+                                     float activation_clamp);
+DG_API dg_status dg_bf16_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights,
+                                  const dg_tensor *l2_weights, dg_symm_buffer *buf,
+                                  const dg_tensor *cumulative_local_expert_recv_stats,
+                                  float activation_clamp);
 
 #ifdef __cplusplus
 }

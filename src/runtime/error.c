@@ -60,6 +60,7 @@ const char *dg_status_string(dg_status status) {
     case DG_ERR_ALLOC: return "DG_ERR_ALLOC";
     case DG_ERR_UNSUPPORTED: return "DG_ERR_UNSUPPORTED";
     case DG_ERR_INTERNAL: return "DG_ERR_INTERNAL";
+    case DG_ERR_COMM: return "DG_ERR_COMM";
     }
     return "DG_ERR_UNKNOWN";
 }

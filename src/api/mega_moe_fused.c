@@ -1,0 +1,187 @@
+/*
+ * mega_moe_fused.c - entry points of the fused mega MoE calls (include/deepgemm.h, section
+ * mega-moe): this rank's argument checks, the dispatch and combine barriers with the other
+ * ranks (src/comm/barrier.c), and the expert work between them (src/engine/mega_moe.c).
+ *
+ * Every call passes both barriers, whatever fails, so that the ranks' counters stay in step: a
+ * rank whose arguments are invalid posts its failure at the dispatch barrier and still posts at
+ * the combine barrier; only a lost peer (DG_ERR_COMM) ends a call early, and leaves the buffer
+ * unusable.
+ */
+#include "core/internal.h"
+#include "core/operand.h"
+#include "engine/mega_moe.h"
+#include "reference/ref_mega_moe.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct fused_args {
+    int fp8;
+    const dg_tensor *y, *l1, *l1_sf, *l2, *l2_sf, *stats;
+    float clamp;
+} fused_args;
+
+/* One weight tensor of this rank's E/R experts: [E/R, rows, cols] logical. */
+static dg_status check_weight(const fused_args *a, const dg_symm_buffer *b, int layer, dg_operand *op,
+                              int64_t rows, int64_t cols) {
+    const char *name = layer == 1 ? "l1_weights" : "l2_weights";
+    const dg_dtype want = a->fp8 ? DG_FP4_E2M1X2 : DG_BFLOAT16;
+    DG_TRY(dg_operand_init(op, name, layer == 1 ? a->l1 : a->l2, 1, &want, 1));
+    DG_CHECK(!a->fp8 || op->fp4_dim == 2, DG_ERR_LAYOUT,
+             "argument '%s': packed FP4 weights must be K-major (unit stride in the last dimension)", name);
+    const int64_t epr = b->cfg.num_experts / b->cfg.num_ranks;
+    DG_CHECK(op->groups == epr && op->mn == rows && op->k == cols, DG_ERR_SHAPE,
+             "argument '%s' must be [%lld, %lld, %lld] (logical: experts of this rank, %s), got [%lld, %lld, %lld]",
+             name, (long long)epr, (long long)rows, (long long)cols,
+             layer == 1 ? "2 * intermediate_hidden, hidden" : "hidden, intermediate_hidden", (long long)op->groups,
+             (long long)op->mn, (long long)op->k);
+    if (a->fp8)
+        DG_TRY(dg_operand_set_scales(op, layer == 1 ? "l1_weights_sf" : "l2_weights_sf",
+                                     layer == 1 ? a->l1_sf : a->l2_sf, 1, DG_MEGA_MOE_ACT_GRAN));
+    return DG_OK;
+}
+
+/* The segment as a byte tensor, for the overlap checks. */
+static dg_tensor segment_tensor(const dg_symm_buffer *b) {
+    return dg_tensor_1d(b->local, DG_INT8, b->lay.bytes);
+}
+
+static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
+    const dg_mega_moe_config *cfg = &b->cfg;
+    DG_CHECK(a->fp8 == (cfg->mma == DG_MEGA_MOE_FP8XFP4), DG_ERR_VALUE,
+             "the symmetric buffer was created for mma_type '%s'; this call needs '%s'",
+             cfg->mma == DG_MEGA_MOE_FP8XFP4 ? "fp8xfp4" : "bf16xbf16", a->fp8 ? "fp8xfp4" : "bf16xbf16");
+    DG_CHECK(!isnan(a->clamp) && a->clamp >= 0.0f, DG_ERR_VALUE,
+             "argument 'activation_clamp' must be >= 0 (INFINITY for none), got %g", (double)a->clamp);
+    DG_TRY(dg_check_tensor_dtype(a->y, "y", 2, DG_BFLOAT16));
+    DG_TRY(dg_check_dim(a->y, "y", 1, cfg->hidden));
+    DG_CHECK(a->y->shape[0] <= cfg->num_max_tokens_per_rank, DG_ERR_SHAPE,
+             "argument 'y': %lld tokens, more than the buffer's num_max_tokens_per_rank = %lld",
+             (long long)a->y->shape[0], (long long)cfg->num_max_tokens_per_rank);
+    DG_TRY(dg_check_output(a->y, "y"));
+    dg_operand l1, l2;
+    DG_TRY(check_weight(a, b, 1, &l1, 2 * cfg->intermediate_hidden, cfg->hidden));
+    DG_TRY(check_weight(a, b, 2, &l2, cfg->hidden, cfg->intermediate_hidden));
+    if (a->stats) {
+        const char *s = "cumulative_local_expert_recv_stats";
+        DG_TRY(dg_check_tensor_dtype(a->stats, s, 1, DG_INT32));
+        DG_TRY(dg_check_dim(a->stats, s, 0, cfg->num_experts / cfg->num_ranks));
+        DG_TRY(dg_check_contiguous(a->stats, s));
+    }
+    /* Outputs overlap neither each other, nor the weights, nor the symmetric buffer. */
+    const dg_tensor seg = segment_tensor(b);
+    const struct { const dg_tensor *t; const char *name; } ins[] = {
+        {a->l1, "l1_weights"}, {a->l1_sf, "l1_weights_sf"}, {a->l2, "l2_weights"},
+        {a->l2_sf, "l2_weights_sf"}, {&seg, "the symmetric buffer"}, {a->stats, "cumulative_local_expert_recv_stats"}};
+    const int n_ins = (int)(sizeof ins / sizeof ins[0]);
+    for (int i = 0; i < n_ins; ++i) {
+        if (!ins[i].t)
+            continue;
+        DG_TRY(dg_check_no_overlap(a->y, "y", ins[i].t, ins[i].name, false));
+        if (a->stats && i != n_ins - 1)
+            DG_TRY(dg_check_no_overlap(a->stats, "cumulative_local_expert_recv_stats", ins[i].t, ins[i].name,
+                                       false));
+    }
+    return DG_OK;
+}
+
+/* The thread's message without its "entry point: " prefix, which dg_fail adds again. */
+static void keep_message(char *dst, size_t cap) {
+    const char *m = dg_last_error(), *api = dg_api_name();
+    const size_t n = strlen(api);
+    if (!strncmp(m, api, n) && m[n] == ':' && m[n + 1] == ' ')
+        m += n + 2;
+    snprintf(dst, cap, "%s", m);
+}
+
+static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
+    DG_CHECK(b != NULL, DG_ERR_NULL_POINTER, "argument 'buf' (the symmetric buffer) is NULL");
+    DG_CHECK(b->attached, DG_ERR_VALUE,
+             "the symmetric buffer is not attached (dg_symm_buffer_attach on every rank first)");
+    DG_CHECK(!b->broken, DG_ERR_COMM,
+             "the symmetric buffer is unusable: an earlier call lost a peer rank (destroy it and create a new one)");
+    const int R = b->cfg.num_ranks;
+    const uint64_t call = ++b->calls;
+    char msg_a[DG_SYMM_MSG_BYTES], msg_c[DG_SYMM_MSG_BYTES];
+
+    dg_status mine = check_local(a, b);
+    int64_t *tokens = NULL, *recv = NULL;
+    void *scratch = NULL;
+    const int threads = dg_num_threads();
+    if (mine == DG_OK) {
+        tokens = dg_calloc((size_t)R, sizeof *tokens);
+        recv = dg_calloc((size_t)(b->cfg.num_experts / R) + 1, sizeof *recv);
+        scratch = dg_malloc(dg_mega_moe_combine_scratch_bytes(b, threads));
+        if (!tokens || !recv || !scratch)
+            mine = dg_fail(DG_ERR_ALLOC, "cannot allocate the call's routing tables");
+    }
+    keep_message(msg_a, sizeof msg_a);
+
+    /* Phase A: every rank's inputs are in its buffer, and every rank's arguments are valid. */
+    dg_status st = dg_symm_barrier(b, 2 * call - 1, mine, msg_a, a->y && mine == DG_OK ? a->y->shape[0] : 0);
+    if (b->broken)
+        goto done;
+    keep_message(msg_a, sizeof msg_a);
+
+    dg_status work = DG_OK;
+    dg_mega_moe_call c = {.buf = b, .fp8 = a->fp8, .y = a->y, .l1 = a->l1, .l1_sf = a->l1_sf, .l2 = a->l2,
+                          .l2_sf = a->l2_sf, .stats = a->stats, .clamp = a->clamp, .num_tokens = tokens,
+                          .recv = recv};
+    if (st == DG_OK) {
+        for (int r = 0; r < R; ++r)
+            tokens[r] = dg_symm_hdr(b, r)->post[(2 * call - 1) % 2].num_tokens;
+        if (!isinf(c.clamp))
+            c.clamp = dg_bf16_to_float(dg_float_to_bf16(c.clamp)); /* the reference's rule */
+        work = dg_mega_moe_experts(&c);
+    }
+    keep_message(msg_c, sizeof msg_c);
+
+    /* Phase B: every expert output row is in its source rank's combine area. */
+    const dg_status sb = dg_symm_barrier(b, 2 * call, st != DG_OK ? st : work, st != DG_OK ? msg_a : msg_c, 0);
+    if (b->broken) {
+        st = sb;
+        goto done;
+    }
+    if (st != DG_OK) { /* phase A's failure, with its message */
+        dg_api_begin(dg_api_name());
+        st = dg_fail(st, "%s", msg_a);
+        goto done;
+    }
+    if (sb != DG_OK) {
+        st = sb;
+        if (work != DG_OK) { /* this rank's own failure: keep its message */
+            dg_api_begin(dg_api_name());
+            st = dg_fail(work, "%s", msg_c);
+        }
+        goto done;
+    }
+    dg_mega_moe_combine(&c, scratch, threads);
+    DG_PATH("symmetric buffer over shared memory, %d rank%s; expert waves on %s", R, R == 1 ? "" : "s",
+            a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt");
+done:
+    dg_free(tokens);
+    dg_free(recv);
+    dg_free(scratch);
+    return st;
+}
+
+dg_status dg_fp8_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l1_weights_sf,
+                              const dg_tensor *l2_weights, const dg_tensor *l2_weights_sf, dg_symm_buffer *buf,
+                              const dg_tensor *cumulative_local_expert_recv_stats, float activation_clamp) {
+    dg_api_begin("dg_fp8_fp4_mega_moe");
+    const fused_args a = {.fp8 = 1, .y = y, .l1 = l1_weights, .l1_sf = l1_weights_sf, .l2 = l2_weights,
+                          .l2_sf = l2_weights_sf, .stats = cumulative_local_expert_recv_stats,
+                          .clamp = activation_clamp};
+    return fused(&a, buf);
+}
+
+dg_status dg_bf16_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l2_weights,
+                           dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
+                           float activation_clamp) {
+    dg_api_begin("dg_bf16_mega_moe");
+    const fused_args a = {.fp8 = 0, .y = y, .l1 = l1_weights, .l2 = l2_weights,
+                          .stats = cumulative_local_expert_recv_stats, .clamp = activation_clamp};
+    return fused(&a, buf);
+}

@@ -1,0 +1,91 @@
+/*
+ * symm_buffer.h - the mega MoE symmetric buffer (include/deepgemm.h, section mega-moe): one
+ * POSIX shared-memory segment per rank, of the same layout on every rank, mapped by all ranks
+ * of the machine, plus the barrier the fused calls synchronise with.
+ *
+ * Segment layout (offsets from the configuration alone, so every rank computes the same):
+ *   header        one page: identity, configuration, the owner's pid, the arrival counter and
+ *                 the two posting slots (status, token count, message) of the barrier
+ *   x             [T, H] E4M3 codes (BF16 for bf16xbf16)
+ *   x_sf          [T, ceil(H/128)] INT32 packed UE8M0 (fp8xfp4 only)
+ *   topk_idx      [T, K] INT64
+ *   topk_weights  [T, K] FLOAT32
+ *   combine       [T, K, H] BF16: row (t, j) is written by the rank owning topk_idx[t, j]
+ * with T = num_max_tokens_per_rank. Every area starts on a 4 KiB boundary.
+ *
+ * Barrier protocol. Call n of a buffer posts value 2n-1 ("inputs ready", phase A) and 2n
+ * ("expert outputs written", phase B) into the rank's own `arrive`, after writing the posting
+ * slot value % 2 (its status and, in phase A, its token count). A rank waits until every
+ * peer's `arrive` reached the value, then reads their slots. Slot parity makes this safe: a
+ * rank cannot post value v + 2 before every peer posted v + 1, which they do only after
+ * reading the slots of v. A peer's x, topk and combine area are only touched between phase A
+ * and phase B of the same call, and the owner reads its combine area after phase B and writes
+ * its inputs (the user does) after the call returns, i.e. before it posts the next phase A.
+ */
+#ifndef DG_COMM_SYMM_BUFFER_H
+#define DG_COMM_SYMM_BUFFER_H
+
+#include "core/internal.h"
+
+#include <stdatomic.h>
+
+#define DG_SYMM_MSG_BYTES 240
+
+typedef struct dg_symm_post {
+    int32_t status;         /* DG_OK, or the rank's own failure */
+    int32_t pad;
+    int64_t num_tokens;     /* phase A: T_r of this call */
+    char msg[DG_SYMM_MSG_BYTES];
+} dg_symm_post;
+
+typedef struct dg_symm_header {
+    uint64_t magic;
+    uint32_t version, header_bytes;
+    int64_t segment_bytes;
+    int32_t rank, num_ranks, pid, mma;
+    int64_t num_experts, num_max_tokens, num_topk, hidden, inter, num_shared;
+    char name[72];
+    _Atomic uint64_t arrive; /* the last barrier value this rank posted */
+    dg_symm_post post[2];
+} dg_symm_header;
+
+/* Byte offsets of the areas and the segment size; false when sizes overflow. */
+typedef struct dg_symm_layout {
+    int64_t x, x_sf, topk_idx, topk_weights, combine, bytes;
+    int64_t x_elem;       /* 1 (E4M3) or 2 (BF16) */
+    int64_t sf_cols;      /* ceil(H / 128), 0 for bf16xbf16 */
+} dg_symm_layout;
+
+struct dg_symm_buffer {
+    dg_mega_moe_config cfg;  /* num_max_tokens_per_rank aligned */
+    dg_symm_layout lay;
+    char name[72];
+    char *local;             /* this rank's segment (== peer[rank]) */
+    char **peer;             /* [R] mapped segments, NULL before attach */
+    int attached, sealed, named;
+    int broken;              /* a barrier failed: the ranks' counters disagree forever */
+    uint64_t calls;          /* fused calls started on this rank */
+    double timeout;          /* seconds (DG_COMM_TIMEOUT) */
+};
+
+/* Checks a configuration (rank included when check_rank) and aligns its token count. */
+dg_status dg_symm_check_config(const dg_mega_moe_config *in, int check_rank, dg_mega_moe_config *out);
+bool dg_symm_compute_layout(const dg_mega_moe_config *cfg, dg_symm_layout *lay);
+
+static inline dg_symm_header *dg_symm_hdr(const dg_symm_buffer *b, int r) {
+    return (dg_symm_header *)b->peer[r];
+}
+
+/*
+ * Posts `value` with this rank's status (and token count, phase A) and waits for every peer to
+ * post it. DG_OK when every rank posted DG_OK; DG_ERR_VALUE naming the first rank that posted
+ * a failure (its message quoted; the buffer stays usable); DG_ERR_COMM when a peer exited or
+ * the timeout passed (the buffer is marked broken).
+ */
+dg_status dg_symm_barrier(dg_symm_buffer *b, uint64_t value, dg_status mine, const char *my_msg,
+                          int64_t num_tokens);
+
+/* A peer's area pointers. */
+static inline char *dg_symm_area(const dg_symm_buffer *b, int r, int64_t offset) { return b->peer[r] + offset; }
+
+#endif /* DG_COMM_SYMM_BUFFER_H */

@@ -1,0 +1,259 @@
+/*
+ * mega_moe.c - the expert side of a fused mega MoE call on one rank (mega_moe.h).
+ *
+ * Routing reads every rank's topk_idx from the symmetric buffer and lists, per local expert,
+ * the (source rank, token, slot) pairs in that order: the reference's dispatch order. Each
+ * expert then runs in waves of rows: gather the rows from the source ranks' buffers, L1 GEMM,
+ * SwiGLU with clamp and top-k weight, activation quantisation, L2 GEMM, and each output row
+ * copied into its source rank's combine area at (token, slot). A wave's intermediate rows
+ * (L1 output, activations, L2 output) are sized to stay in L2, so they never round-trip
+ * through memory as the unfused chain's full [tokens, 2I] tensors do.
+ *
+ * The GEMMs are the public dg_fp8_fp4_gemm_nt / dg_bf16_gemm_nt: a row of their D depends only
+ * on that row of A (batch invariance), so waves of any size, and the grouped GEMMs of an
+ * unfused chain, give the same bits. SwiGLU and quantisation are the reference's own steps
+ * (src/reference/ref_mega_moe.c: float32 scalar code, the same in every build).
+ */
+#include "mega_moe.h"
+
+#include "reference/ref_mega_moe.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef struct pair {
+    int32_t rank;
+    int32_t slot;
+    int64_t token;
+} pair;
+
+static int64_t topk_at(const dg_symm_buffer *b, int r, int64_t t, int64_t j) {
+    const int64_t *idx = (const int64_t *)dg_symm_area(b, r, b->lay.topk_idx);
+    return idx[t * b->cfg.num_topk + j];
+}
+
+/* Rows per wave: the wave's L1 output, activations and L2 output in about half of L2. */
+static int64_t wave_rows(const dg_symm_buffer *b) {
+    long l2 = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    if (l2 <= 0)
+        l2 = 1 << 20; /* unknown: assume 1 MiB, the size of most current server cores' L2 */
+    const int64_t per_row = 4 * b->cfg.intermediate_hidden + b->cfg.intermediate_hidden + 2 * b->cfg.hidden +
+                            b->cfg.hidden;
+    int64_t rows = (int64_t)(l2 / 2) / (per_row > 0 ? per_row : 1);
+    return rows < 16 ? 16 : rows > 512 ? 512 : rows;
+}
+
+/* Group g of a 3-D tensor as a 2-D view. */
+static dg_tensor group_view(const dg_tensor *t, int64_t g) {
+    dg_tensor v = *t;
+    v.ndim = 2;
+    v.data = (char *)t->data + g * t->strides[0] * (int64_t)dg_dtype_size(t->dtype);
+    v.shape[0] = t->shape[1], v.shape[1] = t->shape[2];
+    v.strides[0] = t->strides[1], v.strides[1] = t->strides[2];
+    return v;
+}
+
+typedef struct wave_mem {
+    void *a_in;      /* [W, H] gathered x rows */
+    int32_t *sf_in;  /* [W, ceil(H/128)] their packed scales (fp8) */
+    uint16_t *h;     /* [W, 2I] L1 output, BF16 */
+    void *act;       /* [W, I] activations: E4M3 codes (fp8) or BF16 */
+    float *act_sf;   /* [W, ceil(I/32)] (fp8) */
+    uint16_t *o;     /* [W, H] L2 output, BF16 */
+    float *tmp;      /* [W, 2I + I] float rows for SwiGLU */
+} wave_mem;
+
+static dg_status gemm_failed(const char *api, const char *step, int64_t expert) {
+    char inner[512];
+    snprintf(inner, sizeof inner, "%s", dg_last_error());
+    dg_api_begin(api);
+    return dg_fail(DG_ERR_INTERNAL, "local expert %lld, %s GEMM: %s", (long long)expert, step, inner);
+}
+
+static dg_status run_wave(const dg_mega_moe_call *c, int64_t e, const pair *pairs, int64_t n, wave_mem *m) {
+    const dg_symm_buffer *b = c->buf;
+    const int64_t H = b->cfg.hidden, I = b->cfg.intermediate_hidden, K = b->cfg.num_topk;
+    const int64_t xrow = H * b->lay.x_elem, sfc = b->lay.sf_cols, asfc = dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN);
+    const char *api = dg_api_name();
+
+    for (int64_t i = 0; i < n; ++i) { /* dispatch: pull the rows from their source ranks */
+        const pair *p = &pairs[i];
+        memcpy((char *)m->a_in + i * xrow, dg_symm_area(b, p->rank, b->lay.x) + p->token * xrow, (size_t)xrow);
+        if (c->fp8)
+            memcpy(m->sf_in + i * sfc, dg_symm_area(b, p->rank, b->lay.x_sf) + p->token * sfc * 4,
+                   (size_t)sfc * 4);
+    }
+
+    dg_tensor w1 = group_view(c->l1, e), w2 = group_view(c->l2, e);
+    dg_tensor hd = dg_tensor_2d(m->h, DG_BFLOAT16, n, 2 * I), od = dg_tensor_2d(m->o, DG_BFLOAT16, n, H);
+    dg_status st;
+    dg_gemm_options opts = dg_gemm_options_default();
+    opts.recipe[0] = 1, opts.recipe[1] = 1, opts.recipe[2] = DG_MEGA_MOE_ACT_GRAN;
+    if (c->fp8) {
+        dg_tensor a = dg_tensor_2d(m->a_in, DG_FLOAT8_E4M3, n, H), sa = dg_tensor_2d(m->sf_in, DG_INT32, n, sfc);
+        dg_tensor s1 = group_view(c->l1_sf, e);
+        st = dg_fp8_fp4_gemm_nt(&a, &sa, &w1, &s1, &hd, NULL, &opts);
+    } else {
+        dg_tensor a = dg_tensor_2d(m->a_in, DG_BFLOAT16, n, H);
+        st = dg_bf16_gemm_nt(&a, &w1, &hd, NULL);
+    }
+    if (st != DG_OK)
+        return gemm_failed(api, "L1", e);
+    dg_api_begin(api);
+
+    const int threads = dg_num_threads();
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * I >= 32768)
+    for (int64_t i = 0; i < n; ++i) { /* SwiGLU, clamp, top-k weight, activation cast */
+        const pair *p = &pairs[i];
+        float *hf = m->tmp + i * 3 * I, *af = hf + 2 * I;
+        for (int64_t k = 0; k < 2 * I; ++k)
+            hf[k] = dg_bf16_to_float(m->h[i * 2 * I + k]);
+        const float *wts = (const float *)dg_symm_area(b, p->rank, b->lay.topk_weights);
+        dg_ref_mega_moe_swiglu(hf, I, c->clamp, wts[p->token * K + p->slot], af);
+        if (c->fp8) {
+            dg_ref_mega_moe_quantize_fp8(af, I, (uint8_t *)m->act + i * I, m->act_sf + i * asfc, NULL);
+        } else {
+            uint16_t *row = (uint16_t *)m->act + i * I;
+            for (int64_t k = 0; k < I; ++k)
+                row[k] = dg_float_to_bf16(af[k]);
+        }
+    }
+
+    if (c->fp8) {
+        dg_tensor a = dg_tensor_2d(m->act, DG_FLOAT8_E4M3, n, I), sa = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
+        dg_tensor s2 = group_view(c->l2_sf, e);
+        st = dg_fp8_fp4_gemm_nt(&a, &sa, &w2, &s2, &od, NULL, &opts);
+    } else {
+        dg_tensor a = dg_tensor_2d(m->act, DG_BFLOAT16, n, I);
+        st = dg_bf16_gemm_nt(&a, &w2, &od, NULL);
+    }
+    if (st != DG_OK)
+        return gemm_failed(api, "L2", e);
+    dg_api_begin(api);
+
+    for (int64_t i = 0; i < n; ++i) { /* combine, first half: the row into its source's area */
+        const pair *p = &pairs[i];
+        uint16_t *dst = (uint16_t *)dg_symm_area(b, p->rank, b->lay.combine) + (p->token * K + p->slot) * H;
+        memcpy(dst, m->o + i * H, (size_t)H * 2);
+    }
+    return DG_OK;
+}
+
+dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
+    const dg_symm_buffer *b = c->buf;
+    const int R = b->cfg.num_ranks;
+    const int64_t E = b->cfg.num_experts, epr = E / R, lo = epr * b->cfg.rank, K = b->cfg.num_topk;
+    const int64_t H = b->cfg.hidden, I = b->cfg.intermediate_hidden;
+
+    /* Routing, with the range check every rank makes identically on the same data. */
+    int64_t *start = dg_calloc((size_t)epr + 1, sizeof *start);
+    if (!start)
+        return dg_fail(DG_ERR_ALLOC, "cannot allocate the routing table (%lld experts)", (long long)epr);
+    for (int r = 0; r < R; ++r)
+        for (int64_t t = 0; t < c->num_tokens[r]; ++t)
+            for (int64_t j = 0; j < K; ++j) {
+                const int64_t e = topk_at(b, r, t, j);
+                if (e < -1 || e >= E) {
+                    dg_free(start);
+                    return dg_fail(DG_ERR_VALUE,
+                                   "rank %d's topk_idx: entry [%lld, %lld] is %lld, outside [-1, num_experts = %lld)",
+                                   r, (long long)t, (long long)j, (long long)e, (long long)E);
+                }
+                if (e >= lo && e < lo + epr)
+                    ++start[e - lo + 1];
+            }
+    for (int64_t e = 0; e < epr; ++e) {
+        c->recv[e] = start[e + 1];
+        start[e + 1] += start[e];
+    }
+    const int64_t total = start[epr];
+    int64_t most = 0;
+    for (int64_t e = 0; e < epr; ++e)
+        most = c->recv[e] > most ? c->recv[e] : most;
+
+    pair *pairs = dg_calloc((size_t)total + 1, sizeof *pairs);
+    int64_t *fill = dg_calloc((size_t)epr + 1, sizeof *fill);
+    const int64_t W = most < wave_rows(b) ? most : wave_rows(b);
+    wave_mem m = {0};
+    if (W > 0) {
+        m.a_in = dg_malloc((size_t)(W * H * b->lay.x_elem));
+        m.sf_in = dg_malloc((size_t)(W * (b->lay.sf_cols + 1)) * 4);
+        m.h = dg_malloc((size_t)(W * 2 * I) * 2);
+        m.act = dg_malloc((size_t)(W * I) * 2);
+        m.act_sf = dg_malloc((size_t)(W * (dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN) + 1)) * 4);
+        m.o = dg_malloc((size_t)(W * H) * 2);
+        m.tmp = dg_malloc((size_t)(W * 3 * I) * 4);
+    }
+    dg_status st = DG_OK;
+    if (!pairs || !fill || (W > 0 && (!m.a_in || !m.sf_in || !m.h || !m.act || !m.act_sf || !m.o || !m.tmp))) {
+        st = dg_fail(DG_ERR_ALLOC, "cannot allocate the expert waves (%lld rows of hidden %lld)", (long long)W,
+                     (long long)H);
+        goto done;
+    }
+    for (int r = 0; r < R; ++r)
+        for (int64_t t = 0; t < c->num_tokens[r]; ++t)
+            for (int64_t j = 0; j < K; ++j) {
+                const int64_t e = topk_at(b, r, t, j) - lo;
+                if (e >= 0 && e < epr)
+                    pairs[start[e] + fill[e]++] = (pair){.rank = r, .slot = (int32_t)j, .token = t};
+            }
+    for (int64_t e = 0; e < epr && st == DG_OK; ++e)
+        for (int64_t i = start[e]; i < start[e + 1] && st == DG_OK; i += W)
+            st = run_wave(c, e, pairs + i, start[e + 1] - i < W ? start[e + 1] - i : W, &m);
+done:
+    dg_free(start);
+    dg_free(pairs);
+    dg_free(fill);
+    dg_free(m.a_in);
+    dg_free(m.sf_in);
+    dg_free(m.h);
+    dg_free(m.act);
+    dg_free(m.act_sf);
+    dg_free(m.o);
+    dg_free(m.tmp);
+    return st;
+}
+
+size_t dg_mega_moe_combine_scratch_bytes(const dg_symm_buffer *b, int threads) {
+    const size_t per = ((size_t)b->cfg.num_topk * sizeof(void *) + (size_t)b->cfg.hidden * 2 + 63) & ~(size_t)63;
+    return (size_t)threads * per;
+}
+
+void dg_mega_moe_combine(const dg_mega_moe_call *c, void *scratch, int threads) {
+    const dg_symm_buffer *b = c->buf;
+    const int me = b->cfg.rank;
+    const int64_t K = b->cfg.num_topk, H = b->cfg.hidden, T = c->num_tokens[me];
+    const uint16_t *area = (const uint16_t *)dg_symm_area(b, me, b->lay.combine);
+    const size_t per_thread = dg_mega_moe_combine_scratch_bytes(b, 1);
+#pragma omp parallel num_threads(threads) if (T * K * H >= 65536)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        char *mine = (char *)scratch + (size_t)tid * per_thread;
+        const uint16_t **slots = (const uint16_t **)(void *)mine;
+        uint16_t *row = (uint16_t *)(void *)(mine + (size_t)K * sizeof(void *));
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t j = 0; j < K; ++j)
+                slots[j] = topk_at(b, me, t, j) >= 0 ? area + (t * K + j) * H : NULL;
+            dg_mega_moe_combine_row(slots, K, H, row);
+            for (int64_t col = 0; col < H; ++col)
+                *(uint16_t *)dg_ptr2(c->y, t, col) = row[col];
+        }
+    }
+    if (c->stats) {
+        int32_t *s = (int32_t *)c->stats->data;
+        for (int64_t e = 0; e < b->cfg.num_experts / b->cfg.num_ranks; ++e)
+            s[e] = (int32_t)((uint32_t)s[e] + (uint32_t)c->recv[e]); /* wraps like the GPU's red.add */
+    }
+}

@@ -1,0 +1,32 @@
+/*
+ * mega_moe.h - one rank's part of a fused mega MoE call (include/deepgemm.h, section
+ * mega-moe), after the dispatch barrier: route every rank's tokens, run this rank's experts in
+ * waves and write the expert outputs into the source ranks' combine areas; after the combine
+ * barrier, sum this rank's own tokens. src/api/mega_moe_fused.c validates and synchronises.
+ */
+#ifndef DG_ENGINE_MEGA_MOE_H
+#define DG_ENGINE_MEGA_MOE_H
+
+#include "comm/symm_buffer.h"
+
+typedef struct dg_mega_moe_call {
+    dg_symm_buffer *buf;
+    int fp8;
+    const dg_tensor *y;
+    const dg_tensor *l1, *l1_sf, *l2, *l2_sf; /* this rank's experts, [E/R, ...] */
+    const dg_tensor *stats;                   /* NULL or INT32 [E/R] */
+    float clamp;                              /* BF16-rounded, INFINITY for none */
+    const int64_t *num_tokens;                /* [R], as posted at the dispatch barrier */
+    int64_t *recv;                            /* [E/R] out: pairs each local expert received */
+} dg_mega_moe_call;
+
+/* Routing, expert waves and the writes into the combine areas. Fails (DG_ERR_VALUE) on a
+ * topk_idx entry outside [-1, E) of any rank, identically on every rank. */
+dg_status dg_mega_moe_experts(const dg_mega_moe_call *c);
+
+/* After the combine barrier: y (and stats) of this rank, with `threads` threads and scratch of
+ * dg_mega_moe_combine_scratch_bytes (allocated before the barrier: this step cannot fail). */
+size_t dg_mega_moe_combine_scratch_bytes(const dg_symm_buffer *b, int threads);
+void dg_mega_moe_combine(const dg_mega_moe_call *c, void *scratch, int threads);
+
+#endif /* DG_ENGINE_MEGA_MOE_H */
