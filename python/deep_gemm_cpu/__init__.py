@@ -76,13 +76,16 @@ m_grouped_fp4_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
 
-# Mega MoE (symmetric-memory kernels): not implemented on CPU
+# Mega MoE: expert-parallel ranks as processes over a shared-memory symmetric buffer
 from .mega import (
     SymmBuffer,
     get_symm_buffer_for_mega_moe,
     transform_weights_for_mega_moe,
     fp8_fp4_mega_moe,
     bf16_mega_moe,
+    fp8_mega_moe,
+    fp4_fp4_mega_moe,
+    get_block_m_for_mega_moe,
     get_token_alignment_for_mega_moe,
     get_ring_limit_for_mega_moe,
     get_symm_buffer_size_for_mega_moe,

@@ -1,32 +1,299 @@
-"""DeepGEMM's Mega MoE API. Its kernels exchange tokens between GPUs through a symmetric memory
-buffer (NVSHMEM); deep_gemm_cpu has no such buffer, so these entry points raise
-NotImplementedError instead of computing something else. The library does provide the
-single-process references, bound as deep_gemm_cpu.fp8_fp4_mega_moe_reference and
-deep_gemm_cpu.bf16_mega_moe_reference (every per-rank argument a list of R entries)."""
+"""DeepGEMM's Mega MoE API on CPU processes.
 
-_WHY = ('DeepGEMM\'s Mega MoE needs a multi-GPU symmetric memory buffer, which deep_gemm_cpu '
-        'does not implement yet (the fused expert-parallel kernel over MPI is planned); fp8_fp4_mega_moe_reference / bf16_mega_moe_reference compute '
-        'the same for R ranks in one process')
+Each rank is a process; its SymmBuffer is a shared-memory segment that every rank of the machine
+maps (the C library's dg_symm_buffer, include/deepgemm.h section mega-moe). `group` is a
+torch.distributed process group (gloo, what CPU serving stacks use; `deep_gemm_cpu.utils.dist.
+init_dist` makes one), an mpi4py communicator, or None for a single process. The group is used
+only to create the buffer (agree on a name, check the configuration, barriers between the three
+creation steps); the fused calls synchronise through the segments themselves, so they need no
+collective of the group and work the same under torchrun, torch.multiprocessing.spawn or mpirun.
+
+fp8_fp4_mega_moe / bf16_mega_moe compute bitwise the unfused chain (dispatch, m-grouped GEMM,
+SwiGLU + FP8 cast, m-grouped GEMM, combine) for any number of ranks and threads; failures
+(invalid arguments on any rank, topk_idx out of range, a rank that exits or stops calling:
+DG_COMM_TIMEOUT seconds, default 60) raise on every rank instead of hanging.
+"""
+import ctypes
+import os
+import secrets
+import socket
+import types
+import warnings
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import _C
+from .utils import align
+
+_DTYPES = {'float8_e4m3fn': torch.float8_e4m3fn, 'bfloat16': torch.bfloat16, 'int32': torch.int32,
+           'int64': torch.int64, 'float32': torch.float32}
 
 
-def _missing(name):
-    def fn(*args, **kwargs):
-        raise NotImplementedError(f'deep_gemm_cpu.{name} is not implemented: {_WHY}')
-    fn.__name__ = name
-    fn.__qualname__ = name
-    fn.__doc__ = f'Not implemented on CPU: {_WHY}.'
-    return fn
+class _Bootstrap:
+    """rank / size / allgather / barrier over what the caller passed as `group`."""
+
+    def __init__(self, group):
+        self.group = group
+        if group is None:
+            import torch.distributed as dist
+            if dist.is_available() and dist.is_initialized():
+                self.kind, self.group = 'torch', dist.group.WORLD
+            else:
+                self.kind = 'single'
+        elif hasattr(group, 'Get_rank') and hasattr(group, 'allgather'):
+            self.kind = 'mpi4py'
+        elif hasattr(group, 'rank') and hasattr(group, 'size'):
+            self.kind = 'torch'
+        else:
+            raise TypeError(f'group must be a torch.distributed ProcessGroup, an mpi4py communicator or None, '
+                            f'got {type(group).__name__}')
+
+    def rank(self) -> int:
+        return {'single': lambda: 0, 'mpi4py': lambda: self.group.Get_rank(),
+                'torch': lambda: self.group.rank()}[self.kind]()
+
+    def size(self) -> int:
+        return {'single': lambda: 1, 'mpi4py': lambda: self.group.Get_size(),
+                'torch': lambda: self.group.size()}[self.kind]()
+
+    def allgather(self, obj) -> list:
+        if self.kind == 'single':
+            return [obj]
+        if self.kind == 'mpi4py':
+            return self.group.allgather(obj)
+        import torch.distributed as dist
+        out = [None] * self.size()
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        if self.kind == 'mpi4py':
+            self.group.Barrier()
+        elif self.kind == 'torch':
+            import torch.distributed as dist
+            dist.barrier(group=self.group)
+
+    def collective(self, fn):
+        """Runs fn() on every rank; if it raised on any rank, raises on every rank."""
+        try:
+            result, failure = fn(), None
+        except Exception as e:  # noqa: BLE001 - re-raised below, on every rank
+            result, failure = None, e
+        failures = self.allgather(None if failure is None else f'{type(failure).__name__}: {failure}')
+        if failure is not None:
+            raise failure
+        for r, f in enumerate(failures):
+            if f is not None:
+                raise RuntimeError(f'rank {r} failed to create the symmetric buffer: {f}')
+        return result
+
+
+def _machine_id() -> str:
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ''
+    return f'{socket.gethostname()}/{boot}'
+
+
+def _tensor_over(handle, field: str) -> torch.Tensor:
+    """A tensor over one area of this rank's segment; it keeps the handle (and the mapping)
+    alive for as long as it exists."""
+    address, rows, cols, dtype_name = _C.symm_buffer_view(handle, field)
+    dtype = _DTYPES[dtype_name]
+    nbytes = rows * cols * dtype.itemsize
+    if nbytes == 0:
+        return torch.empty((rows, cols), dtype=dtype)
+    area_type = type('_SymmArea', (ctypes.c_char * nbytes,), {})
+    area = area_type.from_address(address)
+    area._handle = handle
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return torch.frombuffer(area, dtype=torch.uint8).view(dtype).view(rows, cols)
 
 
 class SymmBuffer:
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(f'deep_gemm_cpu.SymmBuffer is not implemented: {_WHY}')
+    """One rank's symmetric buffer. Views: x, x_sf (fp8xfp4), topk_idx, topk_weights, each with
+    num_max_tokens_per_rank rows; the intermediate-activation views of DeepGEMM's GPU buffer
+    (l1_acts, shared_*, ...) are None: the CPU kernel keeps those in its own cache-sized waves."""
+
+    def __init__(self, group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
+                 intermediate_hidden: int, num_shared_experts: int = 0, mma_type: str = 'fp8xfp4',
+                 activation: str = 'swiglu', base: Optional['SymmBuffer'] = None):
+        if activation != 'swiglu':
+            raise NotImplementedError(f"activation {activation!r} is not implemented on CPU (only 'swiglu')")
+        boot = _Bootstrap(group)
+        self.group = boot.group
+        self.num_ranks, self.rank = boot.size(), boot.rank()
+        self.num_experts, self.num_topk = num_experts, num_topk
+        self.num_max_tokens_per_rank = align(num_max_tokens_per_rank, _C.get_token_alignment_for_mega_moe())
+        self.hidden, self.intermediate_hidden = hidden, intermediate_hidden
+        self.num_shared_experts, self.mma_type, self.activation = num_shared_experts, mma_type, activation
+        config = (num_experts, self.num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
+                  num_shared_experts, mma_type)
+
+        if base is not None:
+            if base._handle is None or base.group is not self.group or base._config != config:
+                raise ValueError('a CPU symmetric buffer can only be reused (base=) by the same group with the '
+                                 'same configuration; create a new one instead')
+            self._adopt(base._handle, config)
+            return
+
+        # Agree on one name and check that every rank runs on this machine with this configuration.
+        mine = (_machine_id(), config, f'{os.getpid()}-{secrets.token_hex(6)}')
+        everyone = boot.allgather(mine)
+        name = everyone[0][2]
+        for r, (machine, cfg, _) in enumerate(everyone):
+            if cfg != config:
+                raise ValueError(f'the ranks passed different configurations: rank {r} has {cfg}, '
+                                 f'rank {self.rank} has {config} (num_experts, num_max_tokens_per_rank, num_topk, '
+                                 f'hidden, intermediate_hidden, num_shared_experts, mma_type)')
+            if machine != mine[0]:
+                raise NotImplementedError(
+                    f'rank {r} runs on another machine ({machine.split("/")[0]}): the CPU mega MoE '
+                    f'exchanges tokens through shared memory between ranks of one machine; the network '
+                    f'path across machines is not implemented yet')
+
+        handle = boot.collective(lambda: _C.symm_buffer_create(
+            self.num_ranks, self.rank, num_experts, self.num_max_tokens_per_rank, num_topk, hidden,
+            intermediate_hidden, num_shared_experts, mma_type, name))
+        boot.barrier()
+        boot.collective(lambda: _C.symm_buffer_attach(handle))
+        boot.barrier()
+        _C.symm_buffer_seal(handle)
+        self._adopt(handle, config)
+
+    def _adopt(self, handle, config):
+        self._handle, self._config = handle, config
+        fp8 = self.mma_type == 'fp8xfp4'
+        self.x = _tensor_over(handle, 'x')
+        self.x_sf = _tensor_over(handle, 'x_sf') if fp8 else None
+        self.topk_idx = _tensor_over(handle, 'topk_idx')
+        self.topk_weights = _tensor_over(handle, 'topk_weights')
+        self.buffer = self.x  # DeepGEMM's raw buffer tensor; here the first area of the segment
+        self.handle = types.SimpleNamespace(buffer_ptrs=[self.x.data_ptr()])
+        (self.shared_l1_acts, self.shared_l1_acts_sf, self.shared_l2_acts, self.shared_l2_acts_sf,
+         self.l1_acts, self.l1_acts_sf, self.l2_acts, self.l2_acts_sf) = (None,) * 8
+
+    def destroy(self):
+        """Calls on this buffer raise afterwards. The memory is released once no view of it
+        (buffer.x, ...) remains."""
+        if self._handle is not None:
+            _C.symm_buffer_destroy(self._handle)
+        self._handle = None
+        self.handle = self.buffer = self.group = None
+        self.x = self.x_sf = self.topk_idx = self.topk_weights = None
 
 
-get_symm_buffer_for_mega_moe = _missing('get_symm_buffer_for_mega_moe')
-transform_weights_for_mega_moe = _missing('transform_weights_for_mega_moe')
-fp8_fp4_mega_moe = _missing('fp8_fp4_mega_moe')
-bf16_mega_moe = _missing('bf16_mega_moe')
-get_token_alignment_for_mega_moe = _missing('get_token_alignment_for_mega_moe')
-get_ring_limit_for_mega_moe = _missing('get_ring_limit_for_mega_moe')
-get_symm_buffer_size_for_mega_moe = _missing('get_symm_buffer_size_for_mega_moe')
+def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
+                                 hidden: int, intermediate_hidden: int, num_shared_experts: int = 0,
+                                 use_fp8_dispatch: Union[bool, None] = None, mma_type: str = 'fp8xfp4',
+                                 activation: str = 'swiglu') -> SymmBuffer:
+    if use_fp8_dispatch is not None:
+        if use_fp8_dispatch != (mma_type.split('x')[0] == 'fp8'):
+            raise ValueError(f'use_fp8_dispatch={use_fp8_dispatch} contradicts mma_type={mma_type!r}')
+        warnings.warn('`use_fp8_dispatch` will be deprecated in the future, please use `mma_type`',
+                      DeprecationWarning, stacklevel=2)
+    return SymmBuffer(group, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
+                      num_shared_experts, mma_type=mma_type, activation=activation)
+
+
+def get_token_alignment_for_mega_moe() -> int:
+    return _C.get_token_alignment_for_mega_moe()
+
+
+def get_block_m_for_mega_moe(num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_tokens: int,
+                             num_topk: int, mma_type: str = 'fp8xfp4') -> int:
+    """DeepGEMM's M block of the fused kernel. The CPU kernel blocks M inside its GEMMs; this is
+    the token alignment, which is what callers use it for (padding scale-factor layouts)."""
+    return _C.get_token_alignment_for_mega_moe()
+
+
+def get_symm_buffer_size_for_mega_moe(num_ranks: int, num_experts: int, num_max_tokens_per_rank: int,
+                                      num_topk: int, hidden: int, intermediate_hidden: int,
+                                      mma_type: str = 'fp8xfp4', activation: str = 'swiglu',
+                                      num_shared_experts: int = 0):
+    """(bytes of one rank's segment, None): DeepGEMM returns a slicing function as the second
+    element, which only its own SymmBuffer uses."""
+    if activation != 'swiglu':
+        raise NotImplementedError(f"activation {activation!r} is not implemented on CPU (only 'swiglu')")
+    tokens = align(num_max_tokens_per_rank, _C.get_token_alignment_for_mega_moe())
+    return _C.symm_buffer_size(num_ranks, num_experts, tokens, num_topk, hidden, intermediate_hidden,
+                               num_shared_experts, mma_type), None
+
+
+def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = 'swiglu'):
+    """DeepGEMM interleaves gate/up rows and transposes scales for its tensor-memory copies; the
+    CPU kernel reads gate and up halves and any scale layout directly, so the transform returns
+    copies in the same layout (the fused call also takes untransformed weights)."""
+    if activation != 'swiglu':
+        raise NotImplementedError(f"activation {activation!r} is not implemented on CPU (only 'swiglu')")
+
+    def copy(w):
+        if isinstance(w, tuple):
+            return tuple(t.clone() for t in w)
+        if isinstance(w, torch.Tensor):
+            return w.clone()
+        raise TypeError(f'weights must be a tensor or a (tensor, scales) tuple, got {type(w).__name__}')
+    return copy(l1_weights), copy(l2_weights)
+
+
+def _check_call(fn, sym_buffer, mma_type, activation, shared_l1_weights, shared_l2_weights):
+    if not isinstance(sym_buffer, SymmBuffer):
+        raise TypeError(f'{fn}: sym_buffer must be a SymmBuffer, got {type(sym_buffer).__name__}')
+    if sym_buffer._handle is None:
+        raise RuntimeError(f'{fn}: the symmetric buffer was destroyed')
+    if sym_buffer.mma_type != mma_type:
+        raise ValueError(f'{fn}: the buffer was created for mma_type {sym_buffer.mma_type!r}, this call needs '
+                         f'{mma_type!r}')
+    if activation != 'swiglu':
+        raise NotImplementedError(f"{fn}: activation {activation!r} is not implemented on CPU (only 'swiglu')")
+    if shared_l1_weights is not None or shared_l2_weights is not None:
+        raise NotImplementedError(f'{fn}: fused shared experts are not implemented on CPU yet; run the shared '
+                                  f'expert with fp8_gemm_nt / bf16_gemm_nt and add it to y')
+
+
+def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tensor],
+                     l2_weights: Tuple[torch.Tensor, torch.Tensor], sym_buffer: SymmBuffer,
+                     shared_l1_weights=None, shared_l2_weights=None,
+                     cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                     recipe: Tuple[int, int, int] = (1, 1, 32), activation: str = 'swiglu',
+                     activation_clamp: Optional[float] = None, fast_math: bool = True,
+                     situ_beta: Optional[float] = None, situ_linear_beta: Optional[float] = None) -> None:
+    """y[:T] of this rank's T tokens (placed in sym_buffer.x / x_sf / topk_idx / topk_weights).
+    fast_math is accepted: the CPU computes SiLU with exact expf either way."""
+    _check_call('fp8_fp4_mega_moe', sym_buffer, 'fp8xfp4', activation, shared_l1_weights, shared_l2_weights)
+    if tuple(recipe) != (1, 1, 32):
+        raise NotImplementedError(f'fp8_fp4_mega_moe: recipe {tuple(recipe)} is not implemented on CPU '
+                                  f'(only (1, 1, 32))')
+    for name, w in (('l1_weights', l1_weights), ('l2_weights', l2_weights)):
+        if not (isinstance(w, (tuple, list)) and len(w) == 2):
+            raise TypeError(f'fp8_fp4_mega_moe: {name} must be a (weights, scales) pair')
+    _C.fused_fp8_fp4_mega_moe(y, l1_weights[0], l1_weights[1], l2_weights[0], l2_weights[1], sym_buffer._handle,
+                              cumulative_local_expert_recv_stats, activation_clamp)
+
+
+def bf16_mega_moe(y: torch.Tensor, l1_weights: torch.Tensor, l2_weights: torch.Tensor, sym_buffer: SymmBuffer,
+                  shared_l1_weights=None, shared_l2_weights=None,
+                  cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                  activation: str = 'swiglu', activation_clamp: Optional[float] = None,
+                  fast_math: bool = True) -> None:
+    _check_call('bf16_mega_moe', sym_buffer, 'bf16xbf16', activation, shared_l1_weights, shared_l2_weights)
+    _C.fused_bf16_mega_moe(y, l1_weights, l2_weights, sym_buffer._handle, cumulative_local_expert_recv_stats,
+                           activation_clamp)
+
+
+def _missing(name, why):
+    def fn(*args, **kwargs):
+        raise NotImplementedError(f'deep_gemm_cpu.{name} is not implemented: {why}')
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+fp8_mega_moe = _missing('fp8_mega_moe', 'the SM90 FP8 x FP8 mega MoE (block-128 scales) has no CPU kernel yet; '
+                        'fp8_fp4_mega_moe and bf16_mega_moe are implemented')
+fp4_fp4_mega_moe = _missing('fp4_fp4_mega_moe', 'the NVFP4 mega MoE has no CPU kernel yet; fp8_fp4_mega_moe and '
+                            'bf16_mega_moe are implemented')
+get_ring_limit_for_mega_moe = _missing('get_ring_limit_for_mega_moe', 'the CPU kernel has no ring buffer')

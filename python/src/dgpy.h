@@ -98,6 +98,7 @@ extern PyMethodDef dgp_attn_methods[];
 extern PyMethodDef dgp_misc_methods[];
 extern PyMethodDef dgp_quant_methods[];
 extern PyMethodDef dgp_mega_methods[];
+extern PyMethodDef dgp_symm_methods[];
 extern PyMethodDef dgp_packed_methods[];
 
 #endif /* DGPY_H */

@@ -35,7 +35,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         {"m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked"},
     };
     if (add_table(m, dgp_gemm_methods) || add_table(m, dgp_grouped_methods) || add_table(m, dgp_attn_methods) ||
-        add_table(m, dgp_misc_methods) || add_table(m, dgp_quant_methods) || add_table(m, dgp_mega_methods) ||
+        add_table(m, dgp_misc_methods) || add_table(m, dgp_quant_methods) || add_table(m, dgp_mega_methods) || add_table(m, dgp_symm_methods) ||
         add_table(m, dgp_packed_methods) || dgp_packed_add_type(m))
         goto fail;
     for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); ++i)

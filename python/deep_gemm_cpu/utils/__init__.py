@@ -1,6 +1,6 @@
 """deep_gemm.utils on CPU: quantization helpers computed by the library (bit-identical to
 DeepGEMM's torch formulas), integer helpers and the layout functions."""
-from ._C import (
+from .._C import (
     per_token_cast_to_fp8,
     per_block_cast_to_fp8,
     per_channel_cast_to_fp8,
@@ -48,11 +48,6 @@ get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 
 
-def init_dist(*args, **kwargs):
-    raise NotImplementedError('deep_gemm_cpu.utils.init_dist is not implemented: no multi-process '
-                              'distributed setup on CPU (planned with the MPI Mega MoE)')
-
-
-def uneven_all_gather(*args, **kwargs):
-    raise NotImplementedError('deep_gemm_cpu.utils.uneven_all_gather is not implemented: no '
-                              'multi-process distributed setup on CPU (planned with the MPI Mega MoE)')
+# DeepGEMM's deep_gemm.utils.dist (init_dist, dist_print, uneven_all_gather) on CPU: gloo.
+from . import dist
+from .dist import init_dist, uneven_all_gather

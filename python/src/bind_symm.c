@@ -1,0 +1,253 @@
+/*
+ * bind_symm.c - the symmetric buffer and the fused mega MoE calls for deep_gemm_cpu.mega:
+ *   symm_buffer_create(num_ranks, rank, num_experts, num_max_tokens_per_rank, num_topk, hidden,
+ *                      intermediate_hidden, num_shared_experts, mma_type, name) -> handle
+ *   symm_buffer_attach(handle), symm_buffer_seal(handle), symm_buffer_destroy(handle)
+ *   symm_buffer_view(handle, field) -> (address, rows, cols, dtype name)
+ *   symm_buffer_size(...same configuration as create, without rank and name...) -> bytes
+ *   fp8_fp4_mega_moe(y, l1, l1_sf, l2, l2_sf, handle, stats, activation_clamp)
+ *   bf16_mega_moe(y, l1, l2, handle, stats, activation_clamp)
+ * The bootstrap (names, barriers between create, attach and seal) is Python's: mega.py runs it
+ * over a torch.distributed group or an mpi4py communicator.
+ *
+ * Lifetime: the handle is a capsule; destroy() only marks it destroyed (calls then raise), the
+ * mappings are freed when the capsule is collected, i.e. after the last tensor view over the
+ * segment (each view keeps the capsule alive), so a view never outlives its memory.
+ */
+#include "dgpy.h"
+
+#include <math.h>
+#include <string.h>
+
+#define CAPSULE_NAME "deep_gemm_cpu.symm_buffer"
+
+typedef struct handle {
+    dg_symm_buffer *buf;
+    int destroyed;
+} handle;
+
+static void capsule_free(PyObject *cap) {
+    handle *h = PyCapsule_GetPointer(cap, CAPSULE_NAME);
+    if (h) {
+        dg_symm_buffer_destroy(h->buf);
+        PyMem_Free(h);
+    }
+}
+
+static handle *get_handle(PyObject *obj, const char *fn, int live) {
+    if (!PyCapsule_IsValid(obj, CAPSULE_NAME)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a symmetric buffer handle, got %s", fn, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    handle *h = PyCapsule_GetPointer(obj, CAPSULE_NAME);
+    if (live && h->destroyed) {
+        PyErr_Format(PyExc_RuntimeError, "%s: the symmetric buffer was destroyed", fn);
+        return NULL;
+    }
+    return h;
+}
+
+static int parse_mma(PyObject *obj, const char *fn, dg_mega_moe_mma *out) {
+    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+    if (!s) {
+        PyErr_Format(PyExc_TypeError, "%s: argument 'mma_type' must be a str", fn);
+        return -1;
+    }
+    if (!strcmp(s, "fp8xfp4"))
+        *out = DG_MEGA_MOE_FP8XFP4;
+    else if (!strcmp(s, "bf16xbf16"))
+        *out = DG_MEGA_MOE_BF16XBF16;
+    else {
+        PyErr_Format(PyExc_NotImplementedError,
+                     "%s: mma_type '%s' is not implemented on CPU (fp8xfp4 and bf16xbf16 are)", fn, s);
+        return -1;
+    }
+    return 0;
+}
+
+/* The configuration arguments shared by create and size (rank and name optional). */
+static int parse_config(PyObject *args, PyObject *kw, const char *fn, int with_rank, dg_mega_moe_config *c,
+                        const char **name) {
+    static char *kw_create[] = {"num_ranks", "rank", "num_experts", "num_max_tokens_per_rank", "num_topk", "hidden",
+                                "intermediate_hidden", "num_shared_experts", "mma_type", "name", NULL};
+    static char *kw_size[] = {"num_ranks", "num_experts", "num_max_tokens_per_rank", "num_topk", "hidden",
+                              "intermediate_hidden", "num_shared_experts", "mma_type", NULL};
+    PyObject *o[8], *mma, *rank = NULL;
+    memset(c, 0, sizeof *c);
+    int ok = with_rank ? PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOs", kw_create, &o[0], &rank, &o[1], &o[2],
+                                                     &o[3], &o[4], &o[5], &o[6], &mma, name)
+                       : PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOO", kw_size, &o[0], &o[1], &o[2], &o[3],
+                                                     &o[4], &o[5], &o[6], &mma);
+    if (!ok)
+        return -1;
+    if (dgp_int(o[0], fn, "num_ranks", &c->num_ranks) || (rank && dgp_int(rank, fn, "rank", &c->rank)) ||
+        dgp_int64(o[1], fn, "num_experts", &c->num_experts) ||
+        dgp_int64(o[2], fn, "num_max_tokens_per_rank", &c->num_max_tokens_per_rank) ||
+        dgp_int64(o[3], fn, "num_topk", &c->num_topk) || dgp_int64(o[4], fn, "hidden", &c->hidden) ||
+        dgp_int64(o[5], fn, "intermediate_hidden", &c->intermediate_hidden) ||
+        dgp_int64(o[6], fn, "num_shared_experts", &c->num_shared_experts) || parse_mma(mma, fn, &c->mma))
+        return -1;
+    return 0;
+}
+
+static PyObject *py_symm_buffer_create(PyObject *s, PyObject *args, PyObject *kw) {
+    dg_mega_moe_config c;
+    const char *name = NULL;
+    if (parse_config(args, kw, "symm_buffer_create", 1, &c, &name))
+        return NULL;
+    dg_symm_buffer *b = NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_symm_buffer_create(&c, name, &b));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    handle *h = PyMem_Calloc(1, sizeof *h);
+    if (!h) {
+        dg_symm_buffer_destroy(b);
+        return PyErr_NoMemory();
+    }
+    h->buf = b;
+    PyObject *cap = PyCapsule_New(h, CAPSULE_NAME, capsule_free);
+    if (!cap) {
+        dg_symm_buffer_destroy(b);
+        PyMem_Free(h);
+    }
+    return cap;
+}
+
+static PyObject *py_symm_buffer_size(PyObject *s, PyObject *args, PyObject *kw) {
+    dg_mega_moe_config c;
+    if (parse_config(args, kw, "get_symm_buffer_size_for_mega_moe", 0, &c, NULL))
+        return NULL;
+    int64_t bytes = 0;
+    dg_status st = dg_get_symm_buffer_size_for_mega_moe(&c, &bytes);
+    if (st != DG_OK)
+        return dgp_raise(st);
+    return PyLong_FromLongLong((long long)bytes);
+}
+
+static PyObject *step(PyObject *args, const char *fn, dg_status (*f)(dg_symm_buffer *)) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap))
+        return NULL;
+    handle *h = get_handle(cap, fn, 1);
+    if (!h)
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, f(h->buf));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+static PyObject *py_symm_buffer_attach(PyObject *s, PyObject *args) {
+    return step(args, "symm_buffer_attach", dg_symm_buffer_attach);
+}
+static PyObject *py_symm_buffer_seal(PyObject *s, PyObject *args) {
+    return step(args, "symm_buffer_seal", dg_symm_buffer_seal);
+}
+
+static PyObject *py_symm_buffer_destroy(PyObject *s, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap))
+        return NULL;
+    handle *h = get_handle(cap, "symm_buffer_destroy", 0);
+    if (!h)
+        return NULL;
+    h->destroyed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_symm_buffer_view(PyObject *s, PyObject *args) {
+    PyObject *cap;
+    const char *field;
+    if (!PyArg_ParseTuple(args, "Os", &cap, &field))
+        return NULL;
+    handle *h = get_handle(cap, "symm_buffer_view", 1);
+    if (!h)
+        return NULL;
+    dg_tensor t;
+    dg_status st = dg_symm_buffer_view(h->buf, field, &t);
+    if (st != DG_OK)
+        return dgp_raise(st);
+    return Py_BuildValue("(KLLs)", (unsigned long long)(uintptr_t)t.data, (long long)t.shape[0],
+                         (long long)t.shape[1], dg_dtype_name(t.dtype));
+}
+
+static int parse_clamp(PyObject *obj, const char *fn, float *out) {
+    *out = INFINITY;
+    if (obj == Py_None)
+        return 0;
+    const double v = PyFloat_AsDouble(obj);
+    if (v == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: argument 'activation_clamp' must be a float or None, got %s", fn,
+                         Py_TYPE(obj)->tp_name);
+        }
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+static PyObject *fused(PyObject *args, PyObject *kw, int fp8) {
+    const char *fn = fp8 ? "fp8_fp4_mega_moe" : "bf16_mega_moe";
+    static char *kw8[] = {"y", "l1_weights", "l1_weights_sf", "l2_weights", "l2_weights_sf", "buffer",
+                          "cumulative_local_expert_recv_stats", "activation_clamp", NULL};
+    static char *kw16[] = {"y", "l1_weights", "l2_weights", "buffer", "cumulative_local_expert_recv_stats",
+                           "activation_clamp", NULL};
+    PyObject *y, *l1, *l1sf = NULL, *l2, *l2sf = NULL, *cap, *stats = Py_None, *clamp_obj = Py_None;
+    int ok = fp8 ? PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OO", kw8, &y, &l1, &l1sf, &l2, &l2sf, &cap, &stats,
+                                               &clamp_obj)
+                 : PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OO", kw16, &y, &l1, &l2, &cap, &stats, &clamp_obj);
+    if (!ok)
+        return NULL;
+    handle *h = get_handle(cap, fn, 1);
+    float clamp;
+    if (!h || parse_clamp(clamp_obj, fn, &clamp))
+        return NULL;
+    dgp_tensor ty = {0}, t1 = {0}, t1s = {0}, t2 = {0}, t2s = {0}, ts = {0};
+    if (dgp_tensor_from(y, fn, "y", DGP_WRITABLE, &ty) || dgp_tensor_from(l1, fn, "l1_weights", 0, &t1) ||
+        (fp8 && dgp_tensor_from(l1sf, fn, "l1_weights_sf", 0, &t1s)) ||
+        dgp_tensor_from(l2, fn, "l2_weights", 0, &t2) ||
+        (fp8 && dgp_tensor_from(l2sf, fn, "l2_weights_sf", 0, &t2s)) ||
+        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
+        return NULL;
+    dg_status st;
+    if (fp8)
+        DGP_NOGIL(st, dg_fp8_fp4_mega_moe(&ty.t, &t1.t, &t1s.t, &t2.t, &t2s.t, h->buf, dgp_ptr(&ts), clamp));
+    else
+        DGP_NOGIL(st, dg_bf16_mega_moe(&ty.t, &t1.t, &t2.t, h->buf, dgp_ptr(&ts), clamp));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+static PyObject *py_fp8_fp4_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 1); }
+static PyObject *py_bf16_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 0); }
+
+static PyObject *py_token_alignment(PyObject *s, PyObject *noargs) {
+    return PyLong_FromLongLong((long long)dg_get_token_alignment_for_mega_moe());
+}
+
+#define KW (PyCFunction)(void (*)(void))
+PyMethodDef dgp_symm_methods[] = {
+    {"symm_buffer_create", KW py_symm_buffer_create, METH_VARARGS | METH_KEYWORDS,
+     "symm_buffer_create(num_ranks, rank, num_experts, num_max_tokens_per_rank, num_topk, hidden, "
+     "intermediate_hidden, num_shared_experts, mma_type, name): this rank's segment (bootstrap step 1)"},
+    {"symm_buffer_size", KW py_symm_buffer_size, METH_VARARGS | METH_KEYWORDS,
+     "symm_buffer_size(num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden, "
+     "num_shared_experts, mma_type): bytes of one rank's segment"},
+    {"symm_buffer_attach", py_symm_buffer_attach, METH_VARARGS, "map the peers' segments (bootstrap step 2)"},
+    {"symm_buffer_seal", py_symm_buffer_seal, METH_VARARGS, "remove the segment names (bootstrap step 3)"},
+    {"symm_buffer_destroy", py_symm_buffer_destroy, METH_VARARGS, "mark the handle destroyed"},
+    {"symm_buffer_view", py_symm_buffer_view, METH_VARARGS,
+     "symm_buffer_view(handle, field) -> (address, rows, cols, dtype name)"},
+    {"fused_fp8_fp4_mega_moe", KW py_fp8_fp4_mega_moe, METH_VARARGS | METH_KEYWORDS,
+     "fused_fp8_fp4_mega_moe(y, l1_weights, l1_weights_sf, l2_weights, l2_weights_sf, buffer, "
+     "cumulative_local_expert_recv_stats=None, activation_clamp=None)"},
+    {"fused_bf16_mega_moe", KW py_bf16_mega_moe, METH_VARARGS | METH_KEYWORDS,
+     "fused_bf16_mega_moe(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
+     "activation_clamp=None)"},
+    {"get_token_alignment_for_mega_moe", py_token_alignment, METH_NOARGS,
+     "rows num_max_tokens_per_rank is rounded up to"},
+    {NULL, NULL, 0, NULL},
+};

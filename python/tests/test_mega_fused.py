@@ -1,0 +1,217 @@
+"""The fused Mega MoE across processes, written the way DeepGEMM's tests/test_mega_moe.py drives it:
+torch.multiprocessing.spawn, deep_gemm.utils.dist.init_dist (gloo here), get_symm_buffer_for_mega_moe,
+inputs copied into the buffer views, transform_weights_for_mega_moe, fp8_fp4_mega_moe / bf16_mega_moe.
+One global problem (uneven token counts, masked slots, an expert without tokens) is split over 1, 2
+and 4 ranks: y must be bitwise the same for every rank count and within calc_diff of the
+single-process reference; the recv stats must match. Failures raise on every rank: topk_idx out of
+range, too many tokens on one rank, a wrong mma_type, a rank that exits without calling."""
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import deep_gemm_cpu as dg
+from deep_gemm_cpu.utils import per_token_cast_to_fp4, per_token_cast_to_fp8
+from deep_gemm_cpu.utils.dist import init_dist
+
+E, K, H, I, N, TMAX = 8, 3, 256, 128, 40, 48
+SPLITS = {1: [N], 2: [23, 17], 4: [9, 0, 20, 11]}  # uneven; rank 1 of 4 has no token
+
+
+def _problem(mma):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(N, H, generator=g).bfloat16()
+    scores = torch.randn(N, E, generator=g)
+    scores[:, 5] = -1e9  # expert 5 never receives a token
+    topk_weights, topk_idx = torch.topk(scores, K, dim=-1, sorted=False)
+    mask = torch.rand(N, K, generator=g) < 0.25
+    topk_idx = topk_idx.masked_fill(mask, -1)
+    topk_idx[7] = -1  # a token without experts
+    topk_weights = topk_weights.sigmoid().masked_fill(topk_idx < 0, 0)
+    l1 = torch.randn(E, 2 * I, H, generator=g).bfloat16() / 16
+    l2 = torch.randn(E, H, I, generator=g).bfloat16() / 16
+    if mma == 'bf16xbf16':
+        return x, topk_idx, topk_weights, l1, l2
+
+    def cast_weights(w):
+        n, k = w.shape[1], w.shape[2]
+        q = torch.empty(E, n, k // 2, dtype=torch.int8)
+        sf = torch.empty(E, n, k // 32)
+        for i in range(E):
+            q[i], sf[i] = per_token_cast_to_fp4(w[i], use_ue8m0=True, gran_k=32)
+        return q, dg.transform_sf_into_required_layout(sf, n, k, (1, 32), E)
+    return (per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True), topk_idx, topk_weights,
+            cast_weights(l1), cast_weights(l2))
+
+
+def _experts(w, lo, hi):
+    return tuple(t[lo:hi] for t in w) if isinstance(w, tuple) else w[lo:hi]
+
+
+def _run_rank(local_rank, num_ranks, port, out_dir, mma, scenario):
+    os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'] = '127.0.0.1', str(port)
+    os.environ['DG_COMM_TIMEOUT'] = '30'
+    torch.set_num_threads(1)
+    rank, R, group = init_dist(local_rank, num_ranks)
+    dg.set_num_sms(1 + rank % 2)  # thread counts differ between ranks: results must not
+    x, topk_idx, topk_weights, l1, l2 = _problem(mma)
+    first, n = sum(SPLITS[R][:rank]), SPLITS[R][rank]
+    epr = E // R
+    buffer = dg.get_symm_buffer_for_mega_moe(group, E, TMAX, K, H, I, mma_type=mma)
+    l1_t, l2_t = dg.transform_weights_for_mega_moe(_experts(l1, rank * epr, (rank + 1) * epr),
+                                                   _experts(l2, rank * epr, (rank + 1) * epr))
+    fn = dg.fp8_fp4_mega_moe if mma == 'fp8xfp4' else dg.bf16_mega_moe
+
+    def put(idx=topk_idx):
+        if mma == 'fp8xfp4':
+            buffer.x[:n].copy_(x[0][first:first + n])
+            buffer.x_sf[:n].copy_(x[1][first:first + n])
+        else:
+            buffer.x[:n].copy_(x[first:first + n])
+        buffer.topk_idx[:n].copy_(idx[first:first + n])
+        buffer.topk_weights[:n].copy_(topk_weights[first:first + n])
+
+    result = {}
+    if scenario == 'dead' and rank == 1:
+        os._exit(0)  # never calls: the others must fail, not hang
+    put()
+    y = torch.full((n, H), float('nan'), dtype=torch.bfloat16)
+    stats = torch.full((epr,), 7, dtype=torch.int32)
+    try:
+        fn(y, l1_t, l2_t, buffer, cumulative_local_expert_recv_stats=stats, activation_clamp=10.0)
+        result['y'], result['stats'] = y.clone(), stats - 7
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        result['error'] = f'{type(e).__name__}: {e}'
+    if scenario == 'failures':
+        bad = topk_idx.clone()
+        bad[first + n - 1 if n else first, 0] = E if n else bad[first, 0]
+        put(bad if rank == R - 1 and n else topk_idx)
+        for case, call in [
+            ('topk', lambda: fn(y, l1_t, l2_t, buffer)),
+            ('tokens', lambda: fn(torch.empty(TMAX + 1 if rank == 0 else n, H, dtype=torch.bfloat16), l1_t, l2_t,
+                                  buffer)),
+        ]:
+            if case == 'tokens':
+                put()
+            y.fill_(float('nan'))
+            try:
+                call()
+                result[case] = 'no error'
+            except Exception as e:  # noqa: BLE001
+                result[case] = f'{type(e).__name__}: {e}'
+            result[case + '_untouched'] = bool(torch.isnan(y.float()).all())
+        # still usable: a valid call succeeds on every rank
+        put()
+        y2 = torch.empty(n, H, dtype=torch.bfloat16)
+        fn(y2, l1_t, l2_t, buffer, activation_clamp=10.0)
+        result['again_equal'] = 'y' in result and torch.equal(y2, result['y'])
+    buffer.destroy()
+    try:
+        fn(y, l1_t, l2_t, buffer)
+        result['after_destroy'] = 'no error'
+    except RuntimeError as e:
+        result['after_destroy'] = str(e)
+    torch.save(result, os.path.join(out_dir, f'rank{rank}.pt'))
+    if scenario != 'dead':
+        torch.distributed.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _spawn(R, mma, scenario='ok'):
+    with tempfile.TemporaryDirectory() as d:
+        ctx = mp.start_processes(_run_rank, args=(R, _free_port(), d, mma, scenario), nprocs=R, join=False,
+                                 start_method='spawn')
+        for p in ctx.processes:
+            p.join(180)
+        for p in ctx.processes:
+            assert not p.is_alive(), 'a rank hung'
+            p.kill()
+        return [torch.load(os.path.join(d, f'rank{r}.pt')) if os.path.exists(os.path.join(d, f'rank{r}.pt'))
+                else None for r in range(R)]
+
+
+def _reference(mma):
+    x, topk_idx, topk_weights, l1, l2 = _problem(mma)
+    y = torch.empty(N, H, dtype=torch.bfloat16)
+    stats = torch.zeros(E, dtype=torch.int32)
+    fn = dg.fp8_fp4_mega_moe_reference if mma == 'fp8xfp4' else dg.bf16_mega_moe_reference
+    fn(E, [x], [topk_idx], [topk_weights], [l1], [l2], [y], cumulative_local_expert_recv_stats=[stats],
+       activation_clamp=10.0)
+    return y, stats
+
+
+@pytest.mark.parametrize('mma', ['fp8xfp4', 'bf16xbf16'])
+def test_fused_matches_reference_and_rank_counts(mma):
+    y_ref, stats_ref = _reference(mma)
+    first = None
+    for R in (1, 2, 4):
+        res = _spawn(R, mma)
+        for r, out in enumerate(res):
+            assert out is not None and 'error' not in out, f'R={R} rank {r}: {out}'
+            assert out['after_destroy'].endswith('destroyed'), out['after_destroy']
+        y = torch.cat([out['y'] for out in res])
+        stats = torch.cat([out['stats'] for out in res])
+        assert torch.equal(stats, stats_ref), f'R={R}: recv stats {stats} != {stats_ref}'
+        assert bool((y[7] == 0).all()), 'a token without experts must give zeros'
+        if first is None:
+            first = y
+            diff = float(dg.calc_diff(y.float(), y_ref.float()))
+            assert diff < (1e-3 if mma == 'fp8xfp4' else 1e-5), diff
+        else:
+            assert torch.equal(y, first), f'R={R}: y differs from R=1'
+
+
+def test_failures_raise_on_every_rank():
+    res = _spawn(2, 'fp8xfp4', 'failures')
+    for r, out in enumerate(res):
+        assert out is not None and 'error' not in out, out
+        assert 'topk_idx' in out['topk'] and 'ValueError' in out['topk'], out['topk']
+        assert 'num_max_tokens_per_rank' in out['tokens'] or 'rank 0' in out['tokens'], out['tokens']
+        assert out['topk_untouched'] and out['tokens_untouched']
+        assert out['again_equal']
+
+
+def test_dead_rank_fails_the_others():
+    res = _spawn(2, 'fp8xfp4', 'dead')
+    assert res[1] is None
+    assert 'RuntimeError' in res[0]['error'] and 'rank 1' in res[0]['error'], res[0]['error']
+
+
+def test_single_process_without_group():
+    """group=None without torch.distributed: one rank."""
+    x, topk_idx, topk_weights, l1, l2 = _problem('bf16xbf16')
+    buf = dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, mma_type='bf16xbf16')
+    buf.x[:N].copy_(x)
+    buf.topk_idx[:N].copy_(topk_idx)
+    buf.topk_weights[:N].copy_(topk_weights)
+    y = torch.empty(N, H, dtype=torch.bfloat16)
+    dg.bf16_mega_moe(y, l1, l2, buf, activation_clamp=10.0)
+    y_ref, _ = _reference('bf16xbf16')
+    assert float(dg.calc_diff(y.float(), y_ref.float())) < 1e-5
+    with pytest.raises(ValueError, match='mma_type'):
+        dg.fp8_fp4_mega_moe(y, (l1, l1), (l2, l2), buf)
+    with pytest.raises(NotImplementedError, match='shared'):
+        dg.bf16_mega_moe(y, l1, l2, buf, shared_l1_weights=l1, shared_l2_weights=l2)
+    with pytest.raises(ValueError, match='num_max_tokens_per_rank'):
+        dg.bf16_mega_moe(torch.empty(N + 9, H, dtype=torch.bfloat16), l1, l2, buf)
+    with pytest.raises(ValueError):
+        dg.bf16_mega_moe(y, l1[:3], l2, buf)
+    view = buf.x
+    buf.destroy()
+    assert view.shape == (dg.utils.align(N, dg.get_token_alignment_for_mega_moe()), H)
+    view.zero_()  # the memory outlives destroy() while a view exists
+    with pytest.raises(RuntimeError, match='destroyed'):
+        dg.bf16_mega_moe(y, l1, l2, buf)
+    with pytest.raises(NotImplementedError, match='shared'):
+        dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, num_shared_experts=1)
+    with pytest.raises(ValueError):
+        dg.get_symm_buffer_for_mega_moe(None, E, N, E + 1, H, I)  # num_topk > num_experts
+    assert dg.get_symm_buffer_size_for_mega_moe(1, E, N, K, H, I)[0] > N * H
