@@ -880,8 +880,10 @@ DG_API dg_status dg_bf16_mega_moe_reference(
  * [-1, E) on any rank fail on every rank; a rank that exited or did not arrive within
  * DG_COMM_TIMEOUT seconds (default 60) fails the others with DG_ERR_COMM. y and the stats are
  * written only when every rank succeeded.
- * All ranks must run on one machine (shared memory); across machines the MPI network path is
- * not implemented yet (DG_ERR_UNSUPPORTED names it).
+ * dg_symm_buffer_create_mpi does the three steps over an MPI communicator (the library's MPI
+ * build). When its ranks span several machines, or DG_COMM_FORCE_NETWORK=1, every exchange of
+ * the calls goes through MPI instead (the network path: the same results, bitwise; a rank that
+ * dies is then MPI's to handle, which aborts the job, and DG_COMM_TIMEOUT does not apply).
  */
 typedef enum dg_mega_moe_mma {
     DG_MEGA_MOE_FP8XFP4 = 0,  /* DeepGEMM's mma_type 'fp8xfp4' */
@@ -908,6 +910,15 @@ DG_API dg_status dg_symm_buffer_attach(dg_symm_buffer *buf);
 DG_API dg_status dg_symm_buffer_seal(dg_symm_buffer *buf);
 /* Frees the rank's mappings (not collective; call after the last mega MoE call of every rank). */
 DG_API void dg_symm_buffer_destroy(dg_symm_buffer *buf);
+/*
+ * Collective over the MPI communicator *mpi_comm (a pointer to an MPI_Comm, so that this header
+ * needs no mpi.h); cfg's num_ranks and rank are taken from the communicator. MPI must be
+ * initialised. A failure on any rank fails every rank. DG_ERR_UNSUPPORTED when the library was
+ * built without MPI (dg_has_mpi() == 0).
+ */
+DG_API dg_status dg_symm_buffer_create_mpi(const void *mpi_comm, const dg_mega_moe_config *cfg,
+                                           dg_symm_buffer **out);
+DG_API int dg_has_mpi(void);
 /* The configuration with num_max_tokens_per_rank aligned as the buffer holds it. */
 DG_API dg_status dg_symm_buffer_config(const dg_symm_buffer *buf, dg_mega_moe_config *cfg);
 /*

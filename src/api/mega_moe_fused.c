@@ -88,6 +88,17 @@ static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
 }
 
 /* The thread's message without its "entry point: " prefix, which dg_fail adds again. */
+/* Phase A or B over shared memory or MPI; tokens (phase A) receives every rank's T. */
+static dg_status sync_ranks(dg_symm_buffer *b, uint64_t value, dg_status mine, const char *msg, int64_t num_tokens,
+                            int64_t *tokens) {
+    if (b->net)
+        return dg_symm_net_barrier(b, value, mine, msg, num_tokens, tokens);
+    dg_status st = dg_symm_barrier(b, value, mine, msg, num_tokens);
+    for (int r = 0; tokens && !b->broken && r < b->cfg.num_ranks; ++r)
+        tokens[r] = dg_symm_hdr(b, r)->post[value % 2].num_tokens;
+    return st;
+}
+
 static void keep_message(char *dst, size_t cap) {
     const char *m = dg_last_error(), *api = dg_api_name();
     const size_t n = strlen(api);
@@ -120,7 +131,8 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
     keep_message(msg_a, sizeof msg_a);
 
     /* Phase A: every rank's inputs are in its buffer, and every rank's arguments are valid. */
-    dg_status st = dg_symm_barrier(b, 2 * call - 1, mine, msg_a, a->y && mine == DG_OK ? a->y->shape[0] : 0);
+    dg_status st = sync_ranks(b, 2 * call - 1, mine, msg_a, a->y && mine == DG_OK ? a->y->shape[0] : 0,
+                              mine == DG_OK ? tokens : NULL);
     if (b->broken)
         goto done;
     keep_message(msg_a, sizeof msg_a);
@@ -130,16 +142,28 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
                           .l2_sf = a->l2_sf, .stats = a->stats, .clamp = a->clamp, .num_tokens = tokens,
                           .recv = recv};
     if (st == DG_OK) {
-        for (int r = 0; r < R; ++r)
-            tokens[r] = dg_symm_hdr(b, r)->post[(2 * call - 1) % 2].num_tokens;
         if (!isinf(c.clamp))
             c.clamp = dg_bf16_to_float(dg_float_to_bf16(c.clamp)); /* the reference's rule */
-        work = dg_mega_moe_experts(&c);
+        if (b->net)
+            work = dg_symm_net_dispatch(b, tokens);
+        if (work == DG_OK)
+            work = dg_mega_moe_experts(&c);
+        if (b->net) { /* every rank joins the combine exchange, whatever its expert work gave */
+            char keep[DG_SYMM_MSG_BYTES];
+            keep_message(keep, sizeof keep);
+            const dg_status cs = dg_symm_net_combine(b, tokens);
+            if (work == DG_OK)
+                work = cs;
+            else {
+                dg_api_begin(dg_api_name());
+                dg_fail(work, "%s", keep);
+            }
+        }
     }
     keep_message(msg_c, sizeof msg_c);
 
     /* Phase B: every expert output row is in its source rank's combine area. */
-    const dg_status sb = dg_symm_barrier(b, 2 * call, st != DG_OK ? st : work, st != DG_OK ? msg_a : msg_c, 0);
+    const dg_status sb = sync_ranks(b, 2 * call, st != DG_OK ? st : work, st != DG_OK ? msg_a : msg_c, 0, NULL);
     if (b->broken) {
         st = sb;
         goto done;
@@ -158,8 +182,8 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
         goto done;
     }
     dg_mega_moe_combine(&c, scratch, threads);
-    DG_PATH("symmetric buffer over shared memory, %d rank%s; expert waves on %s", R, R == 1 ? "" : "s",
-            a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt");
+    DG_PATH("%s, %d rank%s; expert waves on %s", b->net ? "network path (MPI)" : "symmetric buffer over shared memory",
+            R, R == 1 ? "" : "s", a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt");
 done:
     dg_free(tokens);
     dg_free(recv);

@@ -126,6 +126,7 @@ static double comm_timeout(void) {
 static void free_buffer(dg_symm_buffer *b) {
     if (!b)
         return;
+    dg_symm_net_free(b);
     if (b->peer) {
         for (int r = 0; r < b->cfg.num_ranks; ++r)
             if (b->peer[r] && r != b->cfg.rank)

@@ -66,6 +66,10 @@ struct dg_symm_buffer {
     int broken;              /* a barrier failed: the ranks' counters disagree forever */
     uint64_t calls;          /* fused calls started on this rank */
     double timeout;          /* seconds (DG_COMM_TIMEOUT) */
+    /* Network path (src/comm/mpi.c): peer[r] of every other rank is a private mirror that MPI
+     * fills with the parts of r's areas this rank reads (topk, routed x rows) and whose
+     * combine rows MPI returns to r; synchronisation is MPI's too. NULL: shared memory. */
+    void *net;
 };
 
 /* Checks a configuration (rank included when check_rank) and aligns its token count. */
@@ -84,6 +88,19 @@ static inline dg_symm_header *dg_symm_hdr(const dg_symm_buffer *b, int r) {
  */
 dg_status dg_symm_barrier(dg_symm_buffer *b, uint64_t value, dg_status mine, const char *my_msg,
                           int64_t num_tokens);
+
+/*
+ * The network path's steps of a call (src/comm/mpi.c; without MPI they are never reached):
+ * the barrier, filling the mirrors after a successful phase A (every rank's topk, then the x
+ * rows routed to this rank's experts), and returning the combine rows written into the mirrors
+ * to their source ranks (called on every rank after phase A succeeded, even when this rank's
+ * expert work failed, so that no rank waits in a collective alone).
+ */
+dg_status dg_symm_net_barrier(dg_symm_buffer *b, uint64_t value, dg_status mine, const char *my_msg,
+                              int64_t num_tokens, int64_t *tokens_out);
+dg_status dg_symm_net_dispatch(dg_symm_buffer *b, const int64_t *tokens);
+dg_status dg_symm_net_combine(dg_symm_buffer *b, const int64_t *tokens);
+void dg_symm_net_free(dg_symm_buffer *b);
 
 /* A peer's area pointers. */
 static inline char *dg_symm_area(const dg_symm_buffer *b, int r, int64_t offset) { return b->peer[r] + offset; }
