@@ -919,6 +919,9 @@ DG_API void dg_symm_buffer_destroy(dg_symm_buffer *buf);
 DG_API dg_status dg_symm_buffer_create_mpi(const void *mpi_comm, const dg_mega_moe_config *cfg,
                                            dg_symm_buffer **out);
 DG_API int dg_has_mpi(void);
+/* MPI_Get_library_version of the MPI the library was built with ("" without MPI): a communicator
+ * may only be passed in from code using the same MPI library. */
+DG_API const char *dg_mpi_library_version(void);
 /* The configuration with num_max_tokens_per_rank aligned as the buffer holds it. */
 DG_API dg_status dg_symm_buffer_config(const dg_symm_buffer *buf, dg_mega_moe_config *cfg);
 /*

@@ -89,6 +89,16 @@ class _Bootstrap:
         return result
 
 
+def _same_mpi(comm) -> bool:
+    """A communicator may pass from mpi4py to the library only when both use the same MPI
+    library (the handle's type and meaning differ between MPIs)."""
+    try:
+        from mpi4py import MPI
+        return MPI.Get_library_version().strip('\x00 \n') == _C.mpi_library_version().strip('\x00 \n')
+    except Exception:  # noqa: BLE001 - no usable mpi4py: the Python bootstrap serves
+        return False
+
+
 def _machine_id() -> str:
     try:
         with open('/proc/sys/kernel/random/boot_id') as f:
@@ -141,6 +151,15 @@ class SymmBuffer:
             self._adopt(base._handle, config)
             return
 
+        if boot.kind == 'mpi4py' and _C.has_mpi() and _same_mpi(group):
+            # The library's own MPI bootstrap: shared memory on one machine, the network path
+            # across machines (or with DG_COMM_FORCE_NETWORK=1).
+            from mpi4py import MPI
+            self._adopt(_C.symm_buffer_create_mpi(MPI._addressof(group), num_experts, self.num_max_tokens_per_rank,
+                                                  num_topk, hidden, intermediate_hidden, num_shared_experts,
+                                                  mma_type), config)
+            return
+
         # Agree on one name and check that every rank runs on this machine with this configuration.
         mine = (_machine_id(), config, f'{os.getpid()}-{secrets.token_hex(6)}')
         everyone = boot.allgather(mine)
@@ -152,9 +171,9 @@ class SymmBuffer:
                                  f'hidden, intermediate_hidden, num_shared_experts, mma_type)')
             if machine != mine[0]:
                 raise NotImplementedError(
-                    f'rank {r} runs on another machine ({machine.split("/")[0]}): the CPU mega MoE '
-                    f'exchanges tokens through shared memory between ranks of one machine; the network '
-                    f'path across machines is not implemented yet')
+                    f'rank {r} runs on another machine ({machine.split("/")[0]}): over a torch.distributed '
+                    f'group the CPU mega MoE exchanges tokens through shared memory between ranks of one '
+                    f'machine; across machines pass an mpi4py communicator (the MPI network path)')
 
         handle = boot.collective(lambda: _C.symm_buffer_create(
             self.num_ranks, self.rank, num_experts, self.num_max_tokens_per_rank, num_topk, hidden,

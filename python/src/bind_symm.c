@@ -114,6 +114,53 @@ static PyObject *py_symm_buffer_create(PyObject *s, PyObject *args, PyObject *kw
     return cap;
 }
 
+/* symm_buffer_create_mpi(comm_address, num_experts, ...): comm_address is mpi4py's
+ * MPI._addressof(comm), the address of the communicator's MPI_Comm handle. */
+static PyObject *py_symm_buffer_create_mpi(PyObject *s, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"comm_address", "num_experts", "num_max_tokens_per_rank", "num_topk", "hidden",
+                          "intermediate_hidden", "num_shared_experts", "mma_type", NULL};
+    const char *fn = "symm_buffer_create_mpi";
+    PyObject *addr, *o[6], *mma;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOO", kwl, &addr, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                                     &mma))
+        return NULL;
+    dg_mega_moe_config c;
+    memset(&c, 0, sizeof c);
+    const unsigned long long a = PyLong_AsUnsignedLongLong(addr);
+    if (PyErr_Occurred() || dgp_int64(o[0], fn, "num_experts", &c.num_experts) ||
+        dgp_int64(o[1], fn, "num_max_tokens_per_rank", &c.num_max_tokens_per_rank) ||
+        dgp_int64(o[2], fn, "num_topk", &c.num_topk) || dgp_int64(o[3], fn, "hidden", &c.hidden) ||
+        dgp_int64(o[4], fn, "intermediate_hidden", &c.intermediate_hidden) ||
+        dgp_int64(o[5], fn, "num_shared_experts", &c.num_shared_experts) || parse_mma(mma, fn, &c.mma))
+        return NULL;
+    if (a == 0) {
+        PyErr_Format(PyExc_ValueError, "%s: comm_address is 0", fn);
+        return NULL;
+    }
+    dg_symm_buffer *b = NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_symm_buffer_create_mpi((const void *)(uintptr_t)a, &c, &b));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    handle *h = PyMem_Calloc(1, sizeof *h);
+    if (!h) {
+        dg_symm_buffer_destroy(b);
+        return PyErr_NoMemory();
+    }
+    h->buf = b;
+    PyObject *cap = PyCapsule_New(h, CAPSULE_NAME, capsule_free);
+    if (!cap) {
+        dg_symm_buffer_destroy(b);
+        PyMem_Free(h);
+    }
+    return cap;
+}
+
+static PyObject *py_has_mpi(PyObject *s, PyObject *noargs) { return PyBool_FromLong(dg_has_mpi()); }
+static PyObject *py_mpi_library_version(PyObject *s, PyObject *noargs) {
+    return PyUnicode_FromString(dg_mpi_library_version());
+}
+
 static PyObject *py_symm_buffer_size(PyObject *s, PyObject *args, PyObject *kw) {
     dg_mega_moe_config c;
     if (parse_config(args, kw, "get_symm_buffer_size_for_mega_moe", 0, &c, NULL))
@@ -233,6 +280,13 @@ PyMethodDef dgp_symm_methods[] = {
     {"symm_buffer_create", KW py_symm_buffer_create, METH_VARARGS | METH_KEYWORDS,
      "symm_buffer_create(num_ranks, rank, num_experts, num_max_tokens_per_rank, num_topk, hidden, "
      "intermediate_hidden, num_shared_experts, mma_type, name): this rank's segment (bootstrap step 1)"},
+    {"symm_buffer_create_mpi", KW py_symm_buffer_create_mpi, METH_VARARGS | METH_KEYWORDS,
+     "symm_buffer_create_mpi(comm_address, num_experts, num_max_tokens_per_rank, num_topk, hidden, "
+     "intermediate_hidden, num_shared_experts, mma_type): collective over an mpi4py communicator "
+     "(MPI._addressof(comm)); shared memory on one machine, MPI across machines"},
+    {"has_mpi", py_has_mpi, METH_NOARGS, "whether the library was built with MPI"},
+    {"mpi_library_version", py_mpi_library_version, METH_NOARGS,
+     "MPI_Get_library_version of the library's MPI (empty without MPI)"},
     {"symm_buffer_size", KW py_symm_buffer_size, METH_VARARGS | METH_KEYWORDS,
      "symm_buffer_size(num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden, "
      "num_shared_experts, mma_type): bytes of one rank's segment"},

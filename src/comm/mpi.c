@@ -39,6 +39,14 @@ typedef struct net_state {
 
 int dg_has_mpi(void) { return 1; }
 
+const char *dg_mpi_library_version(void) {
+    static char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (!version[0])
+        MPI_Get_library_version(version, &len); /* callable before MPI_Init */
+    return version;
+}
+
 static MPI_Comm comm_of(const dg_symm_buffer *b) { return ((const net_state *)b->net)->comm; }
 
 /* Every rank's status; on failure, the first failing rank's message, on every rank. */
@@ -392,6 +400,8 @@ dg_status dg_symm_net_combine(dg_symm_buffer *b, const int64_t *tokens) {
 #else /* no MPI in this build */
 
 int dg_has_mpi(void) { return 0; }
+
+const char *dg_mpi_library_version(void) { return ""; }
 
 dg_status dg_symm_buffer_create_mpi(const void *mpi_comm, const dg_mega_moe_config *cfg, dg_symm_buffer **out) {
     dg_api_begin("dg_symm_buffer_create_mpi");
