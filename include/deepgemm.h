@@ -859,7 +859,7 @@ DG_API dg_status dg_bf16_mega_moe_reference(
  * exactly the chain of dg_fp8_fp4_mega_moe_reference above (steps 1-6), with these kernels:
  *   1. dispatch: each rank reads the (token, slot) pairs routed to its experts straight from
  *      the peers' buffers, in (source rank, token, slot) order;
- *   2./5. per local expert (one wave), its rows gathered and multiplied by dg_fp8_fp4_gemm_nt
+ *   2./5. per local expert (in waves of rows), its rows gathered and multiplied by dg_fp8_fp4_gemm_nt
  *      (recipe (1, 1, 32)) or dg_bf16_gemm_nt, so both GEMMs give bitwise the rows of the
  *      m-grouped contiguous GEMMs on the gathered layout (batch invariance);
  *   3./4. SwiGLU, clamp, top-k weight and the activation quantisation as the reference states;

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include "test_util.h"
 
+#include "engine/mega_moe.h"
 #include "reference/ref_mega_moe.h"
 
 #include <math.h>
@@ -141,6 +142,8 @@ static void put_inputs(dg_symm_buffer *b, int first, int n, int fp8, int bad_top
 static void rank_main(int R, int r, mode m, int threads, const char *name) {
     const int fp8 = m != M_BF16;
     dg_set_num_sms(threads);
+    if (threads == 2)
+        dg_mega_moe_set_wave_rows(2 + r); /* experts split into several waves: the same bits */
     dg_mega_moe_config cfg = config(R, r, fp8);
     if (m == M_CFG_MISMATCH && r == R - 1)
         cfg.intermediate_hidden = 2 * I;

@@ -5,9 +5,8 @@
  * the (source rank, token, slot) pairs in that order: the reference's dispatch order. Each
  * expert then runs in waves of rows: gather the rows from the source ranks' buffers, L1 GEMM,
  * SwiGLU with clamp and top-k weight, activation quantisation, L2 GEMM, and each output row
- * copied into its source rank's combine area at (token, slot). A wave's intermediate rows
- * (L1 output, activations, L2 output) are sized to stay in L2, so they never round-trip
- * through memory as the unfused chain's full [tokens, 2I] tensors do.
+ * copied into its source rank's combine area at (token, slot): no dispatched [tokens, H] or
+ * combine [tokens, K, H] tensor is built as in the unfused chain (wave sizes: wave_rows).
  *
  * The GEMMs are the public dg_fp8_fp4_gemm_nt / dg_bf16_gemm_nt: a row of their D depends only
  * on that row of A (batch invariance), so waves of any size, and the grouped GEMMs of an
@@ -37,18 +36,25 @@ static int64_t topk_at(const dg_symm_buffer *b, int r, int64_t t, int64_t j) {
     return idx[t * b->cfg.num_topk + j];
 }
 
-/* Rows per wave: the wave's L1 output, activations and L2 output in about half of L2. */
+/*
+ * Rows per wave. Each wave calls the GEMMs once per layer, and a GEMM call re-reads (and, above
+ * the small-M sizes, re-packs) the expert's weights, so waves are as large as memory allows:
+ * all of an expert's rows up to 64 MiB of wave buffers (L1 output, activations, L2 output and
+ * gathered inputs per row). At decoding sizes a wave is one expert's few rows and its
+ * intermediates stay in L1/L2; at prefill sizes they stream through L3 as in the unfused chain,
+ * minus its full-size dispatch and combine tensors.
+ */
+static int64_t g_wave_rows_override;
+
+void dg_mega_moe_set_wave_rows(int64_t rows) { g_wave_rows_override = rows > 0 ? rows : 0; }
+
 static int64_t wave_rows(const dg_symm_buffer *b) {
-    long l2 = -1;
-#ifdef _SC_LEVEL2_CACHE_SIZE
-    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-    if (l2 <= 0)
-        l2 = 1 << 20; /* unknown: assume 1 MiB, the size of most current server cores' L2 */
-    const int64_t per_row = 4 * b->cfg.intermediate_hidden + b->cfg.intermediate_hidden + 2 * b->cfg.hidden +
-                            b->cfg.hidden;
-    int64_t rows = (int64_t)(l2 / 2) / (per_row > 0 ? per_row : 1);
-    return rows < 16 ? 16 : rows > 512 ? 512 : rows;
+    if (g_wave_rows_override > 0)
+        return g_wave_rows_override;
+    const int64_t per_row = 3 * 4 * b->cfg.intermediate_hidden + 2 * b->cfg.intermediate_hidden +
+                            2 * b->cfg.hidden + b->cfg.hidden * b->lay.x_elem + 64;
+    const int64_t rows = ((int64_t)64 << 20) / per_row;
+    return rows < 64 ? 64 : rows > 8192 ? 8192 : rows;
 }
 
 /* Group g of a 3-D tensor as a 2-D view. */
@@ -181,7 +187,7 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
 
     pair *pairs = dg_calloc((size_t)total + 1, sizeof *pairs);
     int64_t *fill = dg_calloc((size_t)epr + 1, sizeof *fill);
-    const int64_t W = most < wave_rows(b) ? most : wave_rows(b);
+    const int64_t W = most < wave_rows(b) ? most : wave_rows(b); /* 0 when no pair is local */
     wave_mem m = {0};
     if (W > 0) {
         m.a_in = dg_malloc((size_t)(W * H * b->lay.x_elem));

@@ -24,6 +24,9 @@ typedef struct dg_mega_moe_call {
  * topk_idx entry outside [-1, E) of any rank, identically on every rank. */
 dg_status dg_mega_moe_experts(const dg_mega_moe_call *c);
 
+/* Tests: waves of at most `rows` rows (0: the size chosen from the configuration). */
+void dg_mega_moe_set_wave_rows(int64_t rows);
+
 /* After the combine barrier: y (and stats) of this rank, with `threads` threads and scratch of
  * dg_mega_moe_combine_scratch_bytes (allocated before the barrier: this step cannot fail). */
 size_t dg_mega_moe_combine_scratch_bytes(const dg_symm_buffer *b, int threads);
