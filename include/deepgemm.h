@@ -895,7 +895,7 @@ typedef struct dg_mega_moe_config {
     int64_t num_experts;             /* E, a multiple of num_ranks */
     int64_t num_max_tokens_per_rank; /* rounded up to dg_get_token_alignment_for_mega_moe() */
     int64_t num_topk, hidden, intermediate_hidden;
-    int64_t num_shared_experts;      /* must be 0: fused shared experts are not implemented yet */
+    int64_t num_shared_experts;      /* S in [0, 64]: shared experts fused into the call */
     dg_mega_moe_mma mma;
 } dg_mega_moe_config;
 
@@ -939,14 +939,25 @@ DG_API dg_status dg_symm_buffer_view(const dg_symm_buffer *buf, const char *fiel
  * [E/R, 2I, H] and L2 [E/R, H, I], packed FP4 with per-1x32 UE8M0 scales (FLOAT32 or INT32
  * packed, any strides) or BFLOAT16. stats: NULL or INT32 [E/R] contiguous, increased as the
  * reference does. activation_clamp: INFINITY (none) or >= 0.
+ * Shared experts (DeepGEMM's shared_l1_weights / shared_l2_weights), required when the buffer
+ * has num_shared_experts = S > 0 and NULL otherwise: L1 [2 S I, H] (gate rows, then up rows)
+ * and L2 [H, S I], FLOAT8_E4M3 with per-1x32 UE8M0 scales (FLOAT32 or INT32 packed, any
+ * strides) in the fp8xfp4 variant, BFLOAT16 in the bf16 one. They run on this rank's own
+ * tokens as a routed expert does (steps 1-5) with top-k weight 1 and intermediate width S I,
+ * and their BF16 row is summed first in the combine: y[t] = BF16(((+0 + shared[t]) + o_0) +
+ * ...), as DeepEP's combine adds its bias.
  */
 DG_API dg_status dg_fp8_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights,
                                      const dg_tensor *l1_weights_sf, const dg_tensor *l2_weights,
-                                     const dg_tensor *l2_weights_sf, dg_symm_buffer *buf,
+                                     const dg_tensor *l2_weights_sf, const dg_tensor *shared_l1_weights,
+                                     const dg_tensor *shared_l1_weights_sf,
+                                     const dg_tensor *shared_l2_weights,
+                                     const dg_tensor *shared_l2_weights_sf, dg_symm_buffer *buf,
                                      const dg_tensor *cumulative_local_expert_recv_stats,
                                      float activation_clamp);
 DG_API dg_status dg_bf16_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights,
-                                  const dg_tensor *l2_weights, dg_symm_buffer *buf,
+                                  const dg_tensor *l2_weights, const dg_tensor *shared_l1_weights,
+                                  const dg_tensor *shared_l2_weights, dg_symm_buffer *buf,
                                   const dg_tensor *cumulative_local_expert_recv_stats,
                                   float activation_clamp);
 

@@ -25,7 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { E = 8, K = 3, H = 160, I = 48, N = 29, TMAX = 32, MAXR = 4 };
+enum { E = 8, K = 3, H = 160, I = 48, N = 29, TMAX = 32, MAXR = 4, S = 2 /* shared experts */ };
 #define SFC ((H + 127) / 128)
 
 /* The global problem, generated before fork() so every rank sees the same. */
@@ -35,6 +35,8 @@ static uint16_t g_xb[N][H];               /* BF16 tokens (bf16 variant) */
 static int64_t g_idx[N][K];
 static float g_w[N][K];
 static dg_tensor g_l1, g_l1sf, g_l2, g_l2sf, g_l1b, g_l2b; /* [E, ...] */
+static dg_tensor g_sh1, g_sh1sf, g_sh2, g_sh2sf;           /* shared experts, FP8 [2SI, H], [H, SI] */
+#define SH(sh) (sh)[0], (sh)[1], (sh)[2], (sh)[3]
 
 /* Results shared with the parent. */
 typedef struct shared_out {
@@ -96,6 +98,20 @@ static void make_problem(tu_rng *rng) {
     for (int i = 0; i < 2; ++i)
         for (int64_t k = 0; k < dg_tensor_numel(sfs[i]); ++k)
             ((float *)sfs[i]->data)[k] = ldexpf(1.0f, (int)tu_randint(rng, -8, -4));
+    g_sh1 = tu_alloc2(DG_FLOAT8_E4M3, 2 * S * I, H);
+    g_sh2 = tu_alloc2(DG_FLOAT8_E4M3, H, S * I);
+    g_sh1sf = tu_alloc2(DG_FLOAT32, 2 * S * I, (H + 31) / 32);
+    g_sh2sf = tu_alloc2(DG_FLOAT32, H, (S * I + 31) / 32);
+    const dg_tensor *codes[] = {&g_sh1, &g_sh2};
+    for (int i = 0; i < 2; ++i)
+        for (int64_t k = 0; k < dg_tensor_numel(codes[i]); ++k) {
+            const uint8_t v = (uint8_t)tu_randint(rng, 0, 255);
+            ((uint8_t *)codes[i]->data)[k] = (v & 0x7f) == 0x7f ? (uint8_t)(v ^ 1) : v;
+        }
+    const dg_tensor *ssf[] = {&g_sh1sf, &g_sh2sf};
+    for (int i = 0; i < 2; ++i)
+        for (int64_t k = 0; k < dg_tensor_numel(ssf[i]); ++k)
+            ((float *)ssf[i]->data)[k] = ldexpf(1.0f, (int)tu_randint(rng, -12, -9));
     const dg_tensor *bf[] = {&g_l1b, &g_l2b};
     for (int i = 0; i < 2; ++i)
         for (int64_t k = 0; k < dg_tensor_numel(bf[i]); ++k)
@@ -118,7 +134,7 @@ static dg_mega_moe_config config(int R, int r, int fp8) {
 
 /* What a rank does in one scenario. */
 typedef enum mode {
-    M_OK, M_BAD_Y_ON_1, M_BAD_TOPK_ON_0, M_EXIT_ON_1, M_CFG_MISMATCH, M_BF16, M_WRONG_VARIANT_ON_1
+    M_OK, M_BAD_Y_ON_1, M_BAD_TOPK_ON_0, M_EXIT_ON_1, M_CFG_MISMATCH, M_BF16, M_WRONG_VARIANT_ON_1, M_SHARED
 } mode;
 
 static void put_inputs(dg_symm_buffer *b, int first, int n, int fp8, int bad_topk) {
@@ -145,6 +161,11 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
     if (threads == 2)
         dg_mega_moe_set_wave_rows(2 + r); /* experts split into several waves: the same bits */
     dg_mega_moe_config cfg = config(R, r, fp8);
+    const dg_tensor *sh[4] = {NULL, NULL, NULL, NULL};
+    if (m == M_SHARED) {
+        cfg.num_shared_experts = S;
+        sh[0] = &g_sh1, sh[1] = &g_sh1sf, sh[2] = &g_sh2, sh[3] = &g_sh2sf;
+    }
     if (m == M_CFG_MISMATCH && r == R - 1)
         cfg.intermediate_hidden = 2 * I;
     dg_symm_buffer *b = NULL;
@@ -180,11 +201,11 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
     dg_tensor l1 = experts(fp8 ? &g_l1 : &g_l1b, r * epr, epr), l2 = experts(fp8 ? &g_l2 : &g_l2b, r * epr, epr);
     dg_tensor l1sf = experts(&g_l1sf, r * epr, epr), l2sf = experts(&g_l2sf, r * epr, epr);
     if (m == M_WRONG_VARIANT_ON_1 && r == 1)
-        st[2] = dg_bf16_mega_moe(&y, &l1, &l2, b, &s, 10.0f);
+        st[2] = dg_bf16_mega_moe(&y, &l1, &l2, NULL, NULL, b, &s, 10.0f);
     else if (fp8)
-        st[2] = dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, b, &s, 10.0f);
+        st[2] = dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, SH(sh), b, &s, 10.0f);
     else
-        st[2] = dg_bf16_mega_moe(&y, &l1, &l2, b, &s, 10.0f);
+        st[2] = dg_bf16_mega_moe(&y, &l1, &l2, NULL, NULL, b, &s, 10.0f);
     snprintf(g_out->msg[r][2], 256, "%s", dg_last_error());
     int untouched = 1;
     for (int t = 0; t <= TMAX; ++t)
@@ -197,8 +218,8 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
         /* A second call on the same buffer with the routing of the first gives the same y. */
         uint16_t y2[TMAX][H];
         dg_tensor yy = dg_tensor_2d(y2, DG_BFLOAT16, n, H);
-        const int st2 = fp8 ? dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, b, NULL, 10.0f)
-                            : dg_bf16_mega_moe(&yy, &l1, &l2, b, NULL, 10.0f);
+        const int st2 = fp8 ? dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, SH(sh), b, NULL, 10.0f)
+                            : dg_bf16_mega_moe(&yy, &l1, &l2, NULL, NULL, b, NULL, 10.0f);
         if (st2 != DG_OK || memcmp(y2, ybuf, (size_t)n * H * 2) != 0)
             st[2] = 100 + (int)st2; /* reported by the parent */
     } else if (!untouched) {
@@ -207,7 +228,7 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
         /* the buffer stays usable: a valid call now succeeds on every rank */
         put_inputs(b, first, n, fp8, 0);
         dg_tensor yy = dg_tensor_2d(ybuf, DG_BFLOAT16, n, H);
-        const int st2 = dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, b, NULL, 10.0f);
+        const int st2 = dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, SH(sh), b, NULL, 10.0f);
         if (st2 != DG_OK)
             st[2] = 300 + (int)st2;
     }
@@ -245,7 +266,10 @@ static int run(int R, mode m, int threads) {
 
 /* The unfused chain on public kernels: per rank, gather its experts' pairs into the m-grouped
  * contiguous layout, L1 GEMM, SwiGLU + quantisation (the reference's steps), L2 GEMM, combine. */
-static void unfused(int R, int fp8, uint16_t (*y)[H]) {
+static void unfused(int R, int fp8, int shared, uint16_t (*y)[H]) {
+    static uint16_t sh_h[N][2 * S * I], sh_o[N][H];
+    static uint8_t sh_act[N][S * I];
+    static float sh_sf[N][(S * I + 31) / 32];
     static uint16_t o[N][K][H];
     static uint8_t a_in[N * K][H];
     static uint16_t a_inb[N * K][H];
@@ -307,11 +331,29 @@ static void unfused(int R, int fp8, uint16_t (*y)[H]) {
         for (int i = 0; i < rows; ++i)
             memcpy(o[src[i][0]][src[i][1]], ob[i], 2 * H);
     }
-    for (int t = 0; t < N; ++t) {
-        const uint16_t *slots[K];
+    if (shared) { /* the shared experts on every token, one dense GEMM per layer */
+        dg_gemm_options opts = dg_gemm_options_default();
+        opts.recipe[0] = 1, opts.recipe[1] = 1, opts.recipe[2] = 32;
+        dg_tensor a = dg_tensor_2d(g_x, DG_FLOAT8_E4M3, N, H), sa = dg_tensor_2d(g_xsf, DG_INT32, N, SFC);
+        dg_tensor hd = dg_tensor_2d(sh_h, DG_BFLOAT16, N, 2 * S * I), od = dg_tensor_2d(sh_o, DG_BFLOAT16, N, H);
+        TU_CHECK_OK(dg_fp8_fp4_gemm_nt(&a, &sa, &g_sh1, &g_sh1sf, &hd, NULL, &opts));
+        for (int t = 0; t < N; ++t) {
+            float hf[2 * S * I], af[S * I];
+            for (int k = 0; k < 2 * S * I; ++k)
+                hf[k] = dg_bf16_to_float(sh_h[t][k]);
+            dg_ref_mega_moe_swiglu(hf, S * I, dg_bf16_to_float(dg_float_to_bf16(10.0f)), 1.0f, af);
+            dg_ref_mega_moe_quantize_fp8(af, S * I, sh_act[t], sh_sf[t], NULL);
+        }
+        dg_tensor a2 = dg_tensor_2d(sh_act, DG_FLOAT8_E4M3, N, S * I);
+        dg_tensor s2 = dg_tensor_2d(sh_sf, DG_FLOAT32, N, (S * I + 31) / 32);
+        TU_CHECK_OK(dg_fp8_fp4_gemm_nt(&a2, &s2, &g_sh2, &g_sh2sf, &od, NULL, &opts));
+    }
+    for (int t = 0; t < N; ++t) { /* combine: the shared row first, then the slots in order */
+        const uint16_t *slots[K + 1];
+        slots[0] = shared ? sh_o[t] : NULL;
         for (int j = 0; j < K; ++j)
-            slots[j] = g_idx[t][j] >= 0 ? o[t][j] : NULL;
-        dg_mega_moe_combine_row(slots, K, H, y[t]);
+            slots[1 + j] = g_idx[t][j] >= 0 ? o[t][j] : NULL;
+        dg_mega_moe_combine_row(slots, K + 1, H, y[t]);
     }
 }
 
@@ -337,8 +379,8 @@ static void in_child(int R, int fp8, int what) {
     const pid_t pid = fork();
     if (pid == 0) {
         const int before = tu_failed;
-        if (what == 0)
-            unfused(R, fp8, g_out->y_unfused);
+        if (what == 0 || what == 2)
+            unfused(R, fp8, what == 2, g_out->y_unfused);
         else
             reference(fp8, g_out->y_ref, g_out->stats_ref);
         g_out->child_failures += tu_failed - before;
@@ -399,6 +441,30 @@ static void test_results(int fp8) {
     (void)seen;
 }
 
+/* Shared experts fused: bitwise across rank counts and against the unfused chain with the shared
+ * rows summed first; the shared part really contributes (y differs from the routed-only y). */
+static void test_shared(void) {
+    static uint16_t first[N][H], routed[N][H];
+    TU_CHECK(run(1, M_OK, 1) == 0, "routed-only run crashed");
+    memcpy(routed, g_out->y, sizeof routed);
+    const int Rs[] = {1, 2, 4};
+    for (int ri = 0; ri < 3; ++ri) {
+        const int R = Rs[ri];
+        TU_CHECK(run(R, M_SHARED, 1 + ri % 2) == 0, "shared R=%d: a rank crashed", R);
+        for (int r = 0; r < R; ++r)
+            TU_CHECK(g_out->status[r][2] == DG_OK, "shared R=%d rank %d: %d %s", R, r, g_out->status[r][2],
+                     g_out->msg[r][2]);
+        if (ri == 0) {
+            memcpy(first, g_out->y, sizeof first);
+            in_child(1, 1, 2);
+            TU_CHECK(memcmp(g_out->y_unfused, first, sizeof first) == 0, "shared: fused differs from the unfused chain");
+            TU_CHECK(memcmp(routed, first, sizeof first) != 0, "shared experts changed nothing");
+        } else {
+            TU_CHECK(memcmp(g_out->y, first, sizeof first) == 0, "shared R=%d: y differs from R=1", R);
+        }
+    }
+}
+
 static void test_failures(void) {
     setenv("DG_COMM_TIMEOUT", "20", 1);
     TU_CHECK(run(2, M_BAD_Y_ON_1, 1) == 0, "bad y: crash");
@@ -444,8 +510,8 @@ static void test_bad_configs(void) {
     TU_CHECK_STATUS(dg_symm_buffer_create(&d, "n", &b), DG_ERR_VALUE);
     d = c, d.hidden = 33;
     TU_CHECK_STATUS(dg_symm_buffer_create(&d, "n", &b), DG_ERR_VALUE);
-    d = c, d.num_shared_experts = 1;
-    TU_CHECK_STATUS(dg_symm_buffer_create(&d, "n", &b), DG_ERR_UNSUPPORTED);
+    d = c, d.num_shared_experts = 65;
+    TU_CHECK_STATUS(dg_symm_buffer_create(&d, "n", &b), DG_ERR_VALUE);
     d = c, d.num_max_tokens_per_rank = (int64_t)1 << 30, d.hidden = 1 << 20, d.num_topk = 8;
     int64_t bytes = 0;
     TU_CHECK_STATUS(dg_get_symm_buffer_size_for_mega_moe(&d, &bytes), DG_ERR_OVERFLOW);
@@ -458,12 +524,42 @@ static void test_bad_configs(void) {
     uint16_t yb[H];
     dg_tensor y = dg_tensor_2d(yb, DG_BFLOAT16, 1, H), l1 = experts(&g_l1, 0, 4), l2 = experts(&g_l2, 0, 4);
     dg_tensor l1sf = experts(&g_l1sf, 0, 4), l2sf = experts(&g_l2sf, 0, 4);
-    TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, b, NULL, INFINITY), DG_ERR_VALUE);
-    TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, NULL, NULL, INFINITY), DG_ERR_NULL_POINTER);
+    TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, NULL, NULL, NULL, NULL, b, NULL, INFINITY), DG_ERR_VALUE);
+    TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, NULL, NULL, NULL, NULL, NULL, NULL, INFINITY), DG_ERR_NULL_POINTER);
     dg_tensor v;
     TU_CHECK_STATUS(dg_symm_buffer_view(b, "nope", &v), DG_ERR_VALUE);
     dg_symm_buffer_destroy(b);
     dg_symm_buffer_destroy(NULL);
+
+    /* Shared expert weights: required with num_shared_experts > 0, refused without, shapes
+     * checked. One rank, so no kernel runs in this (the parent) process. */
+    for (int with = 0; with < 2; ++with) {
+        dg_mega_moe_config one = config(1, 0, 1);
+        one.num_shared_experts = with ? S : 0;
+        char name[64];
+        snprintf(name, sizeof name, "shared.%d.%d", (int)getpid(), with);
+        dg_symm_buffer *b1 = NULL;
+        TU_CHECK_OK(dg_symm_buffer_create(&one, name, &b1));
+        TU_CHECK_OK(dg_symm_buffer_attach(b1));
+        TU_CHECK_OK(dg_symm_buffer_seal(b1));
+        dg_tensor L1 = experts(&g_l1, 0, E), L2 = experts(&g_l2, 0, E), L1s = experts(&g_l1sf, 0, E),
+                  L2s = experts(&g_l2sf, 0, E);
+        if (with) {
+            TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &L1, &L1s, &L2, &L2s, NULL, NULL, NULL, NULL, b1, NULL, INFINITY),
+                            DG_ERR_NULL_POINTER);
+            TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &L1, &L1s, &L2, &L2s, &g_sh2, &g_sh2sf, &g_sh2, &g_sh2sf, b1, NULL,
+                                                INFINITY),
+                            DG_ERR_SHAPE);
+            TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &L1, &L1s, &L2, &L2s, &g_sh1, NULL, &g_sh2, &g_sh2sf, b1, NULL,
+                                                INFINITY),
+                            DG_ERR_NULL_POINTER);
+        } else {
+            TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &L1, &L1s, &L2, &L2s, &g_sh1, &g_sh1sf, &g_sh2, &g_sh2sf, b1, NULL,
+                                                INFINITY),
+                            DG_ERR_VALUE);
+        }
+        dg_symm_buffer_destroy(b1);
+    }
 }
 
 int main(void) {
@@ -474,6 +570,7 @@ int main(void) {
     test_bad_configs();
     test_results(1);
     test_results(0);
+    test_shared();
     test_failures();
     TU_CHECK(g_out->child_failures == 0, "%d checks failed in checker children", g_out->child_failures);
     return tu_finish();

@@ -127,7 +127,8 @@ def _tensor_over(handle, field: str) -> torch.Tensor:
 class SymmBuffer:
     """One rank's symmetric buffer. Views: x, x_sf (fp8xfp4), topk_idx, topk_weights, each with
     num_max_tokens_per_rank rows; the intermediate-activation views of DeepGEMM's GPU buffer
-    (l1_acts, shared_*, ...) are None: the CPU kernel keeps those in its own cache-sized waves."""
+    (l1_acts, shared_l2_acts, ...) are None: the CPU kernel keeps those in its own waves
+    (shared_l1_acts_sf is a placeholder, see _adopt)."""
 
     def __init__(self, group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
                  intermediate_hidden: int, num_shared_experts: int = 0, mma_type: str = 'fp8xfp4',
@@ -193,8 +194,14 @@ class SymmBuffer:
         self.topk_weights = _tensor_over(handle, 'topk_weights')
         self.buffer = self.x  # DeepGEMM's raw buffer tensor; here the first area of the segment
         self.handle = types.SimpleNamespace(buffer_ptrs=[self.x.data_ptr()])
-        (self.shared_l1_acts, self.shared_l1_acts_sf, self.shared_l2_acts, self.shared_l2_acts_sf,
-         self.l1_acts, self.l1_acts_sf, self.l2_acts, self.l2_acts_sf) = (None,) * 8
+        (self.shared_l1_acts, self.shared_l2_acts, self.shared_l2_acts_sf,
+         self.l1_acts, self.l1_acts_sf, self.l2_acts, self.l2_acts_sf) = (None,) * 7
+        # DeepGEMM's kernel reads the shared expert's input scales from a copy in its own layout,
+        # which callers fill (tests/test_mega_moe.py); the CPU kernel reads x_sf, so this is a
+        # placeholder of that shape that the kernel ignores.
+        self.shared_l1_acts_sf = (torch.zeros((align(self.num_max_tokens_per_rank, 128), self.x_sf.shape[1]),
+                                              dtype=torch.int32)
+                                  if fp8 and self.num_shared_experts > 0 else None)
 
     def destroy(self):
         """Calls on this buffer raise afterwards. The memory is released once no view of it
@@ -269,9 +276,11 @@ def _check_call(fn, sym_buffer, mma_type, activation, shared_l1_weights, shared_
                          f'{mma_type!r}')
     if activation != 'swiglu':
         raise NotImplementedError(f"{fn}: activation {activation!r} is not implemented on CPU (only 'swiglu')")
-    if shared_l1_weights is not None or shared_l2_weights is not None:
-        raise NotImplementedError(f'{fn}: fused shared experts are not implemented on CPU yet; run the shared '
-                                  f'expert with fp8_gemm_nt / bf16_gemm_nt and add it to y')
+    if (shared_l1_weights is None) != (shared_l2_weights is None):
+        raise ValueError(f'{fn}: shared_l1_weights and shared_l2_weights must be given together')
+    if (shared_l1_weights is not None) != (sym_buffer.num_shared_experts > 0):
+        raise ValueError(f'{fn}: the buffer was created with num_shared_experts={sym_buffer.num_shared_experts}, '
+                         f'but shared expert weights were {"not " if shared_l1_weights is None else ""}given')
 
 
 def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tensor],
@@ -282,16 +291,24 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
                      activation_clamp: Optional[float] = None, fast_math: bool = True,
                      situ_beta: Optional[float] = None, situ_linear_beta: Optional[float] = None) -> None:
     """y[:T] of this rank's T tokens (placed in sym_buffer.x / x_sf / topk_idx / topk_weights).
-    fast_math is accepted: the CPU computes SiLU with exact expf either way."""
+    Shared experts (buffers with num_shared_experts > 0): (FP8 weights, per-1x32 UE8M0 scales)
+    pairs [2 S I, H] and [H, S I], run on this rank's tokens with weight 1 and summed first in
+    the combine. fast_math is accepted: the CPU computes SiLU with exact expf either way."""
     _check_call('fp8_fp4_mega_moe', sym_buffer, 'fp8xfp4', activation, shared_l1_weights, shared_l2_weights)
     if tuple(recipe) != (1, 1, 32):
         raise NotImplementedError(f'fp8_fp4_mega_moe: recipe {tuple(recipe)} is not implemented on CPU '
                                   f'(only (1, 1, 32))')
-    for name, w in (('l1_weights', l1_weights), ('l2_weights', l2_weights)):
+    pairs = [('l1_weights', l1_weights), ('l2_weights', l2_weights)]
+    if shared_l1_weights is not None:
+        pairs += [('shared_l1_weights', shared_l1_weights), ('shared_l2_weights', shared_l2_weights)]
+    for name, w in pairs:
         if not (isinstance(w, (tuple, list)) and len(w) == 2):
             raise TypeError(f'fp8_fp4_mega_moe: {name} must be a (weights, scales) pair')
+    shared = {} if shared_l1_weights is None else dict(
+        shared_l1_weights=shared_l1_weights[0], shared_l1_weights_sf=shared_l1_weights[1],
+        shared_l2_weights=shared_l2_weights[0], shared_l2_weights_sf=shared_l2_weights[1])
     _C.fused_fp8_fp4_mega_moe(y, l1_weights[0], l1_weights[1], l2_weights[0], l2_weights[1], sym_buffer._handle,
-                              cumulative_local_expert_recv_stats, activation_clamp)
+                              cumulative_local_expert_recv_stats, activation_clamp, **shared)
 
 
 def bf16_mega_moe(y: torch.Tensor, l1_weights: torch.Tensor, l2_weights: torch.Tensor, sym_buffer: SymmBuffer,
@@ -301,7 +318,7 @@ def bf16_mega_moe(y: torch.Tensor, l1_weights: torch.Tensor, l2_weights: torch.T
                   fast_math: bool = True) -> None:
     _check_call('bf16_mega_moe', sym_buffer, 'bf16xbf16', activation, shared_l1_weights, shared_l2_weights)
     _C.fused_bf16_mega_moe(y, l1_weights, l2_weights, sym_buffer._handle, cumulative_local_expert_recv_stats,
-                           activation_clamp)
+                           activation_clamp, shared_l1_weights, shared_l2_weights)
 
 
 def _missing(name, why):

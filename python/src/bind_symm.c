@@ -239,31 +239,39 @@ static int parse_clamp(PyObject *obj, const char *fn, float *out) {
 static PyObject *fused(PyObject *args, PyObject *kw, int fp8) {
     const char *fn = fp8 ? "fp8_fp4_mega_moe" : "bf16_mega_moe";
     static char *kw8[] = {"y", "l1_weights", "l1_weights_sf", "l2_weights", "l2_weights_sf", "buffer",
-                          "cumulative_local_expert_recv_stats", "activation_clamp", NULL};
+                          "cumulative_local_expert_recv_stats", "activation_clamp", "shared_l1_weights",
+                          "shared_l1_weights_sf", "shared_l2_weights", "shared_l2_weights_sf", NULL};
     static char *kw16[] = {"y", "l1_weights", "l2_weights", "buffer", "cumulative_local_expert_recv_stats",
-                           "activation_clamp", NULL};
+                           "activation_clamp", "shared_l1_weights", "shared_l2_weights", NULL};
     PyObject *y, *l1, *l1sf = NULL, *l2, *l2sf = NULL, *cap, *stats = Py_None, *clamp_obj = Py_None;
-    int ok = fp8 ? PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OO", kw8, &y, &l1, &l1sf, &l2, &l2sf, &cap, &stats,
-                                               &clamp_obj)
-                 : PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OO", kw16, &y, &l1, &l2, &cap, &stats, &clamp_obj);
+    PyObject *s1 = Py_None, *s1sf = Py_None, *s2 = Py_None, *s2sf = Py_None;
+    int ok = fp8 ? PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOOOO", kw8, &y, &l1, &l1sf, &l2, &l2sf, &cap,
+                                               &stats, &clamp_obj, &s1, &s1sf, &s2, &s2sf)
+                 : PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOOO", kw16, &y, &l1, &l2, &cap, &stats, &clamp_obj,
+                                               &s1, &s2);
     if (!ok)
         return NULL;
     handle *h = get_handle(cap, fn, 1);
     float clamp;
     if (!h || parse_clamp(clamp_obj, fn, &clamp))
         return NULL;
-    dgp_tensor ty = {0}, t1 = {0}, t1s = {0}, t2 = {0}, t2s = {0}, ts = {0};
+    dgp_tensor ty = {0}, t1 = {0}, t1s = {0}, t2 = {0}, t2s = {0}, ts = {0}, u1 = {0}, u1s = {0}, u2 = {0}, u2s = {0};
+    const int opt = DGP_OPTIONAL;
     if (dgp_tensor_from(y, fn, "y", DGP_WRITABLE, &ty) || dgp_tensor_from(l1, fn, "l1_weights", 0, &t1) ||
         (fp8 && dgp_tensor_from(l1sf, fn, "l1_weights_sf", 0, &t1s)) ||
         dgp_tensor_from(l2, fn, "l2_weights", 0, &t2) ||
         (fp8 && dgp_tensor_from(l2sf, fn, "l2_weights_sf", 0, &t2s)) ||
-        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
+        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", opt | DGP_WRITABLE, &ts) ||
+        dgp_tensor_from(s1, fn, "shared_l1_weights", opt, &u1) || dgp_tensor_from(s2, fn, "shared_l2_weights", opt, &u2) ||
+        (fp8 && (dgp_tensor_from(s1sf, fn, "shared_l1_weights_sf", opt, &u1s) ||
+                 dgp_tensor_from(s2sf, fn, "shared_l2_weights_sf", opt, &u2s))))
         return NULL;
     dg_status st;
     if (fp8)
-        DGP_NOGIL(st, dg_fp8_fp4_mega_moe(&ty.t, &t1.t, &t1s.t, &t2.t, &t2s.t, h->buf, dgp_ptr(&ts), clamp));
+        DGP_NOGIL(st, dg_fp8_fp4_mega_moe(&ty.t, &t1.t, &t1s.t, &t2.t, &t2s.t, dgp_ptr(&u1), dgp_ptr(&u1s),
+                                          dgp_ptr(&u2), dgp_ptr(&u2s), h->buf, dgp_ptr(&ts), clamp));
     else
-        DGP_NOGIL(st, dg_bf16_mega_moe(&ty.t, &t1.t, &t2.t, h->buf, dgp_ptr(&ts), clamp));
+        DGP_NOGIL(st, dg_bf16_mega_moe(&ty.t, &t1.t, &t2.t, dgp_ptr(&u1), dgp_ptr(&u2), h->buf, dgp_ptr(&ts), clamp));
     if (st != DG_OK)
         return dgp_raise(st);
     Py_RETURN_NONE;
@@ -297,10 +305,11 @@ PyMethodDef dgp_symm_methods[] = {
      "symm_buffer_view(handle, field) -> (address, rows, cols, dtype name)"},
     {"fused_fp8_fp4_mega_moe", KW py_fp8_fp4_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_fp8_fp4_mega_moe(y, l1_weights, l1_weights_sf, l2_weights, l2_weights_sf, buffer, "
-     "cumulative_local_expert_recv_stats=None, activation_clamp=None)"},
+     "cumulative_local_expert_recv_stats=None, activation_clamp=None, shared_l1_weights=None, "
+     "shared_l1_weights_sf=None, shared_l2_weights=None, shared_l2_weights_sf=None)"},
     {"fused_bf16_mega_moe", KW py_bf16_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_bf16_mega_moe(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
-     "activation_clamp=None)"},
+     "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None)"},
     {"get_token_alignment_for_mega_moe", py_token_alignment, METH_NOARGS,
      "rows num_max_tokens_per_rank is rounded up to"},
     {NULL, NULL, 0, NULL},

@@ -198,7 +198,7 @@ def test_single_process_without_group():
     assert float(dg.calc_diff(y.float(), y_ref.float())) < 1e-5
     with pytest.raises(ValueError, match='mma_type'):
         dg.fp8_fp4_mega_moe(y, (l1, l1), (l2, l2), buf)
-    with pytest.raises(NotImplementedError, match='shared'):
+    with pytest.raises(ValueError, match='num_shared_experts'):
         dg.bf16_mega_moe(y, l1, l2, buf, shared_l1_weights=l1, shared_l2_weights=l2)
     with pytest.raises(ValueError, match='num_max_tokens_per_rank'):
         dg.bf16_mega_moe(torch.empty(N + 9, H, dtype=torch.bfloat16), l1, l2, buf)
@@ -210,8 +210,65 @@ def test_single_process_without_group():
     view.zero_()  # the memory outlives destroy() while a view exists
     with pytest.raises(RuntimeError, match='destroyed'):
         dg.bf16_mega_moe(y, l1, l2, buf)
-    with pytest.raises(NotImplementedError, match='shared'):
-        dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, num_shared_experts=1)
+    with pytest.raises(ValueError, match='num_shared_experts'):
+        dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, num_shared_experts=65)
     with pytest.raises(ValueError):
         dg.get_symm_buffer_for_mega_moe(None, E, N, E + 1, H, I)  # num_topk > num_experts
     assert dg.get_symm_buffer_size_for_mega_moe(1, E, N, K, H, I)[0] > N * H
+
+
+def _shared_weights(mma, S=2):
+    g = torch.Generator().manual_seed(5)
+    w1 = torch.randn(2 * S * I, H, generator=g).bfloat16() / 16
+    w2 = torch.randn(H, S * I, generator=g).bfloat16() / 16
+    if mma == 'bf16xbf16':
+        return w1, w2
+    return (per_token_cast_to_fp8(w1, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True),
+            per_token_cast_to_fp8(w2, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True))
+
+
+def _one_rank(mma, shared):
+    x, topk_idx, topk_weights, l1, l2 = _problem(mma)
+    S = 2 if shared else 0
+    buf = dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, num_shared_experts=S, mma_type=mma)
+    if mma == 'fp8xfp4':
+        buf.x[:N].copy_(x[0])
+        buf.x_sf[:N].copy_(x[1])
+        assert (buf.shared_l1_acts_sf is not None) == shared
+    else:
+        buf.x[:N].copy_(x)
+    buf.topk_idx[:N].copy_(topk_idx)
+    buf.topk_weights[:N].copy_(topk_weights)
+    y = torch.empty(N, H, dtype=torch.bfloat16)
+    kw = {}
+    if shared:
+        kw['shared_l1_weights'], kw['shared_l2_weights'] = _shared_weights(mma)
+    (dg.fp8_fp4_mega_moe if mma == 'fp8xfp4' else dg.bf16_mega_moe)(y, l1, l2, buf, activation_clamp=10.0, **kw)
+    buf.destroy()
+    return y
+
+
+@pytest.mark.parametrize('mma', ['fp8xfp4', 'bf16xbf16'])
+def test_shared_experts(mma):
+    """y with shared experts = BF16(shared + routed), the shared expert as the library's dense
+    GEMMs with SwiGLU (weight 1) between them, summed first."""
+    routed, fused = _one_rank(mma, False), _one_rank(mma, True)
+    x, *_ = _problem(mma)
+    w1, w2 = _shared_weights(mma)
+    h = torch.empty(N, w1[0].shape[0] if mma == 'fp8xfp4' else w1.shape[0], dtype=torch.bfloat16)
+    o = torch.empty(N, H, dtype=torch.bfloat16)
+    if mma == 'fp8xfp4':
+        dg.fp8_gemm_nt(x, w1, h, recipe=(1, 1, 32))
+    else:
+        dg.bf16_gemm_nt(x, w1, h)
+    hf = h.float()
+    si = hf.shape[1] // 2
+    gate, up = hf[:, :si].clamp(max=10.0), hf[:, si:].clamp(-10.0, 10.0)
+    a = gate / (1 + torch.exp(-gate)) * up
+    if mma == 'fp8xfp4':
+        dg.fp8_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32), w2, o, recipe=(1, 1, 32))
+    else:
+        dg.bf16_gemm_nt(a.bfloat16(), w2, o)
+    assert not torch.equal(fused, routed)
+    want = (o.float() + routed.float()).bfloat16()
+    assert float(dg.calc_diff(fused.float(), want.float())) < 1e-4

@@ -20,6 +20,7 @@
 typedef struct fused_args {
     int fp8;
     const dg_tensor *y, *l1, *l1_sf, *l2, *l2_sf, *stats;
+    const dg_tensor *sh1, *sh1_sf, *sh2, *sh2_sf; /* the shared expert(s), NULL without */
     float clamp;
 } fused_args;
 
@@ -40,6 +41,36 @@ static dg_status check_weight(const fused_args *a, const dg_symm_buffer *b, int 
     if (a->fp8)
         DG_TRY(dg_operand_set_scales(op, layer == 1 ? "l1_weights_sf" : "l2_weights_sf",
                                      layer == 1 ? a->l1_sf : a->l2_sf, 1, DG_MEGA_MOE_ACT_GRAN));
+    return DG_OK;
+}
+
+/* The shared experts' weights: [2 S I, H] and [H, S I], FP8 with per-1x32 scales or BF16. */
+static dg_status check_shared(const fused_args *a, const dg_symm_buffer *b) {
+    const int64_t S = b->cfg.num_shared_experts, SI = S * b->cfg.intermediate_hidden, H = b->cfg.hidden;
+    const int given = a->sh1 || a->sh2;
+    DG_CHECK(S == 0 || (a->sh1 && a->sh2), DG_ERR_NULL_POINTER,
+             "the symmetric buffer was created with num_shared_experts = %lld: arguments 'shared_l1_weights' and "
+             "'shared_l2_weights' are required", (long long)S);
+    DG_CHECK(S > 0 || !given, DG_ERR_VALUE,
+             "shared expert weights were given, but the symmetric buffer was created with num_shared_experts = 0");
+    if (S == 0)
+        return DG_OK;
+    const dg_dtype want = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+    const struct { const dg_tensor *w, *sf; const char *name, *sf_name; int64_t rows, cols; } ws[2] = {
+        {a->sh1, a->sh1_sf, "shared_l1_weights", "shared_l1_weights_sf", 2 * SI, H},
+        {a->sh2, a->sh2_sf, "shared_l2_weights", "shared_l2_weights_sf", H, SI}};
+    for (int i = 0; i < 2; ++i) {
+        dg_operand op;
+        DG_TRY(dg_operand_init(&op, ws[i].name, ws[i].w, 0, &want, 1));
+        DG_CHECK(op.mn == ws[i].rows && op.k == ws[i].cols, DG_ERR_SHAPE,
+                 "argument '%s' must be [%lld, %lld] (num_shared_experts = %lld), got [%lld, %lld]", ws[i].name,
+                 (long long)ws[i].rows, (long long)ws[i].cols, (long long)S, (long long)op.mn, (long long)op.k);
+        if (a->fp8)
+            DG_TRY(dg_operand_set_scales(&op, ws[i].sf_name, ws[i].sf, 1, DG_MEGA_MOE_ACT_GRAN));
+        DG_TRY(dg_check_no_overlap(a->y, "y", ws[i].w, ws[i].name, false));
+        if (a->fp8)
+            DG_TRY(dg_check_no_overlap(a->y, "y", ws[i].sf, ws[i].sf_name, false));
+    }
     return DG_OK;
 }
 
@@ -64,6 +95,7 @@ static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
     dg_operand l1, l2;
     DG_TRY(check_weight(a, b, 1, &l1, 2 * cfg->intermediate_hidden, cfg->hidden));
     DG_TRY(check_weight(a, b, 2, &l2, cfg->hidden, cfg->intermediate_hidden));
+    DG_TRY(check_shared(a, b));
     if (a->stats) {
         const char *s = "cumulative_local_expert_recv_stats";
         DG_TRY(dg_check_tensor_dtype(a->stats, s, 1, DG_INT32));
@@ -120,12 +152,15 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
     dg_status mine = check_local(a, b);
     int64_t *tokens = NULL, *recv = NULL;
     void *scratch = NULL;
+    uint16_t *shared_y = NULL;
     const int threads = dg_num_threads();
     if (mine == DG_OK) {
         tokens = dg_calloc((size_t)R, sizeof *tokens);
         recv = dg_calloc((size_t)(b->cfg.num_experts / R) + 1, sizeof *recv);
         scratch = dg_malloc(dg_mega_moe_combine_scratch_bytes(b, threads));
-        if (!tokens || !recv || !scratch)
+        if (b->cfg.num_shared_experts > 0)
+            shared_y = dg_malloc((size_t)(a->y->shape[0] * b->cfg.hidden + 1) * 2);
+        if (!tokens || !recv || !scratch || (b->cfg.num_shared_experts > 0 && !shared_y))
             mine = dg_fail(DG_ERR_ALLOC, "cannot allocate the call's routing tables");
     }
     keep_message(msg_a, sizeof msg_a);
@@ -139,8 +174,9 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
 
     dg_status work = DG_OK;
     dg_mega_moe_call c = {.buf = b, .fp8 = a->fp8, .y = a->y, .l1 = a->l1, .l1_sf = a->l1_sf, .l2 = a->l2,
-                          .l2_sf = a->l2_sf, .stats = a->stats, .clamp = a->clamp, .num_tokens = tokens,
-                          .recv = recv};
+                          .l2_sf = a->l2_sf, .stats = a->stats, .shared_l1 = a->sh1, .shared_l1_sf = a->sh1_sf,
+                          .shared_l2 = a->sh2, .shared_l2_sf = a->sh2_sf, .shared_y = shared_y, .clamp = a->clamp,
+                          .num_tokens = tokens, .recv = recv};
     if (st == DG_OK) {
         if (!isinf(c.clamp))
             c.clamp = dg_bf16_to_float(dg_float_to_bf16(c.clamp)); /* the reference's rule */
@@ -188,24 +224,31 @@ done:
     dg_free(tokens);
     dg_free(recv);
     dg_free(scratch);
+    dg_free(shared_y);
     return st;
 }
 
 dg_status dg_fp8_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l1_weights_sf,
-                              const dg_tensor *l2_weights, const dg_tensor *l2_weights_sf, dg_symm_buffer *buf,
-                              const dg_tensor *cumulative_local_expert_recv_stats, float activation_clamp) {
+                              const dg_tensor *l2_weights, const dg_tensor *l2_weights_sf,
+                              const dg_tensor *shared_l1_weights, const dg_tensor *shared_l1_weights_sf,
+                              const dg_tensor *shared_l2_weights, const dg_tensor *shared_l2_weights_sf,
+                              dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
+                              float activation_clamp) {
     dg_api_begin("dg_fp8_fp4_mega_moe");
     const fused_args a = {.fp8 = 1, .y = y, .l1 = l1_weights, .l1_sf = l1_weights_sf, .l2 = l2_weights,
                           .l2_sf = l2_weights_sf, .stats = cumulative_local_expert_recv_stats,
-                          .clamp = activation_clamp};
+                          .sh1 = shared_l1_weights, .sh1_sf = shared_l1_weights_sf, .sh2 = shared_l2_weights,
+                          .sh2_sf = shared_l2_weights_sf, .clamp = activation_clamp};
     return fused(&a, buf);
 }
 
 dg_status dg_bf16_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l2_weights,
+                           const dg_tensor *shared_l1_weights, const dg_tensor *shared_l2_weights,
                            dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
                            float activation_clamp) {
     dg_api_begin("dg_bf16_mega_moe");
-    const fused_args a = {.fp8 = 0, .y = y, .l1 = l1_weights, .l2 = l2_weights,
-                          .stats = cumulative_local_expert_recv_stats, .clamp = activation_clamp};
+    const fused_args a = {.fp8 = 0, .y = y, .l1 = l1_weights, .l2 = l2_weights, .sh1 = shared_l1_weights,
+                          .sh2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats,
+                          .clamp = activation_clamp};
     return fused(&a, buf);
 }

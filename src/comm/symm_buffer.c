@@ -49,11 +49,10 @@ dg_status dg_symm_check_config(const dg_mega_moe_config *in, int check_rank, dg_
     DG_CHECK(in->mma != DG_MEGA_MOE_FP8XFP4 || (in->hidden % 2 == 0 && in->intermediate_hidden % 2 == 0),
              DG_ERR_VALUE, "fp8xfp4 needs even hidden and intermediate_hidden (packed FP4 weights), got %lld and %lld",
              (long long)in->hidden, (long long)in->intermediate_hidden);
-    DG_CHECK(in->num_shared_experts >= 0, DG_ERR_VALUE, "num_shared_experts must be >= 0, got %lld",
-             (long long)in->num_shared_experts);
-    DG_CHECK(in->num_shared_experts == 0, DG_ERR_UNSUPPORTED,
-             "num_shared_experts = %lld: fusing shared experts into the mega MoE call is not implemented "
-             "yet (run the shared expert with dg_fp8_fp4_gemm_nt and add it to y)",
+    DG_CHECK(in->num_shared_experts >= 0 && in->num_shared_experts <= 64 &&
+                 in->num_shared_experts * in->intermediate_hidden <= (1 << 20),
+             DG_ERR_VALUE,
+             "num_shared_experts must be in [0, 64] with num_shared_experts * intermediate_hidden <= 2^20, got %lld",
              (long long)in->num_shared_experts);
     *out = *in;
     out->num_max_tokens_per_rank = dg_align(in->num_max_tokens_per_rank, SYMM_TOKEN_ALIGNMENT);

@@ -48,10 +48,10 @@ static int64_t g_wave_rows_override;
 
 void dg_mega_moe_set_wave_rows(int64_t rows) { g_wave_rows_override = rows > 0 ? rows : 0; }
 
-static int64_t wave_rows(const dg_symm_buffer *b) {
+static int64_t wave_rows(const dg_symm_buffer *b, int64_t inter) {
     if (g_wave_rows_override > 0)
         return g_wave_rows_override;
-    const int64_t per_row = 3 * 4 * b->cfg.intermediate_hidden + 2 * b->cfg.intermediate_hidden +
+    const int64_t per_row = 3 * 4 * inter + 2 * inter +
                             2 * b->cfg.hidden + b->cfg.hidden * b->lay.x_elem + 64;
     const int64_t rows = ((int64_t)64 << 20) / per_row;
     return rows < 64 ? 64 : rows > 8192 ? 8192 : rows;
@@ -77,16 +77,25 @@ typedef struct wave_mem {
     float *tmp;      /* [W, 2I + I] float rows for SwiGLU */
 } wave_mem;
 
-static dg_status gemm_failed(const char *api, const char *step, int64_t expert) {
+static dg_status gemm_failed(const char *api, const char *step, const char *who) {
     char inner[512];
     snprintf(inner, sizeof inner, "%s", dg_last_error());
     dg_api_begin(api);
-    return dg_fail(DG_ERR_INTERNAL, "local expert %lld, %s GEMM: %s", (long long)expert, step, inner);
+    return dg_fail(DG_ERR_INTERNAL, "%s, %s GEMM: %s", who, step, inner);
 }
 
-static dg_status run_wave(const dg_mega_moe_call *c, int64_t e, const pair *pairs, int64_t n, wave_mem *m) {
+/* One expert's weights as 2-D views, and where its output rows go. */
+typedef struct expert {
+    dg_tensor w1, s1, w2, s2;
+    int64_t inter;       /* I, or num_shared_experts * I for the shared expert */
+    uint16_t *shared_y;  /* NULL: routed (rows to the combine areas, top-k weight applied);
+                          * else the shared expert: row of token t to shared_y[t], weight 1 */
+    char who[48];
+} expert;
+
+static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair *pairs, int64_t n, wave_mem *m) {
     const dg_symm_buffer *b = c->buf;
-    const int64_t H = b->cfg.hidden, I = b->cfg.intermediate_hidden, K = b->cfg.num_topk;
+    const int64_t H = b->cfg.hidden, I = x->inter, K = b->cfg.num_topk;
     const int64_t xrow = H * b->lay.x_elem, sfc = b->lay.sf_cols, asfc = dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN);
     const char *api = dg_api_name();
 
@@ -98,21 +107,19 @@ static dg_status run_wave(const dg_mega_moe_call *c, int64_t e, const pair *pair
                    (size_t)sfc * 4);
     }
 
-    dg_tensor w1 = group_view(c->l1, e), w2 = group_view(c->l2, e);
     dg_tensor hd = dg_tensor_2d(m->h, DG_BFLOAT16, n, 2 * I), od = dg_tensor_2d(m->o, DG_BFLOAT16, n, H);
     dg_status st;
     dg_gemm_options opts = dg_gemm_options_default();
     opts.recipe[0] = 1, opts.recipe[1] = 1, opts.recipe[2] = DG_MEGA_MOE_ACT_GRAN;
     if (c->fp8) {
         dg_tensor a = dg_tensor_2d(m->a_in, DG_FLOAT8_E4M3, n, H), sa = dg_tensor_2d(m->sf_in, DG_INT32, n, sfc);
-        dg_tensor s1 = group_view(c->l1_sf, e);
-        st = dg_fp8_fp4_gemm_nt(&a, &sa, &w1, &s1, &hd, NULL, &opts);
+        st = dg_fp8_fp4_gemm_nt(&a, &sa, &x->w1, &x->s1, &hd, NULL, &opts);
     } else {
         dg_tensor a = dg_tensor_2d(m->a_in, DG_BFLOAT16, n, H);
-        st = dg_bf16_gemm_nt(&a, &w1, &hd, NULL);
+        st = dg_bf16_gemm_nt(&a, &x->w1, &hd, NULL);
     }
     if (st != DG_OK)
-        return gemm_failed(api, "L1", e);
+        return gemm_failed(api, "L1", x->who);
     dg_api_begin(api);
 
     const int threads = dg_num_threads();
@@ -123,7 +130,7 @@ static dg_status run_wave(const dg_mega_moe_call *c, int64_t e, const pair *pair
         for (int64_t k = 0; k < 2 * I; ++k)
             hf[k] = dg_bf16_to_float(m->h[i * 2 * I + k]);
         const float *wts = (const float *)dg_symm_area(b, p->rank, b->lay.topk_weights);
-        dg_ref_mega_moe_swiglu(hf, I, c->clamp, wts[p->token * K + p->slot], af);
+        dg_ref_mega_moe_swiglu(hf, I, c->clamp, x->shared_y ? 1.0f : wts[p->token * K + p->slot], af);
         if (c->fp8) {
             dg_ref_mega_moe_quantize_fp8(af, I, (uint8_t *)m->act + i * I, m->act_sf + i * asfc, NULL);
         } else {
@@ -135,19 +142,19 @@ static dg_status run_wave(const dg_mega_moe_call *c, int64_t e, const pair *pair
 
     if (c->fp8) {
         dg_tensor a = dg_tensor_2d(m->act, DG_FLOAT8_E4M3, n, I), sa = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
-        dg_tensor s2 = group_view(c->l2_sf, e);
-        st = dg_fp8_fp4_gemm_nt(&a, &sa, &w2, &s2, &od, NULL, &opts);
+        st = dg_fp8_fp4_gemm_nt(&a, &sa, &x->w2, &x->s2, &od, NULL, &opts);
     } else {
         dg_tensor a = dg_tensor_2d(m->act, DG_BFLOAT16, n, I);
-        st = dg_bf16_gemm_nt(&a, &w2, &od, NULL);
+        st = dg_bf16_gemm_nt(&a, &x->w2, &od, NULL);
     }
     if (st != DG_OK)
-        return gemm_failed(api, "L2", e);
+        return gemm_failed(api, "L2", x->who);
     dg_api_begin(api);
 
     for (int64_t i = 0; i < n; ++i) { /* combine, first half: the row into its source's area */
         const pair *p = &pairs[i];
-        uint16_t *dst = (uint16_t *)dg_symm_area(b, p->rank, b->lay.combine) + (p->token * K + p->slot) * H;
+        uint16_t *dst = x->shared_y ? x->shared_y + p->token * H
+                                    : (uint16_t *)dg_symm_area(b, p->rank, b->lay.combine) + (p->token * K + p->slot) * H;
         memcpy(dst, m->o + i * H, (size_t)H * 2);
     }
     return DG_OK;
@@ -155,9 +162,11 @@ static dg_status run_wave(const dg_mega_moe_call *c, int64_t e, const pair *pair
 
 dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
     const dg_symm_buffer *b = c->buf;
-    const int R = b->cfg.num_ranks;
-    const int64_t E = b->cfg.num_experts, epr = E / R, lo = epr * b->cfg.rank, K = b->cfg.num_topk;
+    const int R = b->cfg.num_ranks, me = b->cfg.rank;
+    const int64_t E = b->cfg.num_experts, epr = E / R, lo = epr * me, K = b->cfg.num_topk;
     const int64_t H = b->cfg.hidden, I = b->cfg.intermediate_hidden;
+    const int64_t shared_rows = c->shared_y ? c->num_tokens[me] : 0;
+    const int64_t I_max = c->shared_y && b->cfg.num_shared_experts > 1 ? b->cfg.num_shared_experts * I : I;
 
     /* Routing, with the range check every rank makes identically on the same data. */
     int64_t *start = dg_calloc((size_t)epr + 1, sizeof *start);
@@ -181,22 +190,23 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
         start[e + 1] += start[e];
     }
     const int64_t total = start[epr];
-    int64_t most = 0;
+    int64_t most = shared_rows;
     for (int64_t e = 0; e < epr; ++e)
         most = c->recv[e] > most ? c->recv[e] : most;
 
-    pair *pairs = dg_calloc((size_t)total + 1, sizeof *pairs);
+    /* Routed pairs by expert, then the shared expert's: this rank's tokens in order. */
+    pair *pairs = dg_calloc((size_t)(total + shared_rows) + 1, sizeof *pairs);
     int64_t *fill = dg_calloc((size_t)epr + 1, sizeof *fill);
-    const int64_t W = most < wave_rows(b) ? most : wave_rows(b); /* 0 when no pair is local */
+    const int64_t waves = wave_rows(b, I_max), W = most < waves ? most : waves; /* 0: nothing to run */
     wave_mem m = {0};
     if (W > 0) {
         m.a_in = dg_malloc((size_t)(W * H * b->lay.x_elem));
         m.sf_in = dg_malloc((size_t)(W * (b->lay.sf_cols + 1)) * 4);
-        m.h = dg_malloc((size_t)(W * 2 * I) * 2);
-        m.act = dg_malloc((size_t)(W * I) * 2);
-        m.act_sf = dg_malloc((size_t)(W * (dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN) + 1)) * 4);
+        m.h = dg_malloc((size_t)(W * 2 * I_max) * 2);
+        m.act = dg_malloc((size_t)(W * I_max) * 2);
+        m.act_sf = dg_malloc((size_t)(W * (dg_ceil_div(I_max, DG_MEGA_MOE_ACT_GRAN) + 1)) * 4);
         m.o = dg_malloc((size_t)(W * H) * 2);
-        m.tmp = dg_malloc((size_t)(W * 3 * I) * 4);
+        m.tmp = dg_malloc((size_t)(W * 3 * I_max) * 4);
     }
     dg_status st = DG_OK;
     if (!pairs || !fill || (W > 0 && (!m.a_in || !m.sf_in || !m.h || !m.act || !m.act_sf || !m.o || !m.tmp))) {
@@ -211,9 +221,27 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
                 if (e >= 0 && e < epr)
                     pairs[start[e] + fill[e]++] = (pair){.rank = r, .slot = (int32_t)j, .token = t};
             }
-    for (int64_t e = 0; e < epr && st == DG_OK; ++e)
+    for (int64_t t = 0; t < shared_rows; ++t)
+        pairs[total + t] = (pair){.rank = me, .slot = -1, .token = t};
+
+    expert x = {.inter = I};
+    for (int64_t e = 0; e < epr && st == DG_OK; ++e) {
+        x.w1 = group_view(c->l1, e), x.w2 = group_view(c->l2, e);
+        if (c->fp8)
+            x.s1 = group_view(c->l1_sf, e), x.s2 = group_view(c->l2_sf, e);
+        snprintf(x.who, sizeof x.who, "local expert %lld", (long long)e);
         for (int64_t i = start[e]; i < start[e + 1] && st == DG_OK; i += W)
-            st = run_wave(c, e, pairs + i, start[e + 1] - i < W ? start[e + 1] - i : W, &m);
+            st = run_wave(c, &x, pairs + i, start[e + 1] - i < W ? start[e + 1] - i : W, &m);
+    }
+    if (shared_rows > 0 && st == DG_OK) {
+        expert sx = {.w1 = *c->shared_l1, .w2 = *c->shared_l2, .inter = b->cfg.num_shared_experts * I,
+                     .shared_y = c->shared_y};
+        if (c->fp8)
+            sx.s1 = *c->shared_l1_sf, sx.s2 = *c->shared_l2_sf;
+        snprintf(sx.who, sizeof sx.who, "the shared expert%s", b->cfg.num_shared_experts > 1 ? "s" : "");
+        for (int64_t i = 0; i < shared_rows && st == DG_OK; i += W)
+            st = run_wave(c, &sx, pairs + total + i, shared_rows - i < W ? shared_rows - i : W, &m);
+    }
 done:
     dg_free(start);
     dg_free(pairs);
@@ -229,7 +257,7 @@ done:
 }
 
 size_t dg_mega_moe_combine_scratch_bytes(const dg_symm_buffer *b, int threads) {
-    const size_t per = ((size_t)b->cfg.num_topk * sizeof(void *) + (size_t)b->cfg.hidden * 2 + 63) & ~(size_t)63;
+    const size_t per = ((size_t)(b->cfg.num_topk + 1) * sizeof(void *) + (size_t)b->cfg.hidden * 2 + 63) & ~(size_t)63;
     return (size_t)threads * per;
 }
 
@@ -246,13 +274,15 @@ void dg_mega_moe_combine(const dg_mega_moe_call *c, void *scratch, int threads) 
         tid = omp_get_thread_num();
 #endif
         char *mine = (char *)scratch + (size_t)tid * per_thread;
+        /* slots[0]: the shared expert's row (summed first) or NULL; slots[1 + j]: slot j's */
         const uint16_t **slots = (const uint16_t **)(void *)mine;
-        uint16_t *row = (uint16_t *)(void *)(mine + (size_t)K * sizeof(void *));
+        uint16_t *row = (uint16_t *)(void *)(mine + (size_t)(K + 1) * sizeof(void *));
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; ++t) {
+            slots[0] = c->shared_y ? c->shared_y + t * H : NULL;
             for (int64_t j = 0; j < K; ++j)
-                slots[j] = topk_at(b, me, t, j) >= 0 ? area + (t * K + j) * H : NULL;
-            dg_mega_moe_combine_row(slots, K, H, row);
+                slots[1 + j] = topk_at(b, me, t, j) >= 0 ? area + (t * K + j) * H : NULL;
+            dg_mega_moe_combine_row(slots, K + 1, H, row);
             for (int64_t col = 0; col < H; ++col)
                 *(uint16_t *)dg_ptr2(c->y, t, col) = row[col];
         }

@@ -15,6 +15,8 @@ typedef struct dg_mega_moe_call {
     const dg_tensor *y;
     const dg_tensor *l1, *l1_sf, *l2, *l2_sf; /* this rank's experts, [E/R, ...] */
     const dg_tensor *stats;                   /* NULL or INT32 [E/R] */
+    const dg_tensor *shared_l1, *shared_l1_sf, *shared_l2, *shared_l2_sf; /* 2-D; NULL without */
+    uint16_t *shared_y;                       /* [T_me, H] BF16 scratch; NULL: no shared expert */
     float clamp;                              /* BF16-rounded, INFINITY for none */
     const int64_t *num_tokens;                /* [R], as posted at the dispatch barrier */
     int64_t *recv;                            /* [E/R] out: pairs each local expert received */

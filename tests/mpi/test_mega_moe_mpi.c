@@ -103,7 +103,7 @@ static dg_status call(dg_symm_buffer *b, int R, int r, uint16_t *y, int rows, in
     dg_tensor yt = dg_tensor_2d(y, DG_BFLOAT16, rows, H), st = dg_tensor_1d(stats, DG_INT32, epr);
     dg_tensor l1 = experts(&g_l1, r * epr, epr), l2 = experts(&g_l2, r * epr, epr);
     dg_tensor s1 = experts(&g_l1sf, r * epr, epr), s2 = experts(&g_l2sf, r * epr, epr);
-    return dg_fp8_fp4_mega_moe(&yt, &l1, &s1, &l2, &s2, b, stats ? &st : NULL, 10.0f);
+    return dg_fp8_fp4_mega_moe(&yt, &l1, &s1, &l2, &s2, NULL, NULL, NULL, NULL, b, stats ? &st : NULL, 10.0f);
 }
 
 int main(int argc, char **argv) {
