@@ -119,7 +119,7 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
     TU_CHECK_OK(dg_set_num_sms(2));
     dg_tensor dbig = gemm(c, &at, &sfa, &b, NULL);
 
-    static const int64_t kM[] = {1, 2, 7, 15, 16, 17, 32, 33, 48, 63, 64, 1, 64, 100, 256};
+    static const int64_t kM[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 32, 33, 48, 63, 64, 1, 64, 100, 256};
     for (size_t mi = 0; mi < sizeof kM / sizeof kM[0] && kM[mi] <= limit; ++mi) {
         const int threads = 1 + (int)(mi % 3);
         {

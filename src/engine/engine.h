@@ -99,8 +99,9 @@ typedef void (*dg_ukr_fn)(int64_t kc, const void *a, const void *b, float *c, in
 typedef void (*dg_pack_bf16_fn)(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                                 int64_t k, dg_pack_fmt fmt, void *dst);
 
-/* ---- Decoding kernels (M <= 2; smallm.c) ------------------------------------------------
- * One call: the M (1 or 2) rows of A against DG_DECODE_ROWS rows of B read in place, all of K
+/* ---- Decoding kernels (M <= DG_DECODE_MAX_M; smallm.c) ------------------------------------
+ * One call: the M (1 .. DG_DECODE_MAX_M; DG_DECODE_PAIRS: 1 or 2) rows of A against
+ * DG_DECODE_ROWS rows of B read in place, all of K
  * (DG_DECODE_PAIRS: 32, two panels). B row r is
  * at b + r * ldb bytes, K contiguous: BF16 bits, E4M3 codes, or E2M1 nibble pairs (low nibble
  * first); rows >= rows and k >= k read as zero. A: float32 rows at a + m * lda, zero from K up
@@ -116,6 +117,8 @@ typedef void (*dg_pack_bf16_fn)(const uint16_t *src, int64_t ld, int64_t rows, i
  * DRAM (15-19 vs 11-16 GB/s, 2 threads): half the concurrent row streams for the prefetchers,
  * and two FMA chains per row of A still outrun memory. */
 #define DG_DECODE_ROWS 16
+/* Rows of A a row kernel takes (B staged once for all of them; kernels/avx2/decode_avx2.c). */
+#define DG_DECODE_MAX_M 8
 typedef struct dg_decode_job {
     const uint8_t *b;
     int64_t ldb;
@@ -132,7 +135,8 @@ typedef struct dg_decode_job {
     float *out;
 } dg_decode_job;
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
-/* 0 turns the decode kernels off (M <= 2 then runs the small-M kernels: the same bits; tests). */
+/* 0 turns the decode kernels off (M <= DG_DECODE_MAX_M then runs the small-M kernels: the same
+ * bits; tests). */
 void dg_engine_set_decode(int use);
 /* DG_DECODE_PAIRS: pre-packed BF16-pair panels instead of B rows (prepack.c): two 16-row
  * panels, the second at b + ldb bytes (read when rows > 16), k = the panels' padded K. */

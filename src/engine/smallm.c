@@ -143,7 +143,7 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
     }
 }
 
-/* ---- decoding (M <= 2): B read in place by the configuration's decode kernel -----------------
+/* ---- decoding (M <= DG_DECODE_MAX_M): B read in place by the configuration's decode kernel ----
  * Items of DG_DECODE_ROWS columns (engine.h: dg_decode_job). The kernel's per-element operations are the
  * small-M kernels' (same chain, same epilogue, same folded values), so a block may fall back
  * to run_block at any time without changing bits: when the kernel met an E4M3 NaN code, or
@@ -198,7 +198,7 @@ void dg_engine_decode_a_free(dg_decode_a *a) {
     a->rows = a->sa = NULL;
 }
 
-/* Why the decode kernel does not take an M <= 2 call (the path report), or NULL when it does. */
+/* Why the decode kernel does not take an M <= DG_DECODE_MAX_M call (the path report), or NULL when it does. */
 static const char *decode_declines(const dg_engine_cfg *cfg, const dg_operand *b, const dg_scale_plan *plan,
                                    int fmt) {
     if (!atomic_load(&g_decode))
@@ -219,7 +219,7 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     memset(dp, 0, sizeof *dp);
     *use = false;
     const int fmt = atomic_load(&g_decode) ? decode_format(b) : -1;
-    if (a->mn > 2 || a->mn < 1 || b->k < 1)
+    if (a->mn > DG_DECODE_MAX_M || a->mn < 1 || b->k < 1)
         return DG_OK;
     const char *why = decode_declines(cfg, b, plan, fmt);
     if (why) {
@@ -522,8 +522,8 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     const int64_t items = dg_ceil_div(n, width);
     const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
     if (decode)
-        DG_PATH("%s decode kernel (M <= 2, %s B read in place) | first: m=%lld n=%lld k=%lld", cfg->name,
-                dg_dtype_name(b->data->dtype), (long long)a->mn, (long long)n, (long long)b->k);
+        DG_PATH("%s decode kernel (M <= %d, %s B read in place) | first: m=%lld n=%lld k=%lld", cfg->name,
+                DG_DECODE_MAX_M, dg_dtype_name(b->data->dtype), (long long)a->mn, (long long)n, (long long)b->k);
     else if (a->mn > 2)
         DG_PATH("%s small-M kernel (M <= %lld) | first: m=%lld n=%lld k=%lld", cfg->name,
                 (long long)dg_engine_small_m_max(cfg), (long long)a->mn, (long long)n, (long long)b->k);
@@ -531,7 +531,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
-    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + 64 : 0;
+    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + 32 * DG_DECODE_MAX_M : 0;
     const int64_t sbn = nb * (plan->gblk ? dg_ceil_div(j.slice, plan->gblk) : 1) * nr + 8; /* B scales of a slice */
     const int64_t per_thread =
         dg_align(nb * (j.slice * nr + 8 * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);

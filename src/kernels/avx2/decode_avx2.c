@@ -1,5 +1,5 @@
 /*
- * decode_avx2.c - AVX2 decoding kernels: one or two rows of A against DG_DECODE_ROWS rows of B
+ * decode_avx2.c - AVX2 decoding kernels: 1 .. DG_DECODE_MAX_M rows of A against DG_DECODE_ROWS rows of B
  * read in place (BF16, E4M3 or E2M1 codes, K contiguous), all of K in one call (contract:
  * dg_decode_job in src/engine/engine.h).
  *
@@ -229,6 +229,72 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     return true;
 }
 
+/*
+ * M = 3 .. DG_DECODE_MAX_M rows of A: each staged chunk of B serves every row, two rows at a
+ * time (their 2 G accumulators in registers, kept in memory between the pairs), so B is widened
+ * once per call, not once per pair of rows; the small-M kernels widen it per K slice too but
+ * pay MR-row panels of A and tile loads (measured here, one thread, FP4 4096 x 4096 with 1x32
+ * scales: M = 3..8 took 27-31 ms on the small-M kernel, 2.9x the decode kernel's M = 2).
+ * Per element the chain and epilogue are decode_body's, so the bits are those of M = 1 or 2.
+ */
+DG_INLINE bool decode_body_rows(const dg_decode_job *j, const int fmt, const int G) {
+    const int M = j->m;
+    const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
+    const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
+    const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
+    const int64_t gblk = j->gblk ? j->gblk : kend, full = j->rows == 8 * G ? bytes / pb * kstep : 0;
+    const int64_t chunk = j->gblk ? gcd64(j->gblk, CHUNK_K) : CHUNK_K;
+    __m256 accm[DG_DECODE_MAX_M][4], totm[DG_DECODE_MAX_M][4];
+    __m256i nanmax = _mm256_setzero_si256();
+    float buf[CHUNK_K * 32] __attribute__((aligned(32)));
+    uint8_t tail[32 * 16];
+    for (int m = 0; m < M; ++m)
+        for (int g = 0; g < G; ++g)
+            totm[m][g] = _mm256_setzero_ps();
+    for (int64_t kb0 = 0; kb0 < kend; kb0 += gblk) {
+        const int64_t kb1 = kb0 + gblk < kend ? kb0 + gblk : kend, kb = kb0 / gblk;
+        for (int m = 0; m < M; ++m)
+            for (int g = 0; g < G; ++g)
+                accm[m][g] = _mm256_setzero_ps();
+        for (int64_t kk = kb0; kk < kb1; kk += chunk) {
+            const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
+            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, fmt, G);
+            for (int mb = 0; mb < M; mb += 2) {
+                __m256 acc[2][4];
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g)
+                    acc[0][g] = accm[mb][g], acc[1][g] = mb + 1 < M ? accm[mb + 1][g] : _mm256_setzero_ps();
+                if (mb + 1 < M)
+                    fma_slice(buf, kc, j->a + mb * j->lda + kk, j->lda, acc, 2, G);
+                else
+                    fma_slice(buf, kc, j->a + mb * j->lda + kk, j->lda, acc, 1, G);
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g) {
+                    accm[mb][g] = acc[0][g];
+                    if (mb + 1 < M)
+                        accm[mb + 1][g] = acc[1][g];
+                }
+            }
+        }
+        for (int m = 0; m < M; ++m) /* block_end, per row */
+            for (int g = 0; g < G; ++g) {
+                if (!j->gblk) {
+                    totm[m][g] = accm[m][g];
+                    continue;
+                }
+                const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
+                                                _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
+                totm[m][g] = _mm256_fmadd_ps(sc, accm[m][g], totm[m][g]);
+            }
+    }
+    for (int m = 0; m < M; ++m)
+        for (int g = 0; g < G; ++g)
+            _mm256_storeu_ps(j->out + m * 32 + 8 * g, totm[m][g]);
+    if (fmt == FMT_E4M3)
+        return !_mm256_movemask_epi8(_mm256_cmpeq_epi8(nanmax, _mm256_set1_epi8(0x7f)));
+    return true;
+}
+
 /* The small-M kernels' B slice (smallm.c) from E4M3 codes: rows [0, j->rows) (<= 16) for k in
  * [k0, k0 + kc) (k0 a multiple of 8) as float32 [kc][16] at dst, which has room for kc rounded
  * up to 8; the values decode_body stages (fm: NULL, unfolded scales). One pass over the codes
@@ -243,8 +309,11 @@ bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, f
 }
 
 /* DG_DECODE_ROWS = 16 rows of B per call (G = 2; 32 rows, G = 4, measured slower from DRAM on
- * Zen 3: more concurrent row streams), one or two rows of A. */
-#define DISPATCH(fmt) (j->m == 1 ? decode_body(j, 1, fmt, DG_DECODE_ROWS / 8) : decode_body(j, 2, fmt, DG_DECODE_ROWS / 8))
+ * Zen 3: more concurrent row streams), 1 .. DG_DECODE_MAX_M rows of A. */
+#define DISPATCH(fmt)                                                                               \
+    (j->m == 1   ? decode_body(j, 1, fmt, DG_DECODE_ROWS / 8)                                     \
+     : j->m == 2 ? decode_body(j, 2, fmt, DG_DECODE_ROWS / 8)                                     \
+                 : decode_body_rows(j, fmt, DG_DECODE_ROWS / 8))
 
 bool dg_decode_bf16_avx2(const dg_decode_job *j) { return DISPATCH(FMT_BF16); }
 
