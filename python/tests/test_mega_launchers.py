@@ -80,3 +80,12 @@ def test_torchrun_gloo(R):
                              capture_output=True, text=True, timeout=240)
         assert out.returncode == 0, out.stdout + out.stderr
         _check(d, R, 'shared memory')
+
+
+def test_example_script():
+    """examples/mega_moe.py (linked from the README) runs as written."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, os.path.join(root, 'examples', 'mega_moe.py'), '--ranks', '2', '--tokens',
+                          '8'], env=_env(), capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count('calc_diff against the reference') == 2, out.stdout
