@@ -241,6 +241,23 @@ static void test_fp4_cast_odd_padding_huge_k(void) {
     expect(dg_per_token_cast_to_fp4(&tx, 0, 9, 0, &out, &sf), DG_ERR_VALUE, "'gran_k'", "K = 2^63 - 2, gran_k = 9");
 }
 
+/* fuzz_hc_einsum (CI's fixed-seed run): a heads-form einsum with an empty batch and a head stride
+ * of 2^62 (legal: nothing steps by it) doubled that stride into bytes to order the engine's tile
+ * walk: signed overflow (UBSan, batched.c group_stride_bytes). The distances now saturate. */
+static void test_einsum_empty_batch_huge_head_stride(void) {
+    static uint16_t x[64];
+    dg_tensor a = dg_tensor_3d(x, DG_BFLOAT16, 0, 2, 4), b = dg_tensor_3d(x, DG_BFLOAT16, 2, 3, 4),
+              d = dg_tensor_3d(x + 32, DG_BFLOAT16, 0, 2, 3);
+    a.strides[1] = (int64_t)1 << 62;
+    for (int backend = 0; backend < 2; ++backend) {
+        dg_set_backend(backend ? DG_BACKEND_REFERENCE : DG_BACKEND_AUTO);
+        const dg_status st = dg_einsum("bhr,hdr->bhd", &a, &b, &d, NULL);
+        TU_CHECK(st == DG_OK || st == DG_ERR_LAYOUT || st == DG_ERR_OVERFLOW, "backend %d: %s: %s", backend,
+                 dg_status_string(st), dg_last_error());
+    }
+    dg_set_backend(DG_BACKEND_AUTO);
+}
+
 int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } groups[] = {
         {"misaligned_data", test_misaligned_data},
@@ -257,6 +274,7 @@ int main(int argc, char **argv) {
         {"pack_empty_b", test_pack_empty_b},
         {"einsum_empty_s_huge_k", test_einsum_empty_s_huge_k},
         {"fp4_cast_odd_padding_huge_k", test_fp4_cast_odd_padding_huge_k},
+        {"einsum_empty_batch_huge_head_stride", test_einsum_empty_batch_huge_head_stride},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; ++i)
         if (argc < 2 || strstr(groups[i].name, argv[1]))

@@ -406,19 +406,27 @@ static void choose_tiles(bjob *j, int threads) {
     j->mt = dg_ceil_div(p->m, j->mc), j->nt = dg_ceil_div(p->n, j->nc);
 }
 
+/* |elems| * size, saturated at INT64_MAX: a stride over an extent of 1 may be any int64 (nothing
+ * steps by it), and these distances only order the tile walk. */
+static int64_t abs_bytes(int64_t elems, int64_t size) {
+    const uint64_t a = elems < 0 ? 0 - (uint64_t)elems : (uint64_t)elems;
+    int64_t out;
+    return a > (uint64_t)INT64_MAX || __builtin_mul_overflow((int64_t)a, size, &out) ? INT64_MAX : out;
+}
+
 /* Distances in bytes between A's groups and between A's rows (group 0). */
 static int64_t group_stride_bytes(const dg_bgemm *p) {
     if (!p->ops)
-        return 2 * (p->a.sg < 0 ? -p->a.sg : p->a.sg);
+        return abs_bytes(p->a.sg, 2);
     if (p->groups < 2)
         return 0;
-    const int64_t d = (const char *)p->ops[2].data->data - (const char *)p->ops[0].data->data;
-    return d < 0 ? -d : d;
+    const uintptr_t g1 = (uintptr_t)p->ops[2].data->data, g0 = (uintptr_t)p->ops[0].data->data;
+    return abs_bytes((int64_t)(g1 > g0 ? g1 - g0 : g0 - g1), 1);
 }
 
 static int64_t row_stride_bytes(const dg_bgemm *p) {
-    const int64_t s = p->ops ? p->ops[0].data->strides[0] * (int64_t)dg_dtype_size(p->ops[0].data->dtype) : 2 * p->a.si;
-    return s < 0 ? -s : s;
+    return p->ops ? abs_bytes(p->ops[0].data->strides[0], (int64_t)dg_dtype_size(p->ops[0].data->dtype))
+                  : abs_bytes(p->a.si, 2);
 }
 
 /* A job of configuration cfg over groups gid[0 .. ngroups): formats, tiles, panel memory. */
