@@ -233,6 +233,9 @@ typedef struct dg_gemm_options {
     int use_psum_layout;
     int ensure_zero_padding;         /* DeepGEMM's default is 1 */
     int expected_m_for_psum_layout;  /* <= 0: not given */
+    /* DeepGEMM 2.8's `alpha`: D = C + alpha * (A @ B^T) (dense GEMMs only; see dense-gemm) */
+    int has_alpha;                   /* 0: alpha not given (1) */
+    float alpha;
 } dg_gemm_options;
 
 /* DeepGEMM's defaults: no recipe (deduced from the scale dtypes), ensure_zero_padding = 1.
@@ -322,6 +325,28 @@ DG_API dg_status dg_bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const d
 DG_API dg_status dg_bf16_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c);
 DG_API dg_status dg_bf16_gemm_tn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c);
 DG_API dg_status dg_bf16_gemm_tt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c);
+
+/*
+ * The same with options (DeepGEMM 2.8's keyword arguments of bf16_gemm_*): opts->compiled_dims
+ * and opts->alpha; the recipe fields must be unset (BF16 has no scales). NULL: defaults.
+ *
+ * alpha (here and in dg_fp8_fp4_gemm_* / dg_fp8_gemm_* / dg_fp8_fp4_gemm_nt_packed; in DeepGEMM
+ * 2.8 an SM100 epilogue option): D = round(C + alpha * acc), with acc the float32 product of
+ * the contract below, alpha * acc rounded to float32, then one float32 add and one rounding to
+ * D's dtype. The product is computed into a float32 buffer of [M, N] (D itself when D is
+ * FLOAT32 and C is NULL), so a call with alpha needs M * N * 4 bytes more (DG_ERR_ALLOC
+ * otherwise, nothing written). alpha must be finite (DG_ERR_VALUE). Every other function
+ * taking dg_gemm_options rejects has_alpha with DG_ERR_UNSUPPORTED, as DeepGEMM has no alpha
+ * there.
+ */
+DG_API dg_status dg_bf16_gemm_nt_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                    const dg_tensor *c, const dg_gemm_options *opts);
+DG_API dg_status dg_bf16_gemm_nn_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                    const dg_tensor *c, const dg_gemm_options *opts);
+DG_API dg_status dg_bf16_gemm_tn_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                    const dg_tensor *c, const dg_gemm_options *opts);
+DG_API dg_status dg_bf16_gemm_tt_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                                    const dg_tensor *c, const dg_gemm_options *opts);
 
 /*
  * FP8 / FP4 GEMMs with block scales: A and B are FLOAT8_E4M3 or packed FP4 (DG_FP4_E2M1X2),

@@ -114,8 +114,8 @@ def get_arch_major() -> int:
     MN-major operands and BF16 accumulation for FP8, every indexer head count and block size.
     This library implements all of that on every CPU. 9 (SM90) would select Hopper's narrower
     path (float32 1D2D scales only, K-major FP8, no FP4) and 12 (SM120) a consumer-GPU one, so
-    10 is the value that runs DeepSeek's code in its general form. (DeepGEMM 2.8's tests on 10
-    also pass `alpha=` to the GEMMs, an epilogue option this library does not have yet.)
+    10 is the value that runs DeepSeek's code in its general form, including the `alpha=`
+    epilogue of the dense GEMMs that DeepGEMM 2.8's tests pass on 10.
     """
     return CPU_ARCH_MAJOR
 

@@ -19,7 +19,24 @@ int dgp_gemm_opts(const char *fn, PyObject *recipe, PyObject *recipe_a, PyObject
     return 0;
 }
 
-typedef dg_status (*bf16_gemm_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *);
+/* DeepGEMM 2.8's alpha=None | float into opts (has_alpha). */
+static int dgp_alpha(PyObject *alpha, const char *fn, dg_gemm_options *opts) {
+    if (alpha == Py_None)
+        return 0;
+    if (!PyFloat_Check(alpha) && !PyLong_Check(alpha)) {
+        PyErr_Format(PyExc_TypeError, "%s: argument 'alpha' must be a float or None", fn);
+        return -1;
+    }
+    const double v = PyFloat_AsDouble(alpha);
+    if (v == -1.0 && PyErr_Occurred())
+        return -1;
+    opts->has_alpha = 1;
+    opts->alpha = (float)v;
+    return 0;
+}
+
+typedef dg_status (*bf16_gemm_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *,
+                                  const dg_gemm_options *);
 typedef dg_status (*fp8_gemm_fn)(const dg_tensor *, const dg_tensor *, const dg_tensor *, const dg_tensor *,
                                  const dg_tensor *, const dg_tensor *, const dg_gemm_options *);
 /* The same with pre-packed weights (bind_packed.c's PackedB as b); only the `_nt` forms have them. */
@@ -29,14 +46,22 @@ typedef dg_status (*fp8_packed_fn)(const dg_tensor *, const dg_tensor *, const d
 
 static PyObject *bf16_gemm(PyObject *args, PyObject *kw, const char *fn, bf16_gemm_fn call,
                            bf16_packed_fn packed_call, const char *dims) {
-    static char *kwlist[] = {"a", "b", "d", "c", "compiled_dims", NULL};
-    PyObject *a, *b, *d, *c = Py_None;
+    static char *kwlist[] = {"a", "b", "d", "c", "compiled_dims", "alpha", NULL};
+    PyObject *a, *b, *d, *c = Py_None, *alpha = Py_None;
     const char *compiled_dims = dims;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OOO|Os:%s", fn);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c, &compiled_dims))
+    snprintf(fmt, sizeof fmt, "OOO|OsO:%s", fn);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c, &compiled_dims, &alpha))
         return NULL;
     const int packed = packed_call && dgp_is_packed(b);
+    dg_gemm_options opts = dg_gemm_options_default();
+    opts.compiled_dims = compiled_dims;
+    if (dgp_alpha(alpha, fn, &opts))
+        return NULL;
+    if (packed && opts.has_alpha) {
+        PyErr_Format(PyExc_ValueError, "%s: argument 'alpha' is not supported with pre-packed BF16 weights", fn);
+        return NULL;
+    }
     dgp_tensor ta, tb, td, tc;
     if (dgp_tensor_from(a, fn, "a", 0, &ta) || (!packed && dgp_tensor_from(b, fn, "b", 0, &tb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc))
@@ -49,7 +74,7 @@ static PyObject *bf16_gemm(PyObject *args, PyObject *kw, const char *fn, bf16_ge
         DGP_NOGIL(st, packed_call(&ta.t, pb, &td.t, dgp_ptr(&tc)));
         dgp_packed_end(b);
     } else {
-        DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, dgp_ptr(&tc)));
+        DGP_NOGIL(st, call(&ta.t, &tb.t, &td.t, dgp_ptr(&tc), &opts));
     }
     if (st != DG_OK)
         return dgp_raise(st);
@@ -59,21 +84,22 @@ static PyObject *bf16_gemm(PyObject *args, PyObject *kw, const char *fn, bf16_ge
 static PyObject *fp8_fp4_gemm(PyObject *args, PyObject *kw, const char *fn, fp8_gemm_fn call,
                               fp8_packed_fn packed_call, const char *dims) {
     static char *kwlist[] = {"a", "b", "d", "c", "recipe", "recipe_a", "recipe_b", "compiled_dims",
-                             "disable_ue8m0_cast", NULL};
+                             "disable_ue8m0_cast", "alpha", NULL};
     PyObject *a, *b, *d, *c = Py_None, *recipe = Py_None, *recipe_a = Py_None, *recipe_b = Py_None;
+    PyObject *alpha = Py_None;
     const char *compiled_dims = dims;
     int disable = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OOO|OOOOsp:%s", fn);
+    snprintf(fmt, sizeof fmt, "OOO|OOOOspO:%s", fn);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &a, &b, &d, &c, &recipe, &recipe_a, &recipe_b,
-                                     &compiled_dims, &disable))
+                                     &compiled_dims, &disable, &alpha))
         return NULL;
     const int packed = packed_call && dgp_is_packed(b);
     dgp_tensor ta, sfa, tb, sfb, td, tc;
     dg_gemm_options opts;
     if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || (!packed && dgp_pair_from(b, fn, "b", 0, &tb, &sfb)) ||
         dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc) ||
-        dgp_gemm_opts(fn, recipe, recipe_a, recipe_b, compiled_dims, disable, &opts))
+        dgp_gemm_opts(fn, recipe, recipe_a, recipe_b, compiled_dims, disable, &opts) || dgp_alpha(alpha, fn, &opts))
         return NULL;
     dg_status st;
     if (packed) {
@@ -92,7 +118,7 @@ static PyObject *fp8_fp4_gemm(PyObject *args, PyObject *kw, const char *fn, fp8_
 
 #define DGP_BF16(L, PACKED, DIMS)                                                                \
     static PyObject *py_bf16_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {            \
-        return bf16_gemm(args, kw, "bf16_gemm_" #L, dg_bf16_gemm_##L, PACKED, DIMS);             \
+        return bf16_gemm(args, kw, "bf16_gemm_" #L, dg_bf16_gemm_##L##_ex, PACKED, DIMS);             \
     }
 #define DGP_FP8(L, PACKED, DIMS)                                                                 \
     static PyObject *py_fp8_fp4_gemm_##L(PyObject *self, PyObject *args, PyObject *kw) {         \
@@ -174,22 +200,22 @@ static PyObject *py_k_grouped_fp4_gemm_nt_contiguous(PyObject *self, PyObject *a
 #define KW (PyCFunction)(void (*)(void))
 #define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 PyMethodDef dgp_gemm_methods[] = {
-    M(bf16_gemm_nt, "bf16_gemm_nt(a, b, d, c=None, compiled_dims='nk'): d = c + a @ b.T, a [M, K], b [N, K] "
-                    "or pack_b(b)"),
-    M(bf16_gemm_nn, "bf16_gemm_nn(a, b, d, c=None, compiled_dims='nk'): d = c + a @ b, b [K, N]"),
-    M(bf16_gemm_tn, "bf16_gemm_tn(a, b, d, c=None, compiled_dims='mn'): d = c + a.T @ b, a [K, M], b [K, N]"),
-    M(bf16_gemm_tt, "bf16_gemm_tt(a, b, d, c=None, compiled_dims='mn'): d = c + a.T @ b.T"),
+    M(bf16_gemm_nt, "bf16_gemm_nt(a, b, d, c=None, compiled_dims='nk', alpha=None): d = c + alpha * (a @ b.T), a [M, K], "
+                    "b [N, K] or pack_b(b) (then no alpha)"),
+    M(bf16_gemm_nn, "bf16_gemm_nn(a, b, d, c=None, compiled_dims='nk', alpha=None): d = c + alpha * (a @ b), b [K, N]"),
+    M(bf16_gemm_tn, "bf16_gemm_tn(a, b, d, c=None, compiled_dims='mn', alpha=None): d = c + alpha * (a.T @ b), a [K, M], b [K, N]"),
+    M(bf16_gemm_tt, "bf16_gemm_tt(a, b, d, c=None, compiled_dims='mn', alpha=None): d = c + alpha * (a.T @ b.T)"),
     M(fp8_fp4_gemm_nt, "fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
-                       "compiled_dims='nk', disable_ue8m0_cast=False); a, b are (data, scales), b may be "
+                       "compiled_dims='nk', disable_ue8m0_cast=False, alpha=None): d = c + alpha * (a @ b.T); a, b are (data, scales), b may be "
                        "pack_b((data, scales), recipe...)"),
     M(fp8_fp4_gemm_nn, "fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
-                       "compiled_dims='nk', disable_ue8m0_cast=False)"),
+                       "compiled_dims='nk', disable_ue8m0_cast=False, alpha=None)"),
     M(fp8_fp4_gemm_tn, "fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
-                       "compiled_dims='mn', disable_ue8m0_cast=False)"),
+                       "compiled_dims='mn', disable_ue8m0_cast=False, alpha=None)"),
     M(fp8_fp4_gemm_tt, "fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
-                       "compiled_dims='mn', disable_ue8m0_cast=False)"),
+                       "compiled_dims='mn', disable_ue8m0_cast=False, alpha=None)"),
     M(fp8_gemm_nt_skip_head_mid, "fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe=None, "
-                                 "compiled_dims='nk', disable_ue8m0_cast=False)"),
+                                 "compiled_dims='nk', disable_ue8m0_cast=False, alpha=None)"),
     M(cublaslt_gemm_nt, "cublaslt_gemm_nt(a, b, d, c=None): d = c + a @ b.T, a [M, K], b [N, K]; BF16, FP8 "
                         "(unscaled) or float32 (d float32) operands"),
     M(cublaslt_gemm_nn, "cublaslt_gemm_nn(a, b, d, c=None): d = c + a @ b, b [K, N]"),

@@ -273,3 +273,67 @@ def test_testing_helpers(capsys, monkeypatch):
     dg.testing.assert_bitwise_equal(np.arange(4.0), np.arange(4.0))
     with pytest.raises(AssertionError):
         dg.testing.assert_bitwise_equal(np.zeros(2), -np.zeros(2))
+
+
+# ---- alpha (DeepGEMM 2.8's dense GEMM epilogue) ----------------------------------------------
+
+@pytest.mark.parametrize('layout', LAYOUTS)
+@pytest.mark.parametrize('accumulate', [False, True])
+def test_bf16_alpha(layout, accumulate):
+    m, n, k = 37, 45, 200
+    a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+    x, y = operands(layout, a, b)
+    fn = getattr(dg, f'bf16_gemm_{layout}')
+    alpha = -0.613
+    c = torch.randn(m, n, dtype=torch.bfloat16) * 32 if accumulate else None
+    d = c.clone() if accumulate else torch.empty(m, n, dtype=torch.bfloat16)
+    fn(x, y, d, c=d if accumulate else None, alpha=alpha)
+    # The contract: the float32 product, times alpha in float32, plus C, rounded once.
+    acc = torch.empty(m, n, dtype=torch.float32)
+    fn(x, y, acc)
+    want = acc * torch.tensor(alpha, dtype=torch.float32)
+    if accumulate:
+        want = c.float() + want
+    assert torch.equal(d, want.to(torch.bfloat16))
+    ref = alpha * (a.double() @ b.double().t()) + (c.double() if accumulate else 0)
+    assert calc_diff(d, ref) < 1e-5
+
+
+@pytest.mark.parametrize('fp4_b', [False, True])
+def test_fp8_fp4_alpha(fp4_b):
+    # As DeepGEMM 2.8's test_gemm on SM100: alpha uniform in [-1, 1], ref = alpha * a @ b.T + c.
+    m, n, k = 17, 64, 256
+    a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)
+    from deep_gemm_cpu.utils import per_token_cast_to_fp8
+    a_q = per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32)
+    b_q = per_token_cast_to_fp4(b, use_ue8m0=True, gran_k=32) if fp4_b else \
+        per_token_cast_to_fp8(b, use_ue8m0=True, gran_k=32)
+    c = torch.randn(m, n, dtype=torch.float32) * 32
+    for alpha in (0.25, -0.9):
+        d = c.clone()
+        dg.fp8_fp4_gemm_nt(a_q, b_q, d, c=d, recipe=(1, 1, 32), alpha=alpha)
+        ref = alpha * (a.float() @ b.float().t()) + c
+        assert calc_diff(d, ref) < (0.02 if fp4_b else 0.001)
+        plain = torch.empty(m, n, dtype=torch.float32)
+        dg.fp8_fp4_gemm_nt(a_q, b_q, plain, recipe=(1, 1, 32))
+        assert torch.equal(d, c + plain * torch.tensor(alpha, dtype=torch.float32))
+        # Pre-packed weights take alpha too, bitwise.
+        pb = dg.pack_b(b_q, recipe=(1, 1, 32))
+        dp = c.clone()
+        dg.fp8_fp4_gemm_nt(a_q, pb, dp, c=dp, recipe=(1, 1, 32), alpha=alpha)
+        assert torch.equal(dp, d)
+
+
+def test_alpha_bad_input():
+    a, b = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(8, 32, dtype=torch.bfloat16)
+    d = torch.zeros(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match='alpha'):
+        dg.bf16_gemm_nt(a, b, d, alpha=float('nan'))
+    with pytest.raises(TypeError, match='alpha'):
+        dg.bf16_gemm_nt(a, b, d, alpha='2')
+    with pytest.raises(ValueError, match='alpha'):
+        dg.bf16_gemm_nt(a, dg.pack_b(b), d, alpha=2.0)
+    with pytest.raises(TypeError):  # as in DeepGEMM, the grouped GEMMs take no alpha
+        dg.m_grouped_bf16_gemm_nt_masked(a.view(1, 4, 32), b.view(1, 8, 32), d.view(1, 4, 8),
+                                         torch.tensor([4], dtype=torch.int32), 4, alpha=2.0)
+    assert torch.count_nonzero(d) == 0

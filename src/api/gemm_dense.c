@@ -10,6 +10,9 @@
 #include "../core/operand.h"
 #include "../engine/engine.h"
 #include "../reference/ref_gemm.h"
+#include "gemm_alpha.h"
+
+#include <string.h>
 
 /* ---- shared checks ---------------------------------------------------------------------- */
 
@@ -53,42 +56,103 @@ static dg_status run_gemm(const dg_operand *a, const dg_operand *b, const dg_ten
     return DG_OK;
 }
 
+/* The product A @ B^T alone, for the alpha epilogue (gemm_alpha.h). */
+typedef struct product_ctx {
+    const dg_operand *a, *b;
+} product_ctx;
+
+static dg_status product(const void *ctx, const dg_tensor *out) {
+    const product_ctx *p = ctx;
+    return run_gemm(p->a, p->b, out, NULL);
+}
+
+/* run_gemm, or with opts' alpha D = round(C + alpha * acc). */
+static dg_status run_gemm_opts(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c,
+                               const dg_gemm_options *opts) {
+    if (!opts || !opts->has_alpha || a->k == 0) /* K = 0: D = C, as DeepGEMM's early return */
+        return run_gemm(a, b, d, c);
+    const product_ctx ctx = {a, b};
+    return dg_gemm_with_alpha(d, c, a->mn, b->mn, opts->alpha, product, &ctx);
+}
+
 /* ---- BF16 ------------------------------------------------------------------------------- */
 
 static dg_status bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
-                              const dg_tensor *c) {
+                              const dg_tensor *c, const dg_gemm_options *opts) {
     static const dg_dtype kIn[1] = {DG_BFLOAT16};
     dg_operand oa, ob;
     DG_TRY(dg_operand_init(&oa, "a", a, 0, kIn, 1));
     DG_TRY(dg_operand_init(&ob, "b", b, 0, kIn, 1));
     DG_TRY(check_problem(&oa, &ob, d, c));
     DG_TRY(check_inputs_apart(d, &oa, &ob));
+    if (opts) {
+        static const int kNone[3] = {0, 0, 0};
+        DG_CHECK(!memcmp(opts->recipe, kNone, sizeof opts->recipe) &&
+                     !memcmp(opts->recipe_a, kNone, sizeof opts->recipe_a) &&
+                     !memcmp(opts->recipe_b, kNone, sizeof opts->recipe_b),
+                 DG_ERR_VALUE, "arguments 'recipe', 'recipe_a' and 'recipe_b' must not be given to BF16 GEMMs");
+        DG_TRY(dg_check_alpha(opts, true));
+    }
     if (oa.mn == 0 || ob.mn == 0)
         return DG_OK;
-    return run_gemm(&oa, &ob, d, c);
+    return run_gemm_opts(&oa, &ob, d, c, opts);
+}
+
+/* The four layouts, as fp8_fp4_layout below. */
+static dg_status bf16_layout(int trans_a, int trans_b, const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
+                             const dg_tensor *c, const dg_gemm_options *opts) {
+    if (opts)
+        dg_api_set_compiled_dims(opts->compiled_dims);
+    dg_tensor at, bt;
+    if (trans_a)
+        a = dg_transposed_2d(a, &at);
+    if (trans_b)
+        b = dg_transposed_2d(b, &bt);
+    return bf16_gemm_nt(a, b, d, c, opts);
 }
 
 dg_status dg_bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_bf16_gemm_nt");
-    return bf16_gemm_nt(a, b, d, c);
+    return bf16_layout(0, 0, a, b, d, c, NULL);
 }
 
 dg_status dg_bf16_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_bf16_gemm_nn");
-    dg_tensor bt;
-    return bf16_gemm_nt(a, dg_transposed_2d(b, &bt), d, c);
+    return bf16_layout(0, 1, a, b, d, c, NULL);
 }
 
 dg_status dg_bf16_gemm_tn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_bf16_gemm_tn");
-    dg_tensor at, bt;
-    return bf16_gemm_nt(dg_transposed_2d(a, &at), dg_transposed_2d(b, &bt), d, c);
+    return bf16_layout(1, 1, a, b, d, c, NULL);
 }
 
 dg_status dg_bf16_gemm_tt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c) {
     dg_api_begin("dg_bf16_gemm_tt");
-    dg_tensor at;
-    return bf16_gemm_nt(dg_transposed_2d(a, &at), b, d, c);
+    return bf16_layout(1, 0, a, b, d, c, NULL);
+}
+
+dg_status dg_bf16_gemm_nt_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c,
+                             const dg_gemm_options *opts) {
+    dg_api_begin("dg_bf16_gemm_nt");
+    return bf16_layout(0, 0, a, b, d, c, opts);
+}
+
+dg_status dg_bf16_gemm_nn_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c,
+                             const dg_gemm_options *opts) {
+    dg_api_begin("dg_bf16_gemm_nn");
+    return bf16_layout(0, 1, a, b, d, c, opts);
+}
+
+dg_status dg_bf16_gemm_tn_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c,
+                             const dg_gemm_options *opts) {
+    dg_api_begin("dg_bf16_gemm_tn");
+    return bf16_layout(1, 1, a, b, d, c, opts);
+}
+
+dg_status dg_bf16_gemm_tt_ex(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c,
+                             const dg_gemm_options *opts) {
+    dg_api_begin("dg_bf16_gemm_tt");
+    return bf16_layout(1, 0, a, b, d, c, opts);
 }
 
 /* ---- FP8 / FP4 -------------------------------------------------------------------------- */
@@ -111,12 +175,16 @@ static dg_status fp8_fp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const
                                  const dg_gemm_options *opts) {
     dg_operand oa, ob;
     int gran_a[2], gran_b[2];
-    DG_TRY(init_scaled(&oa, &ob, a, sfa, b, sfb, opts, 2, gran_a, gran_b));
+    /* alpha is checked here; the recipe resolution shared with the grouped GEMMs rejects it. */
+    DG_TRY(dg_check_alpha(opts, true));
+    dg_gemm_options rest = opts ? *opts : dg_gemm_options_default();
+    rest.has_alpha = 0;
+    DG_TRY(init_scaled(&oa, &ob, a, sfa, b, sfb, &rest, 2, gran_a, gran_b));
     DG_TRY(check_problem(&oa, &ob, d, c));
     DG_TRY(check_inputs_apart(d, &oa, &ob));
     if (oa.mn == 0 || ob.mn == 0)
         return DG_OK;
-    return run_gemm(&oa, &ob, d, c);
+    return run_gemm_opts(&oa, &ob, d, c, opts);
 }
 
 /* The four layouts: `t` operands (and their scales) arrive transposed and are turned back. */

@@ -23,7 +23,8 @@ static inline bool any_nonzero(const int *v, int n) {
 static inline dg_status resolve_granularity(const dg_gemm_options *o, bool quantized, const dg_tensor *sfa,
                                             const dg_tensor *sfb, int ga[2], int gb[2]) {
     if (quantized)
-        return dg_resolve_recipe(o, sfa, sfb, ga, gb);
+        return dg_resolve_recipe(o, sfa, sfb, ga, gb); /* which also rejects alpha */
+    DG_TRY(dg_check_alpha(o, false));
     DG_CHECK(!any_nonzero(o->recipe, 3) && !any_nonzero(o->recipe_a, 2) && !any_nonzero(o->recipe_b, 2),
              DG_ERR_VALUE, "arguments 'recipe', 'recipe_a' and 'recipe_b' must not be given to BF16 GEMMs");
     ga[0] = ga[1] = gb[0] = gb[1] = 1;

@@ -27,6 +27,7 @@ typedef struct k_plan {
 } k_plan;
 
 static dg_status check_options(const dg_gemm_options *o, k_kind kind, k_plan *p) {
+    DG_TRY(dg_check_alpha(o, false));
     DG_CHECK(o->recipe_a[0] == 0 && o->recipe_a[1] == 0 && o->recipe_b[0] == 0 && o->recipe_b[1] == 0,
              DG_ERR_VALUE, "arguments 'recipe_a' and 'recipe_b' are not taken by k-grouped GEMMs; give 'recipe'");
     p->psum = o->use_psum_layout != 0;

@@ -6,6 +6,7 @@
  */
 #include "../core/operand.h"
 #include "../engine/prepack.h"
+#include "gemm_alpha.h"
 
 #include <string.h>
 
@@ -104,6 +105,17 @@ static dg_status run(const dg_operand *a, const dg_packed_b *b, const dg_tensor 
     return dg_engine_gemm_prepacked(a, b, d, c);
 }
 
+/* The product alone, for the alpha epilogue (gemm_alpha.h). */
+typedef struct product_ctx {
+    const dg_operand *a;
+    const dg_packed_b *b;
+} product_ctx;
+
+static dg_status product(const void *ctx, const dg_tensor *out) {
+    const product_ctx *p = ctx;
+    return run(p->a, p->b, out, NULL);
+}
+
 /* ---- entry points ------------------------------------------------------------------------- */
 
 dg_status dg_bf16_gemm_nt_packed(const dg_tensor *a, const dg_packed_b *b, const dg_tensor *d, const dg_tensor *c) {
@@ -129,11 +141,17 @@ dg_status dg_fp8_fp4_gemm_nt_packed(const dg_tensor *a, const dg_tensor *sfa, co
     memset(&sfb_like, 0, sizeof sfb_like);
     sfb_like.dtype = b->sf_dtype;
     int gran_a[2], gran_b[2];
-    DG_TRY(dg_resolve_recipe(opts, sfa, &sfb_like, gran_a, gran_b));
+    DG_TRY(dg_check_alpha(opts, true));
+    dg_gemm_options rest = opts ? *opts : dg_gemm_options_default();
+    rest.has_alpha = 0; /* dg_resolve_recipe rejects alpha, which only the dense GEMMs take */
+    DG_TRY(dg_resolve_recipe(&rest, sfa, &sfb_like, gran_a, gran_b));
     DG_CHECK(gran_b[0] == b->gran_b[0] && gran_b[1] == b->gran_b[1], DG_ERR_VALUE,
              "argument 'opts': the recipe gives B granularity (%d, %d), but 'b' was packed with (%d, %d)",
              gran_b[0], gran_b[1], b->gran_b[0], b->gran_b[1]);
     DG_TRY(dg_operand_set_scales(&oa, "sfa", sfa, gran_a[0], gran_a[1]));
     DG_TRY(check_out(&oa, b, d, c));
-    return run(&oa, b, d, c);
+    if (!opts || !opts->has_alpha || oa.mn == 0 || b->n == 0 || b->k == 0) /* K = 0: D = C, as DeepGEMM */
+        return run(&oa, b, d, c);
+    const product_ctx ctx = {&oa, b};
+    return dg_gemm_with_alpha(d, c, oa.mn, b->n, opts->alpha, product, &ctx);
 }

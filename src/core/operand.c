@@ -1,6 +1,8 @@
 /* operand.c - checking GEMM operands and their scales (see operand.h). */
 #include "operand.h"
 
+#include <math.h>
+
 dg_status dg_operand_init(dg_operand *op, const char *name, const dg_tensor *data, int grouped,
                           const dg_dtype *allowed, int n_allowed) {
     const int nd = grouped ? 3 : 2;
@@ -79,11 +81,22 @@ static bool all_zero(const int *v, int n) {
     return true;
 }
 
+dg_status dg_check_alpha(const dg_gemm_options *opts, bool allowed) {
+    if (!opts || !opts->has_alpha)
+        return DG_OK;
+    DG_CHECK(allowed, DG_ERR_UNSUPPORTED,
+             "argument 'alpha' is only taken by the dense GEMMs (bf16_gemm_*, fp8_fp4_gemm_*), as in DeepGEMM");
+    DG_CHECK(isfinite(opts->alpha), DG_ERR_VALUE, "argument 'alpha' must be finite, got %g", (double)opts->alpha);
+    return DG_OK;
+}
+
 dg_status dg_resolve_recipe(const dg_gemm_options *opt, const dg_tensor *sfa, const dg_tensor *sfb,
                             int gran_a[2], int gran_b[2]) {
     const dg_gemm_options def = dg_gemm_options_default();
     if (!opt)
         opt = &def;
+    /* Only the dense GEMMs take alpha; they check it and pass their options on without it. */
+    DG_TRY(dg_check_alpha(opt, false));
     const bool has_recipe = !all_zero(opt->recipe, 3);
     const bool has_a = !all_zero(opt->recipe_a, 2), has_b = !all_zero(opt->recipe_b, 2);
     DG_CHECK(has_a == has_b, DG_ERR_VALUE, "arguments 'recipe_a' and 'recipe_b' must be given together");

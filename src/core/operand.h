@@ -41,6 +41,10 @@ dg_status dg_operand_init(dg_operand *op, const char *name, const dg_tensor *dat
 dg_status dg_operand_set_scales(dg_operand *op, const char *sf_name, const dg_tensor *sf,
                                 int gran_mn, int gran_k);
 
+/* opts' alpha (DeepGEMM 2.8), if given: finite; with `allowed` false (every GEMM but the dense
+ * ones) a given alpha is DG_ERR_UNSUPPORTED. */
+dg_status dg_check_alpha(const dg_gemm_options *opts, bool allowed);
+
 /*
  * Resolves DeepGEMM's recipe arguments into (gran_mn, gran_k) per operand. With neither
  * `recipe` nor `recipe_a/_b` given, the default follows the scale dtype of B: float32 ->

@@ -17,6 +17,7 @@
 #define DG_FUZZ_COMMON_H
 
 #include <deepgemm.h>
+#include <math.h>
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* each harness uses a part of this file */
 
@@ -444,6 +445,11 @@ static const dg_gemm_options *fz_options(fz_ctx *c, dg_gemm_options *o) {
         o->expected_m_for_psum_layout = fz_int(&c->r);
     if (which & 64)
         o->disable_ue8m0_cast = 1;
+    if (which & 128) { /* alpha: finite, or NaN / infinity (rejected) */
+        static const float kAlpha[6] = {0.5f, -1.0f, 0.0f, 3.0e38f, NAN, INFINITY};
+        o->has_alpha = 1;
+        o->alpha = kAlpha[fz_u8(&c->r) % 6];
+    }
     return o;
 }
 
