@@ -467,8 +467,8 @@ DG_API dg_status dg_cublaslt_gemm_tt(const dg_tensor *a, const dg_tensor *b, con
  *   dg_fp4_gemm_nt                       = dg_fp8_fp4_gemm_nt
  *   dg_m_grouped_fp4_gemm_nt_contiguous  = dg_m_grouped_fp8_fp4_gemm_nt_contiguous
  *   dg_m_grouped_fp4_gemm_nt_masked      = dg_m_grouped_fp8_fp4_gemm_nt_masked
- * DeepGEMM's k_grouped_fp4_gemm_nt_contiguous (K-major packed FP4 weight gradients, recipe
- * (1, 1, 32)) is a kernel of its own, not an alias, and is not available here yet.
+ * DeepGEMM's k_grouped_fp4_gemm_nt_contiguous (K-major packed FP4 weight gradients) is a kernel
+ * of its own, not an alias: dg_k_grouped_fp4_gemm_nt_contiguous in the k-grouped section.
  */
 DG_API dg_status dg_fp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
                                 const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c,
@@ -590,7 +590,7 @@ DG_API dg_status dg_m_grouped_fp8_fp4_gemm_nt_contiguous_packed(const dg_tensor 
  *     rows between groups are never read. FP8 scales per channel along K:
  *     sfa FLOAT32 [sum_g ceil(k_g / gran_k), M] (any strides), or INT32 packed UE8M0
  *     [>= sum_g ceil(k_g / (4 gran_k)), M] with each group starting a new packed row; sfb
- *     likewise with N.
+ *     likewise with N. With the psum layout k_g here is the group's K aligned up (below).
  *   `_nt` (K-major): a, b contiguous of sum_k*M (sum_k*N) FLOAT8_E4M3 elements holding group
  *     after group an [M, k_g] (resp. [N, k_g]) row-major block; sfa FLOAT32 [M, sum_k / 128],
  *     sfb [N, sum_k / 128], any strides.
@@ -610,6 +610,29 @@ DG_API dg_status dg_k_grouped_bf16_gemm_tn_contiguous(const dg_tensor *a, const 
                                                       const dg_tensor *d, const int *ks, int num_ks,
                                                       const dg_tensor *grouped_layout, const dg_tensor *c,
                                                       const dg_gemm_options *opts);
+
+/*
+ * DeepGEMM 2.8's k-grouped FP4 GEMM (FP4 weight gradients): as the `_tn` form above, but
+ *   a DG_FP4_E2M1X2 (or INT8) [M, sum_k / 2] and b [N, sum_k / 2], contiguous: logical K-major
+ *     [M, sum_k] / [N, sum_k] with the pairs along K; group g owns columns
+ *     [start_g, start_g + k_g) of every row (start_g as in `_tn`, psum layout included);
+ *   opts->recipe must be (1, 1, 32) (the default here); the K alignment
+ *     (dg_get_mk_alignment_for_contiguous_layout()) must be a multiple of 256, as DeepGEMM's;
+ *   sfa / sfb per channel along K, MN-major as `_tn`'s: FLOAT32 [rows, M] or INT32 packed
+ *     UE8M0 [>= packed rows, M].
+ * Scale rows per group, here and in `_tn` with the psum layout: DeepGEMM's packers give each
+ * group the scale rows of its K aligned up to the K alignment (align(k_g, alignment) / gran_k;
+ * without psum k_g is already aligned), so a psum group whose K is not aligned owns more rows than
+ * its K needs; the extra rows are never read. With psum, an odd k_g's last pair holds one code
+ * past the group, which must be zero (as DeepGEMM requires of its padding codes).
+ * Numerics: FP4 x FP4 on exact integer dot products per scale block of 32 (dense-gemm section),
+ * D = C + sum over blocks in order, float32 throughout.
+ */
+DG_API dg_status dg_k_grouped_fp4_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa,
+                                                     const dg_tensor *b, const dg_tensor *sfb,
+                                                     const dg_tensor *d, const int *ks, int num_ks,
+                                                     const dg_tensor *grouped_layout, const dg_tensor *c,
+                                                     const dg_gemm_options *opts);
 
 /* @@SECTION mqa-logits: MQA logits, paged MQA logits, metadata (SPEC 5) @@ */
 

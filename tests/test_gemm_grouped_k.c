@@ -36,14 +36,19 @@ static void make_kop(tu_rng *rng, const kcfg *cf, int64_t mn, int64_t total, con
     o->data = tu_alloc2(fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, total, mn);
     /* Rows outside every group (psum gaps) hold NaN garbage. */
     memset(o->data.data, fp8 ? 0x7f : 0xff, dg_tensor_nbytes(&o->data));
-    int64_t rows = 0, prows = 0;
+    /* Each group owns the scale rows of its K aligned up (DeepGEMM's packers): with psum, rows
+     * past the group's K exist and hold garbage (0x7f: NaN for float, 2^0 bytes). */
+    int64_t rows = 0, prows = 0, own[16];
     for (int g = 0; g < cf->G; ++g) {
-        rows += tq_cdiv(len[g], gk);
-        prows += tq_cdiv(tq_cdiv(len[g], gk), 4);
+        own[g] = tq_cdiv(cf->psum ? tq_align(len[g], cf->k_alignment) : len[g], gk);
+        rows += own[g];
+        prows += tq_cdiv(own[g], 4);
     }
     memset(&o->sf, 0, sizeof o->sf);
-    if (fp8)
+    if (fp8) {
         o->sf = packed ? tu_alloc2(DG_INT32, prows, mn) : tu_alloc2(DG_FLOAT32, rows, mn);
+        memset(o->sf.data, 0x7f, dg_tensor_nbytes(&o->sf));
+    }
     int64_t row = 0, prow = 0;
     for (int g = 0; g < cf->G; ++g) {
         const int64_t nb = tq_cdiv(len[g], gk);
@@ -72,8 +77,8 @@ static void make_kop(tu_rng *rng, const kcfg *cf, int64_t mn, int64_t total, con
                 else if (fp8)
                     ((float *)o->sf.data)[(row + b) * mn + i] = s;
             }
-        row += nb;
-        prow += tq_cdiv(nb, 4);
+        row += own[g];
+        prow += tq_cdiv(own[g], 4);
     }
     o->sf_view = o->sf;
 }

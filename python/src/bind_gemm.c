@@ -1,7 +1,6 @@
 /*
  * bind_gemm.c - dense GEMMs: bf16_gemm_*, fp8_fp4_gemm_* (fp8_gemm_* are aliases, as in
- * DeepGEMM), fp8_gemm_nt_skip_head_mid, the cuBLASLt GEMMs and k_grouped_fp4_gemm_nt_contiguous
- * (not implemented). The `_nt`
+ * DeepGEMM), fp8_gemm_nt_skip_head_mid and the cuBLASLt GEMMs. The `_nt`
  * forms also take pre-packed weights (a PackedB from pack_b, bind_packed.c) as b.
  * Argument names, order and defaults are DeepGEMM's (csrc/apis/gemm.hpp, attention.hpp).
  */
@@ -187,16 +186,6 @@ DGP_CUBLASLT(nn)
 DGP_CUBLASLT(tn)
 DGP_CUBLASLT(tt)
 
-/* DeepGEMM 2.8's k-grouped FP4 weight-gradient GEMM is a kernel of its own (K-major packed FP4
- * A [M, sum_k / 2] and B [N, sum_k / 2], recipe (1, 1, 32)), not an alias: not available yet. */
-static PyObject *py_k_grouped_fp4_gemm_nt_contiguous(PyObject *self, PyObject *args, PyObject *kw) {
-    return dgp_not_implemented("k_grouped_fp4_gemm_nt_contiguous",
-                               "the k-grouped FP4 GEMM (K-major packed FP4 a [M, sum_k/2], b [N, sum_k/2], "
-                               "recipe (1, 1, 32)) has no CPU kernel yet; convert a and b to FP8 (every E2M1 value is "
-                               "exact in E4M3) as [sum_k, M] / [sum_k, N] tensors and call "
-                               "k_grouped_fp8_gemm_tn_contiguous with the same scales");
-}
-
 #define KW (PyCFunction)(void (*)(void))
 #define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 PyMethodDef dgp_gemm_methods[] = {
@@ -221,6 +210,5 @@ PyMethodDef dgp_gemm_methods[] = {
     M(cublaslt_gemm_nn, "cublaslt_gemm_nn(a, b, d, c=None): d = c + a @ b, b [K, N]"),
     M(cublaslt_gemm_tn, "cublaslt_gemm_tn(a, b, d, c=None): d = c + a.T @ b, a [K, M], b [K, N]"),
     M(cublaslt_gemm_tt, "cublaslt_gemm_tt(a, b, d, c=None): d = c + a.T @ b.T, a [K, M]"),
-    M(k_grouped_fp4_gemm_nt_contiguous, "not implemented on CPU (DeepGEMM 2.8's k-grouped FP4 GEMM)"),
     {NULL, NULL, 0, NULL},
 };

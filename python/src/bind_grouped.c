@@ -189,7 +189,8 @@ static PyObject *py_m_grouped_fp8_fp4_gemm_nt_masked(PyObject *s, PyObject *args
     Py_RETURN_NONE;
 }
 
-/* k-grouped: ks_cpu is a list of ints (or None); fp8 recipe defaults to (1, 1, 128). */
+/* k-grouped: ks_cpu is a list of ints (or None); fp8 recipe defaults to (1, 1, 128), FP4's
+ * (nt == 2: k_grouped_fp4_gemm_nt_contiguous) to (1, 1, 32). */
 static PyObject *k_grouped(PyObject *args, PyObject *kw, const char *fn, int fp8, int nt) {
     static char *kw_fp8[] = {"a", "b", "d", "ks_cpu", "grouped_layout", "c", "recipe", "compiled_dims",
                              "use_psum_layout", NULL};
@@ -220,13 +221,16 @@ static PyObject *k_grouped(PyObject *args, PyObject *kw, const char *fn, int fp8
         dgp_int_list(ks_obj, fn, "ks_cpu", &ks, &num_ks))
         return NULL;
     if (fp8 && !given) {
-        opts.recipe[0] = 1, opts.recipe[1] = 1, opts.recipe[2] = 128; /* DeepGEMM's default */
+        opts.recipe[0] = 1, opts.recipe[1] = 1, opts.recipe[2] = nt == 2 ? 32 : 128; /* DeepGEMM's */
     }
     opts.compiled_dims = dims;
     opts.use_psum_layout = use_psum;
     dg_status st;
     if (!fp8)
         DGP_NOGIL(st, dg_k_grouped_bf16_gemm_tn_contiguous(&ta.t, &tb.t, &td.t, ks, num_ks, &tl.t, dgp_ptr(&tc), &opts));
+    else if (nt == 2)
+        DGP_NOGIL(st, dg_k_grouped_fp4_gemm_nt_contiguous(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, ks, num_ks, &tl.t,
+                                                          dgp_ptr(&tc), &opts));
     else if (nt)
         DGP_NOGIL(st, dg_k_grouped_fp8_gemm_nt_contiguous(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, ks, num_ks, &tl.t,
                                                           dgp_ptr(&tc), &opts));
@@ -244,6 +248,9 @@ static PyObject *py_k_grouped_fp8_gemm_tn_contiguous(PyObject *s, PyObject *args
 }
 static PyObject *py_k_grouped_fp8_gemm_nt_contiguous(PyObject *s, PyObject *args, PyObject *kw) {
     return k_grouped(args, kw, "k_grouped_fp8_gemm_nt_contiguous", 1, 1);
+}
+static PyObject *py_k_grouped_fp4_gemm_nt_contiguous(PyObject *s, PyObject *args, PyObject *kw) {
+    return k_grouped(args, kw, "k_grouped_fp4_gemm_nt_contiguous", 1, 2);
 }
 static PyObject *py_k_grouped_bf16_gemm_tn_contiguous(PyObject *s, PyObject *args, PyObject *kw) {
     return k_grouped(args, kw, "k_grouped_bf16_gemm_tn_contiguous", 0, 0);
@@ -273,6 +280,10 @@ PyMethodDef dgp_grouped_methods[] = {
     M(k_grouped_fp8_gemm_tn_contiguous,
       "k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128), "
       "compiled_dims='mn', use_psum_layout=False)"),
+    M(k_grouped_fp4_gemm_nt_contiguous,
+      "k_grouped_fp4_gemm_nt_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32), "
+      "compiled_dims='mn', use_psum_layout=False): d[g] = c[g] + a_g @ b_g.T, a [M, sum_k/2] / b [N, sum_k/2] "
+      "packed FP4 (K-major), scales [rows, M] / [rows, N]"),
     M(k_grouped_fp8_gemm_nt_contiguous,
       "k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128), "
       "compiled_dims='mn', use_psum_layout=False)"),

@@ -142,9 +142,95 @@ def test_fp4_aliases_compute_fp4():
     dg.testing.assert_bitwise_equal(d3.view(m * g, n), d)
 
 
-def test_k_grouped_fp4_not_implemented():
-    with pytest.raises(NotImplementedError, match='k_grouped_fp4_gemm_nt_contiguous.*k_grouped_fp8_gemm_tn'):
-        dg.k_grouped_fp4_gemm_nt_contiguous(None, None, None, [128], None)
+def k_grouped_fp4_inputs(logical_ks, m, n, alignment, psum):
+    """As DeepGEMM 2.8's generate_k_grouped_contiguous for FP4: per group, x [k, mn] zero-padded to
+    its aligned K, cast with per_token_cast_to_fp4 along K (gran_k 32), data [mn, sum_k / 2] and
+    scales [sum_g aligned_k_g / 32, mn]."""
+    host_ks = [(k + alignment - 1) // alignment * alignment for k in logical_ks]
+    ends, prev = [], 0
+    for k in logical_ks:
+        prev = ((prev + alignment - 1) // alignment * alignment if psum else prev) + k
+        ends.append(prev)
+        if not psum:
+            prev = sum(host_ks[:len(ends)])
+    total = sum(host_ks)
+    a, b = torch.zeros(total, m, dtype=torch.bfloat16), torch.zeros(total, n, dtype=torch.bfloat16)
+    starts = []
+    for i, k in enumerate(logical_ks):
+        start = (ends[i] - k) if psum else sum(host_ks[:i])
+        starts.append(start)
+        a[start:start + k] = torch.randn(k, m, dtype=torch.bfloat16)
+        b[start:start + k] = torch.randn(k, n, dtype=torch.bfloat16)
+
+    def cast(x, mn):
+        data = torch.zeros(mn, total // 2, dtype=torch.int8)
+        sfs = []
+        for start, hk in zip(starts, host_ks):
+            if hk == 0:
+                continue
+            xg = x[start:start + hk]
+            q, sf = per_token_cast_to_fp4(xg.T.contiguous(), use_ue8m0=True, gran_k=32)
+            data[:, start // 2:(start + hk) // 2] = q
+            sfs.append(sf.T.contiguous())
+        return data, (torch.cat(sfs) if sfs else torch.empty(0, mn))
+    layout = torch.tensor(ends if psum else host_ks, dtype=torch.int32)
+    return a, b, cast(a, m), cast(b, n), starts, host_ks, layout
+
+
+@pytest.mark.parametrize('psum', [False, True])
+@pytest.mark.parametrize('accumulate', [False, True])
+def test_k_grouped_fp4(psum, accumulate):
+    m, n, alignment = 24, 40, 256
+    logical_ks = [300, 0, 256, 130] if psum else [256, 0, 512, 256]
+    old = dg.get_mk_alignment_for_contiguous_layout()
+    dg.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        a, b, qa, qb, starts, host_ks, layout = k_grouped_fp4_inputs(logical_ks, m, n, alignment, psum)
+        g = len(logical_ks)
+        c = torch.randn(g, m, n) * 32 if accumulate else None
+        d = c.clone() if accumulate else torch.full((g, m, n), float('nan'))
+        dg.k_grouped_fp4_gemm_nt_contiguous(qa, qb, d, host_ks, layout, d if accumulate else None,
+                                            recipe=(1, 1, 32), use_psum_layout=psum)
+        ref = torch.stack([a[s:s + k].float().T @ b[s:s + k].float() for s, k in zip(starts, logical_ks)])
+        if accumulate:
+            ref = ref + c
+        assert calc_diff(d, ref) < 0.02  # FP4 quantization error, as DeepGEMM's FP4 thresholds
+        # The FP8 `_tn` form on the same values (E2M1 is exact in E4M3) gives the same D, as
+        # DeepGEMM's test checks; its scales are the FP4 ones (MN-major rows).
+        from deep_gemm_cpu.utils import cast_back_from_fp4
+        fa = cast_back_from_fp4(qa[0], torch.ones(m, 1), gran_k=qa[0].shape[1] * 2).T.contiguous()
+        fb = cast_back_from_fp4(qb[0], torch.ones(n, 1), gran_k=qb[0].shape[1] * 2).T.contiguous()
+        d8 = c.clone() if accumulate else torch.full((g, m, n), float('nan'))
+        dg.k_grouped_fp8_gemm_tn_contiguous((fa.to(torch.float8_e4m3fn), qa[1]), (fb.to(torch.float8_e4m3fn), qb[1]),
+                                            d8, host_ks, layout, d8 if accumulate else None,
+                                            recipe=(1, 1, 32), use_psum_layout=psum)
+        assert calc_diff(d, d8) < 1e-10
+        if not psum:  # the psum form also runs without ks
+            return
+        d2 = c.clone() if accumulate else torch.full((g, m, n), float('nan'))
+        dg.k_grouped_fp4_gemm_nt_contiguous(qa, qb, d2, None, layout, d2 if accumulate else None,
+                                            recipe=(1, 1, 32), use_psum_layout=True)
+        assert torch.equal(d2, d)
+    finally:
+        dg.set_mk_alignment_for_contiguous_layout(old)
+
+
+def test_k_grouped_fp4_bad_input():
+    a, b, qa, qb, _, host_ks, layout = k_grouped_fp4_inputs([256, 256], 8, 8, 256, False)
+    d = torch.zeros(2, 8, 8)
+    old = dg.get_mk_alignment_for_contiguous_layout()
+    dg.set_mk_alignment_for_contiguous_layout(256)
+    try:
+        with pytest.raises(ValueError, match='recipe'):
+            dg.k_grouped_fp4_gemm_nt_contiguous(qa, qb, d, host_ks, layout, recipe=(1, 1, 128))
+        with pytest.raises(TypeError):
+            dg.k_grouped_fp4_gemm_nt_contiguous((qa[0].view(torch.uint8), qa[1]), qb, d, host_ks, layout)
+        dg.set_mk_alignment_for_contiguous_layout(128)
+        with pytest.raises(ValueError, match='256'):
+            dg.k_grouped_fp4_gemm_nt_contiguous(qa, qb, d, host_ks, layout)
+    finally:
+        dg.set_mk_alignment_for_contiguous_layout(old)
+    assert torch.count_nonzero(d) == 0
 
 
 # ---- deep_gemm.legacy --------------------------------------------------------------------------

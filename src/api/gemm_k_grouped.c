@@ -15,7 +15,7 @@
 #include "engine/grouped.h"
 #include "reference/ref_grouped.h"
 
-typedef enum k_kind { K_FP8_TN, K_FP8_NT, K_BF16_TN } k_kind;
+typedef enum k_kind { K_FP8_TN, K_FP8_NT, K_BF16_TN, K_FP4_NT } k_kind;
 
 /* Everything a validated call needs; the arrays are owned (dg_free). */
 typedef struct k_plan {
@@ -38,10 +38,14 @@ static dg_status check_options(const dg_gemm_options *o, k_kind kind, k_plan *p)
     } else {
         const bool given = o->recipe[0] || o->recipe[1] || o->recipe[2];
         const int r0 = given ? o->recipe[0] : 1, r1 = given ? o->recipe[1] : 1;
-        p->gran_k = given ? o->recipe[2] : 128; /* DeepGEMM's default recipe (1, 1, 128) */
+        /* DeepGEMM's recipes: (1, 1, 128) by default, FP4 only (1, 1, 32) */
+        p->gran_k = given ? o->recipe[2] : kind == K_FP4_NT ? 32 : 128;
         DG_CHECK(r0 == 1 && r1 == 1, DG_ERR_VALUE,
                  "argument 'recipe' must be (1, 1, gran_k) for k-grouped GEMMs, got (%d, %d, %d)", r0, r1, p->gran_k);
-        if (kind == K_FP8_NT)
+        if (kind == K_FP4_NT)
+            DG_CHECK(p->gran_k == 32, DG_ERR_VALUE,
+                     "argument 'recipe' must be (1, 1, 32) for the FP4 form, got gran_k %d", p->gran_k);
+        else if (kind == K_FP8_NT)
             DG_CHECK(p->gran_k == 128, DG_ERR_VALUE,
                      "argument 'recipe' must be (1, 1, 128) for the _nt form, got gran_k %d", p->gran_k);
         else
@@ -51,6 +55,10 @@ static dg_status check_options(const dg_gemm_options *o, k_kind kind, k_plan *p)
     DG_CHECK(!(p->psum && kind == K_FP8_NT), DG_ERR_VALUE,
              "argument 'use_psum_layout' is not available for the _nt form");
     p->k_alignment = kind == K_FP8_NT ? 128 : dg_get_mk_alignment_for_contiguous_layout();
+    DG_CHECK(kind != K_FP4_NT || p->k_alignment % 256 == 0, DG_ERR_VALUE,
+             "setting 'mk_alignment_for_contiguous_layout' (%lld) must be a multiple of 256 for the FP4 form "
+             "(DeepGEMM's BLOCK_K)",
+             (long long)p->k_alignment);
     DG_CHECK(p->k_alignment % 32 == 0, DG_ERR_VALUE,
              "setting 'mk_alignment_for_contiguous_layout' (%lld) must be a multiple of 32 for k-grouped GEMMs",
              (long long)p->k_alignment);
@@ -98,6 +106,21 @@ static dg_status check_ks(const int *ks, int num_ks, k_plan *p) {
 
 /* A and B with their sum_k (taken from a when ks is absent) and MN extents. */
 static dg_status check_ab(const dg_tensor *a, const dg_tensor *b, k_kind kind, bool has_ks, k_plan *p) {
+    if (kind == K_FP4_NT) {
+        /* Packed FP4 [MN, sum_k / 2]: logical K-major [MN, sum_k]. */
+        DG_TRY(dg_check_tensor_dtype(a, "a", 2, DG_FP4_E2M1X2));
+        DG_TRY(dg_check_tensor_dtype(b, "b", 2, DG_FP4_E2M1X2));
+        DG_TRY(dg_check_contiguous(a, "a"));
+        DG_TRY(dg_check_contiguous(b, "b"));
+        if (!has_ks)
+            p->sum_k = 2 * a->shape[1]; /* shape entries are below 2^62 (dg_check_tensor) */
+        DG_CHECK(p->sum_k % 2 == 0, DG_ERR_SHAPE, "argument 'ks': sum(ks) (%lld) must be even for packed FP4",
+                 (long long)p->sum_k);
+        DG_TRY(dg_check_dim(a, "a", 0, p->m));
+        DG_TRY(dg_check_dim(a, "a", 1, p->sum_k / 2));
+        DG_TRY(dg_check_dim(b, "b", 0, p->n));
+        return dg_check_dim(b, "b", 1, p->sum_k / 2);
+    }
     const dg_dtype want = kind == K_BF16_TN ? DG_BFLOAT16 : DG_FLOAT8_E4M3;
     if (kind == K_FP8_NT) {
         /* K-major: flat buffers of [M, k_g] (resp. [N, k_g]) blocks; only their sizes matter. */
@@ -126,6 +149,13 @@ static dg_status check_ab(const dg_tensor *a, const dg_tensor *b, k_kind kind, b
     return dg_check_dim(b, "b", 1, p->n);
 }
 
+/* Scale rows (blocks of gran_k along K) a group of K extent len owns. DeepGEMM's packers
+ * (get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor) give every group the rows of its K
+ * aligned up: without psum len is already aligned; with psum the rows past len are never read. */
+static int64_t sf_blocks(const k_plan *p, int64_t len) {
+    return dg_ceil_div(p->psum ? dg_align(len, p->k_alignment) : len, p->gran_k);
+}
+
 /* Group ranges from grouped_layout (checked against ks) and each group's first scale row. */
 static dg_status plan_groups(const int32_t *gl, const int *ks, bool has_ks, k_plan *p) {
     int64_t next = 0, sf = 0, packed = 0;
@@ -151,7 +181,7 @@ static dg_status plan_groups(const int32_t *gl, const int *ks, bool has_ks, k_pl
         }
         p->k_start[g] = start;
         p->k_len[g] = len;
-        const int64_t blocks = dg_ceil_div(len, p->gran_k);
+        const int64_t blocks = sf_blocks(p, len);
         p->sf_start[g] = sf; /* float rows; use_packed_starts() rewrites it for packed scales */
         sf += blocks;
         packed += dg_ceil_div(blocks, 4);
@@ -186,7 +216,7 @@ static void use_packed_starts(k_plan *p) {
     int64_t packed = 0;
     for (int64_t g = 0; g < p->groups; ++g) {
         p->sf_start[g] = packed;
-        packed += dg_ceil_div(dg_ceil_div(p->k_len[g], p->gran_k), 4);
+        packed += dg_ceil_div(sf_blocks(p, p->k_len[g]), 4);
     }
 }
 
@@ -231,7 +261,8 @@ static dg_status k_grouped(const dg_tensor *a, const dg_tensor *sfa, const dg_te
     dg_status s = k_grouped_checked(a, sfa, b, sfb, d, ks, num_ks, gl, c, kind, &p);
     const dg_k_grouped_problem prob = {
         .a = a, .sfa = sfa, .b = b, .sfb = sfb, .d = d, .c = c,
-        .groups = p.groups, .m = p.m, .n = p.n, .k_major = kind == K_FP8_NT, .gran_k = p.gran_k,
+        .groups = p.groups, .m = p.m, .n = p.n, .k_major = kind == K_FP8_NT || kind == K_FP4_NT,
+        .fp4 = kind == K_FP4_NT, .gran_k = p.gran_k,
         .k_start = p.k_start, .k_len = p.k_len, .sf_start = p.sf_start,
     };
     /* Build every group's operand views once before writing: a last line of defence. */
@@ -279,4 +310,12 @@ dg_status dg_k_grouped_bf16_gemm_tn_contiguous(const dg_tensor *a, const dg_tens
                                                const dg_tensor *c, const dg_gemm_options *opts) {
     dg_api_begin("dg_k_grouped_bf16_gemm_tn_contiguous");
     return k_grouped(a, NULL, b, NULL, d, ks, num_ks, grouped_layout, c, opts, K_BF16_TN);
+}
+
+dg_status dg_k_grouped_fp4_gemm_nt_contiguous(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                              const dg_tensor *sfb, const dg_tensor *d, const int *ks, int num_ks,
+                                              const dg_tensor *grouped_layout, const dg_tensor *c,
+                                              const dg_gemm_options *opts) {
+    dg_api_begin("dg_k_grouped_fp4_gemm_nt_contiguous");
+    return k_grouped(a, sfa, b, sfb, d, ks, num_ks, grouped_layout, c, opts, K_FP4_NT);
 }

@@ -76,18 +76,20 @@ static dg_tensor view2(const dg_tensor *t, int64_t origin, int64_t mn, int64_t c
 static dg_status group_operand(const dg_k_grouped_problem *p, int64_t g, const dg_tensor *x,
                                const dg_tensor *sf, int64_t mn, const char *name,
                                const char *sf_name, dg_tensor *xv, dg_tensor *sfv, dg_operand *op) {
-    static const dg_dtype kTypes[2] = {DG_FLOAT8_E4M3, DG_BFLOAT16};
+    static const dg_dtype kTypes[3] = {DG_FLOAT8_E4M3, DG_BFLOAT16, DG_FP4_E2M1X2};
     const int64_t k0 = p->k_start[g], kl = p->k_len[g];
-    if (p->k_major)
+    if (p->fp4) /* pairs: k0 is even (an aligned start); an odd kl ends inside its last pair */
+        *xv = view2(x, k0 / 2, mn, (kl + 1) / 2, x->strides[0], 1);
+    else if (p->k_major)
         *xv = view2(x, k0 * mn, mn, kl, kl, 1);
     else
         *xv = view2(x, k0 * x->strides[0], mn, kl, x->strides[1], x->strides[0]);
-    DG_TRY(dg_operand_init(op, name, xv, 0, kTypes, 2));
+    DG_TRY(dg_operand_init(op, name, xv, 0, kTypes, 3));
     if (!sf)
         return dg_operand_set_scales(op, sf_name, NULL, 1, 1);
     const int64_t blocks = dg_ceil_div(kl, p->gran_k);
     const int64_t cols = sf->dtype == DG_INT32 ? dg_ceil_div(blocks, 4) : blocks;
-    if (p->k_major)
+    if (p->k_major && !p->fp4)
         *sfv = view2(sf, p->sf_start[g] * sf->strides[1], mn, cols, sf->strides[0], sf->strides[1]);
     else
         *sfv = view2(sf, p->sf_start[g] * sf->strides[0], mn, cols, sf->strides[1], sf->strides[0]);

@@ -46,11 +46,15 @@ void dg_ref_m_grouped_masked(const dg_operand *a, const dg_operand *b, const dg_
  *  - K-major (`_nt`, k_major == 1): a and b are flat buffers holding, group after group, an
  *    [M, k_len[g]] (resp. [N, k_len[g]]) row-major block starting at element k_start[g] * M
  *    (resp. k_start[g] * N).
+ *  - Packed FP4 (fp4 == 1): a [M, sum_k / 2], b [N, sum_k / 2], K-major rows; group g owns the
+ *    logical columns [k_start[g], k_start[g] + k_len[g]) of every row (an odd k_len is read up
+ *    to the pair's end: that code is padding, zero by DeepGEMM's contract).
  * FP8 scales are per channel along K with granularity gran_k:
  *  - MN-major: sf [rows, MN], float32 (group g's rows start at sf_start[g], one row per gran_k
  *    of its K) or int32 packed UE8M0 (group g's packed rows start at sf_start[g], four gran_k
  *    blocks per row, each group padded to whole packed rows);
  *  - K-major: float32 sf [MN, cols], group g's columns start at sf_start[g].
+ *  - Packed FP4: as MN-major.
  * BF16 problems have sfa = sfb = NULL.
  */
 typedef struct dg_k_grouped_problem {
@@ -58,6 +62,7 @@ typedef struct dg_k_grouped_problem {
     const dg_tensor *d, *c;
     int64_t groups, m, n;
     int k_major;
+    int fp4;        /* a, b packed FP4 [MN, sum_k / 2] (K-major rows; scales MN-major as `_tn`) */
     int gran_k;
     const int64_t *k_start, *k_len, *sf_start; /* [groups] each */
 } dg_k_grouped_problem;
