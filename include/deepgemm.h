@@ -725,6 +725,97 @@ DG_API dg_status dg_fp8_fp4_paged_mqa_logits(const dg_tensor *q, const dg_tensor
                                              int max_context_len, int clean_logits, const dg_tensor *indices,
                                              dg_tensor *logits);
 
+/*
+ * Scheduled prefill (DeepGEMM 2.8). dg_get_mqa_logits_metadata(ks, ke, num_kv_tokens, num_heads,
+ * schedule_meta): ks, ke INT32 [S] contiguous with 0 <= ks[i] <= ke[i]; num_kv_tokens >= 1;
+ * num_heads >= 1. schedule_meta INT32 [align(3 * n, 2) + 2 * ceil(S / block_q)], contiguous, with
+ * n = dg_get_num_sms() and block_q = max(1, 128 / num_heads) (DeepGEMM's shape). Words 3p, 3p + 1,
+ * 3p + 2 of part p < n: (query block, 256-row kv split within it) where the part starts and its
+ * number of splits; then per query block b: the kv span [lo, hi) its rows cover, clamped to
+ * [0, num_kv_tokens] ((0, 0) when every row is empty). Query form supported; S >= 1 (DeepGEMM's rule).
+ * dg_fp8_fp4_mqa_logits_scheduled(..., schedule_meta, logits) is dg_fp8_fp4_mqa_logits with
+ * DeepGEMM's schedule_meta argument (NULL: unscheduled): the metadata must equal what
+ * dg_get_mqa_logits_metadata gives for these ks, ke, SK = kv rows, H and the current num_sms
+ * (otherwise DG_ERR_VALUE); the logits are bitwise those of the unscheduled call (the CPU kernel
+ * balances its threads itself; the schedule is checked, not followed).
+ */
+DG_API dg_status dg_get_mqa_logits_metadata(const dg_tensor *cu_seq_len_k_start, const dg_tensor *cu_seq_len_k_end,
+                                            int num_kv_tokens, int num_heads, dg_tensor *schedule_meta);
+DG_API dg_status dg_fp8_fp4_mqa_logits_scheduled(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
+                                                 const dg_tensor *kv_sf, const dg_tensor *weights,
+                                                 const dg_tensor *cu_seq_len_k_start,
+                                                 const dg_tensor *cu_seq_len_k_end, int clean_logits,
+                                                 int max_seqlen_k, const dg_tensor *schedule_meta,
+                                                 dg_tensor *logits);
+
+/*
+ * Sparse lightning indexer (DeepGEMM 2.8): each query row scores only a list of KV blocks of
+ * sparse_block_kv (8 or 16) tokens instead of its whole range.
+ *   sparse_kv_block_indices  INT32 [S, N] contiguous, N = num_max_sparse_blocks, 0 < N <= 4096,
+ *       N % 4 == 0. Row i uses its first nb(i) = min(N, ceil(len(i) / sparse_block_kv)) entries,
+ *       len(i) = ke[i] - ks[i] (paged: context_lens[i]); the rest is padding and never read.
+ *       DeepGEMM wants these unique and increasing; the CPU takes any values: an entry whose
+ *       block has no token inside the row's range (e.g. -1) scores nothing (its columns are -inf).
+ *   Block j of row i (entry idx = indices[i, j]) covers kv tokens t = start + o, o < sparse_block_kv:
+ *       contiguous: start = idx * sparse_block_kv, plus ks[i] % sparse_block_kv with use_unaligned_ks
+ *       (without it every non-empty row needs ks[i] % sparse_block_kv == 0, DG_ERR_VALUE otherwise);
+ *       paged: start = idx * sparse_block_kv is a position of the row's sequence, read through
+ *       block_table row i (page start / page_kv, token start % page_kv).
+ *   logits  [S, N * sparse_block_kv], FLOAT32 or BFLOAT16 (DeepGEMM: BFLOAT16 only), unit column
+ *       stride: column j * sparse_block_kv + o holds the logit of token t = start + o, bitwise the
+ *       dense kernel's value for that (row, token) pair (dg_fp8_fp4_mqa_logits column t, resp.
+ *       dg_fp8_fp4_paged_mqa_logits column t with 2-D context_lens), when j < nb(i) and
+ *       ks[i] <= t < ke[i] (paged: 0 <= t < context_lens[i]); every other column is -inf (DeepGEMM
+ *       leaves them unspecified). Query form: row stride align(N * sparse_block_kv, 1024 / elem).
+ *   weights  [S, H] with unit stride along H: BFLOAT16 (DeepGEMM's only choice), or FLOAT32 with
+ *       FLOAT32 logits.
+ *   q/kv formats: MXFP4 as dg_fp8_fp4_mqa_logits (q FP4_E2M1X2 + q_sf INT32), or FP8 without q
+ *       scale (q_sf NULL; kv float32 per-row scales) as a CPU extra. DeepGEMM's MXFP8 (E4M3 q and
+ *       kv with per-32 UE8M0 scales) is not implemented on CPU: DG_ERR_UNSUPPORTED. Any H, D the
+ *       dense kernels take (DeepGEMM: H = 32, D = 128).
+ *
+ * dg_get_sparse_mqa_logits_metadata(ks, ke, num_kv_tokens, sparse_kv_block_indices, qk_dtype,
+ *     sparse_block_kv, use_unaligned_ks, metadata): ks, ke INT32 [S] contiguous with
+ *     0 <= ks[i] <= ke[i] <= num_kv_tokens; qk_dtype FP4_E2M1X2 or FLOAT8_E4M3 (q's dtype).
+ * dg_get_paged_sparse_mqa_logits_metadata(context_lens, block_table, indices, page_kv,
+ *     sparse_kv_block_indices, qk_dtype, sparse_block_kv, metadata): context_lens INT32 with S
+ *     elements, contiguous, >= 0; block_table INT32 [S, W >= 1] unit stride along W, row i the
+ *     pages of query i's sequence, with ceil(context_lens[i] / page_kv) <= W; indices INT32 [S]
+ *     contiguous (the request of each query; DeepGEMM pairs a request's queries, the CPU only
+ *     checks the shape); page_kv >= 1 a multiple of sparse_block_kv.
+ *   metadata  UINT8 1-D of DeepGEMM's size (header + KV splits + schedule entries for
+ *     n = min(dg_get_num_sms(), 256); 32 bytes when S = 0, which DeepGEMM refuses), contiguous;
+ *     query form supported. It holds the resolved blocks (each row's range and each block's
+ *     first token and cache page), everything the logits call needs besides q, kv and weights;
+ *     the layout is the CPU's own, not DeepGEMM's. Indices are read only in the metadata call.
+ * dg_fp8_fp4_sparse_mqa_logits(q, q_sf, kv, kv_sf, weights, metadata, num_max_sparse_blocks,
+ *     sparse_block_kv, use_unaligned_ks, logits): q [S, H, D(/2)], kv [SK, D(/2)] as
+ *     dg_fp8_fp4_mqa_logits; every range must end within SK.
+ * dg_fp8_fp4_paged_sparse_mqa_logits(q, q_sf, kv_cache, weights, metadata, num_max_sparse_blocks,
+ *     sparse_block_kv, logits): q [S, 1, H, D(/2)], q_sf [S, 1, H], kv_cache as
+ *     dg_fp8_fp4_paged_mqa_logits with block_kv == page_kv; every page read must exist.
+ *   The metadata is checked against the call (its kind, S, N, sparse_block_kv, qk dtype,
+ *   use_unaligned_ks, page_kv, size, and every range and page it names): DG_ERR_VALUE otherwise.
+ *   The same bits for any thread count and ISA level generic/avx2 vs the dense kernels' bits at
+ *   that level.
+ */
+DG_API dg_status dg_get_sparse_mqa_logits_metadata(const dg_tensor *cu_seq_len_k_start,
+                                                   const dg_tensor *cu_seq_len_k_end, int num_kv_tokens,
+                                                   const dg_tensor *sparse_kv_block_indices, dg_dtype qk_dtype,
+                                                   int sparse_block_kv, int use_unaligned_ks, dg_tensor *metadata);
+DG_API dg_status dg_get_paged_sparse_mqa_logits_metadata(const dg_tensor *context_lens, const dg_tensor *block_table,
+                                                         const dg_tensor *indices, int page_kv,
+                                                         const dg_tensor *sparse_kv_block_indices, dg_dtype qk_dtype,
+                                                         int sparse_block_kv, dg_tensor *metadata);
+DG_API dg_status dg_fp8_fp4_sparse_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
+                                              const dg_tensor *kv_sf, const dg_tensor *weights,
+                                              const dg_tensor *metadata, int num_max_sparse_blocks,
+                                              int sparse_block_kv, int use_unaligned_ks, dg_tensor *logits);
+DG_API dg_status dg_fp8_fp4_paged_sparse_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf,
+                                                    const dg_tensor *kv_cache, const dg_tensor *weights,
+                                                    const dg_tensor *metadata, int num_max_sparse_blocks,
+                                                    int sparse_block_kv, dg_tensor *logits);
+
 /* @@SECTION hc-einsum-layout: HC prenorm, einsum, scale-factor layouts (SPEC 6-8) @@ */
 
 /*

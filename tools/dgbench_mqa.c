@@ -5,6 +5,10 @@
  *                             [0, SK - S + i + 1) (DeepGEMM's test layout), clean_logits = 1
  *   fp8_paged / fp4_paged     decode: B sequences, next_n 1 or 2, block_kv = 64, contexts
  *                             8192 - (b * 37 mod 512), shuffled block table, clean_logits = 1
+ *   fp4_sparse / fp4_paged_sparse   DeepGEMM 2.8's sparse indexer at its shape H = 32, D = 128,
+ *                             MXFP4, BF16 weights and logits, 16-token blocks: each query scores
+ *                             at most N blocks (sorted, spread over its causal range); paged:
+ *                             requests of 4 queries, pages of 64, one shuffled table
  *
  * FLOPs: 2 * H * D per valid (query, kv) pair (the head sum and weights are lower order). The
  * limit is the BF16 one (dgbench takes the larger of VDPBF16PS and FP32 FMA: E4M3 products are
@@ -26,14 +30,15 @@
 #include <string.h>
 
 enum { HEADS = 64, DIM = 128, BLOCK_KV = 64, PREFILL_SAMPLE = 16, PAGED_SAMPLE = 4 };
+enum { SPARSE_HEADS = 32, SPARSE_BLK = 16, SPARSE_PAGE = 64, SPARSE_REQ = 4 };
 
-typedef enum mqa_kind { MQA_PREFILL, MQA_PAGED } mqa_kind;
+typedef enum mqa_kind { MQA_PREFILL, MQA_PAGED, MQA_SPARSE, MQA_PAGED_SPARSE } mqa_kind;
 
 typedef struct mqa_params {
     mqa_kind kind;
     int fp4;
-    int64_t s, sk;  /* prefill: tokens, kv rows; paged: batch, max context */
-    int64_t next_n; /* paged */
+    int64_t s, sk;  /* prefill: tokens, kv rows; paged: batch, max context; sparse: queries, kv rows */
+    int64_t next_n; /* paged: next_n; sparse: N, the blocks per query */
 } mqa_params;
 
 typedef struct mqa_state {
@@ -42,6 +47,7 @@ typedef struct mqa_state {
     int64_t rows, nsample, sample_stride; /* sampled units: every sample_stride-th token/sequence */
     dg_tensor *q, *q_sf, *kv, *kv_sf, *weights, *ks, *ke, *logits, *sample;
     dg_tensor *cache, *lens, *table, *meta, *sample_meta;
+    dg_tensor *indices, *req; /* sparse */
     int max_context;
 } mqa_state;
 
@@ -179,6 +185,172 @@ static int setup_paged(mqa_state *st, int64_t batch, int64_t ctx, bench_work *w)
     return 0;
 }
 
+/* ---- sparse indexer ------------------------------------------------------------------------ */
+
+/* Row i's range: contiguous [0, sk - s + i + 1) (causal); paged: request r = i / 4 has context
+ * sk - (r * 37 mod 512), its queries one more each. Blocks: min(N, ceil(len / 16)) of them,
+ * a sorted random subset (selection sampling). */
+static int64_t sparse_len(const mqa_params *p, int64_t s, int64_t sk, int64_t i) {
+    if (p->kind == MQA_SPARSE)
+        return sk - s + i + 1;
+    return sk - ((i / SPARSE_REQ) * 37) % 512 + i % SPARSE_REQ;
+}
+
+static void sparse_blocks(int32_t *row, int64_t n, int64_t len, uint64_t seed) {
+    const int64_t avail = (len + SPARSE_BLK - 1) / SPARSE_BLK, nb = avail < n ? avail : n;
+    int64_t got = 0;
+    for (int64_t b = 0; b < avail && got < nb; ++b)
+        if ((int64_t)(mix(&seed) % (uint64_t)(avail - b)) < nb - got)
+            row[got++] = (int32_t)b;
+    for (int64_t j = got; j < n; ++j)
+        row[j] = got ? row[got - 1] : 0;
+}
+
+/* Metadata of rows [r, r + n) into `meta` (query form first when meta->data is NULL). */
+static dg_status sparse_meta(mqa_state *st, int64_t r, int64_t n, dg_tensor *meta) {
+    dg_tensor idx = rows_view(st->indices, r, n);
+    if (st->p->kind == MQA_SPARSE) {
+        dg_tensor ks = rows_view(st->ks, r, n), ke = rows_view(st->ke, r, n);
+        return dg_get_sparse_mqa_logits_metadata(&ks, &ke, (int)st->kv->shape[0], &idx, DG_FP4_E2M1X2, SPARSE_BLK,
+                                                 0, meta);
+    }
+    dg_tensor lens = rows_view(st->lens, r, n), table = rows_view(st->table, r, n), req = rows_view(st->req, r, n);
+    return dg_get_paged_sparse_mqa_logits_metadata(&lens, &table, &req, SPARSE_PAGE, &idx, DG_FP4_E2M1X2,
+                                                   SPARSE_BLK, meta);
+}
+
+static int setup_sparse(mqa_state *st, int64_t s, int64_t sk, bench_work *w) {
+    const mqa_params *p = st->p;
+    const int paged = p->kind == MQA_PAGED_SPARSE;
+    const int64_t n = p->next_n, db = DIM / 2, h = SPARSE_HEADS, nreq = (s + SPARSE_REQ - 1) / SPARSE_REQ;
+    const int64_t per_req = (sk + SPARSE_REQ + SPARSE_PAGE - 1) / SPARSE_PAGE, pages = nreq * per_req;
+    st->q = bench_pool_new(&st->pool, DG_FP4_E2M1X2, paged ? 4 : 3,
+                           paged ? (int64_t[]){s, 1, h, db} : (int64_t[]){s, h, db});
+    st->q_sf = bench_pool_new(&st->pool, DG_INT32, paged ? 3 : 2, paged ? (int64_t[]){s, 1, h} : (int64_t[]){s, h});
+    st->weights = bench_pool_new(&st->pool, DG_BFLOAT16, 2, (int64_t[]){s, h});
+    st->indices = bench_pool_new(&st->pool, DG_INT32, 2, (int64_t[]){s, n});
+    st->logits = bench_pool_new(&st->pool, DG_BFLOAT16, 2, (int64_t[]){s, n * SPARSE_BLK});
+    if (paged) {
+        st->cache = bench_pool_new(&st->pool, DG_UINT8, 4, (int64_t[]){pages, SPARSE_PAGE, 1, db + 4});
+        st->lens = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
+        st->req = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
+        st->table = bench_pool_new(&st->pool, DG_INT32, 2, (int64_t[]){s, per_req});
+    } else {
+        st->kv = bench_pool_new(&st->pool, DG_FP4_E2M1X2, 2, (int64_t[]){sk, db});
+        st->kv_sf = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){sk});
+        st->ks = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
+        st->ke = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
+    }
+    st->nsample = PREFILL_SAMPLE < s ? PREFILL_SAMPLE : s;
+    st->sample_stride = s / st->nsample;
+    st->sample = bench_pool_new(&st->pool, DG_BFLOAT16, 2, (int64_t[]){st->nsample, n * SPARSE_BLK});
+    if (st->pool.failed)
+        return -1;
+    bench_fill(st->q, 51, 1.0f);
+    fill_sf_words(st->q_sf->data, (size_t)(s * h), 52);
+    bench_fill(st->weights, 53, 1.0f);
+    if (paged) {
+        const int64_t row = db + 4;
+        dg_tensor vals = dg_tensor_2d(st->cache->data, DG_UINT8, pages * SPARSE_PAGE, row);
+        bench_fill(&vals, 54, 1.0f);
+        for (int64_t pg = 0; pg < pages; ++pg)
+            fill_sf_words((uint8_t *)st->cache->data + pg * SPARSE_PAGE * row + SPARSE_PAGE * db, SPARSE_PAGE,
+                          2000 + (uint64_t)pg);
+        int32_t *perm = bench_alloc((size_t)pages * sizeof(int32_t));
+        if (!perm)
+            return -1;
+        for (int64_t i = 0; i < pages; ++i)
+            perm[i] = (int32_t)i;
+        uint64_t seed = 78;
+        for (int64_t i = pages - 1; i > 0; --i) {
+            const int64_t j = (int64_t)(mix(&seed) % (uint64_t)(i + 1));
+            const int32_t t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        for (int64_t i = 0; i < s; ++i) { /* a request's queries share its pages */
+            memcpy((int32_t *)st->table->data + i * per_req, perm + (i / SPARSE_REQ) * per_req,
+                   (size_t)per_req * sizeof(int32_t));
+            ((int32_t *)st->req->data)[i] = (int32_t)(i / SPARSE_REQ);
+            ((int32_t *)st->lens->data)[i] = (int32_t)sparse_len(p, s, sk, i);
+        }
+        bench_free(perm);
+    } else {
+        bench_fill(st->kv, 55, 1.0f);
+        fill_sf_words(st->kv_sf->data, (size_t)sk, 56);
+        for (int64_t i = 0; i < s; ++i)
+            ((int32_t *)st->ke->data)[i] = (int32_t)sparse_len(p, s, sk, i);
+    }
+    double pairs = 0, kv_bytes = 0;
+    for (int64_t i = 0; i < s; ++i) {
+        const int64_t len = sparse_len(p, s, sk, i), nb = (len + SPARSE_BLK - 1) / SPARSE_BLK;
+        sparse_blocks((int32_t *)st->indices->data + i * n, n, len, 3000 + (uint64_t)i);
+        const int64_t toks = (nb < n ? nb : n) * SPARSE_BLK;
+        pairs += (double)(toks < len ? toks : len);
+    }
+    kv_bytes = pairs * (db + 4); /* an upper bound: blocks shared by queries are read once */
+    dg_tensor q = {.data = NULL};
+    if (sparse_meta(st, 0, s, &q) != DG_OK)
+        return -1;
+    st->meta = bench_pool_new(&st->pool, DG_UINT8, 1, q.shape);
+    dg_tensor q1 = {.data = NULL};
+    if (st->pool.failed || sparse_meta(st, 0, 1, &q1) != DG_OK)
+        return -1;
+    st->sample_meta = bench_pool_new(&st->pool, DG_UINT8, 2, (int64_t[]){st->nsample, q1.shape[0]});
+    if (st->pool.failed || sparse_meta(st, 0, s, st->meta) != DG_OK)
+        return -1;
+    for (int64_t k = 0; k < st->nsample; ++k) {
+        dg_tensor m = dg_tensor_1d((uint8_t *)st->sample_meta->data + k * q1.shape[0], DG_UINT8, q1.shape[0]);
+        if (sparse_meta(st, k * st->sample_stride, 1, &m) != DG_OK)
+            return -1;
+    }
+    w->flops = 2.0 * h * DIM * pairs;
+    w->bytes = nb(st->q) + nb(st->q_sf) + kv_bytes + nb(st->weights) + nb(st->logits) + nb(st->meta);
+    snprintf(w->shape, sizeof w->shape, "s=%lld sk=%lld blocks=%lldx%d%s", (long long)s, (long long)sk,
+             (long long)n, SPARSE_BLK, paged ? " paged" : "");
+    return 0;
+}
+
+static dg_status run_sparse_rows(mqa_state *st, int64_t r, int64_t n, const dg_tensor *meta, dg_tensor *logits) {
+    dg_tensor q = rows_view(st->q, r, n), qsf = rows_view(st->q_sf, r, n), w = rows_view(st->weights, r, n);
+    const int nmsb = (int)st->p->next_n;
+    if (st->p->kind == MQA_SPARSE)
+        return dg_fp8_fp4_sparse_mqa_logits(&q, &qsf, st->kv, st->kv_sf, &w, meta, nmsb, SPARSE_BLK, 0, logits);
+    return dg_fp8_fp4_paged_sparse_mqa_logits(&q, &qsf, st->cache, &w, meta, nmsb, SPARSE_BLK, logits);
+}
+
+/* The -inf of unscored columns become 0 (calc_diff), as zero_masked does for float32. */
+static void zero_masked_bf16(dg_tensor *t) {
+    for (int64_t i = 0; i < t->shape[0]; ++i)
+        for (int64_t j = 0; j < t->shape[1]; ++j) {
+            uint16_t *v = (uint16_t *)t->data + i * t->strides[0] + j;
+            if (*v == 0xff80)
+                *v = 0;
+        }
+}
+
+static dg_status sparse_run(mqa_state *st) {
+    if (dg_get_backend() == DG_BACKEND_REFERENCE) { /* only the sample */
+        const int64_t mb = st->sample_meta->shape[1];
+        for (int64_t k = 0; k < st->nsample; ++k) {
+            dg_tensor out = rows_view(st->sample, k, 1);
+            dg_tensor m = dg_tensor_1d((uint8_t *)st->sample_meta->data + k * mb, DG_UINT8, mb);
+            const dg_status rc = run_sparse_rows(st, k * st->sample_stride, 1, &m, &out);
+            if (rc != DG_OK)
+                return rc;
+        }
+    } else {
+        const dg_status rc = run_sparse_rows(st, 0, st->q->shape[0], st->meta, st->logits);
+        if (rc != DG_OK)
+            return rc;
+        const size_t row_bytes = (size_t)st->sample->shape[1] * 2;
+        for (int64_t k = 0; k < st->nsample; ++k)
+            memcpy((uint16_t *)st->sample->data + k * st->sample->strides[0],
+                   (uint16_t *)st->logits->data + k * st->sample_stride * st->logits->strides[0], row_bytes);
+    }
+    zero_masked_bf16(st->sample);
+    return DG_OK;
+}
+
 static int mqa_setup(const bench_case *c, int size, bench_work *w) {
     const mqa_params *p = c->params;
     mqa_state *st = bench_alloc(sizeof *st);
@@ -190,7 +362,11 @@ static int mqa_setup(const bench_case *c, int size, bench_work *w) {
         s = 4, sk = p->sk / 8;
     else if (size == BENCH_SIZE_DIGEST)
         s = p->s / 16 < 8 ? p->s / 16 : 8, sk = 384;
-    const int rc = p->kind == MQA_PREFILL ? setup_prefill(st, s, sk, w) : setup_paged(st, s, sk, w);
+    if (size == BENCH_SIZE_DIGEST && p->kind >= MQA_SPARSE)
+        s = 6, sk = 700;
+    const int rc = p->kind == MQA_PREFILL ? setup_prefill(st, s, sk, w)
+                   : p->kind == MQA_PAGED ? setup_paged(st, s, sk, w)
+                                          : setup_sparse(st, s, sk, w);
     if (rc != 0) {
         bench_pool_state_free(st);
         return -1;
@@ -230,6 +406,8 @@ static void zero_masked(dg_tensor *t) {
 
 static dg_status mqa_run(void *s) {
     mqa_state *st = s;
+    if (st->p->kind >= MQA_SPARSE)
+        return sparse_run(st);
     const int paged = st->p->kind == MQA_PAGED;
     const int64_t per = paged ? st->p->next_n : 1; /* logits rows per sampled unit */
     if (dg_get_backend() == DG_BACKEND_REFERENCE) { /* only the sample */
@@ -268,7 +446,7 @@ static const mqa_params P[] = {
     {MQA_PREFILL, 0, 2048, 2048, 0}, {MQA_PREFILL, 0, 2048, 4096, 0}, {MQA_PREFILL, 0, 2048, 8192, 0},
     {MQA_PREFILL, 1, 2048, 4096, 0}, {MQA_PAGED, 0, 64, 8192, 1},     {MQA_PAGED, 0, 64, 8192, 2},
     {MQA_PAGED, 0, 256, 8192, 1},    {MQA_PAGED, 0, 128, 8192, 2},    {MQA_PAGED, 1, 64, 8192, 1},
-    {MQA_PAGED, 1, 64, 8192, 2},
+    {MQA_PAGED, 1, 64, 8192, 2},     {MQA_SPARSE, 1, 512, 32768, 512}, {MQA_PAGED_SPARSE, 1, 512, 8192, 512},
 };
 
 /* FP4 x FP4 runs on integer dot products (VPDPBUSD): measured against the INT8 limit. */
@@ -279,6 +457,7 @@ static const bench_case CASES[] = {
     CASE("mqa/fp8_paged/h64_d128_b64_n1", 4, BF16),        CASE("mqa/fp8_paged/h64_d128_b64_n2", 5, BF16),
     CASE("mqa/fp8_paged/h64_d128_b256_n1", 6, BF16),       CASE("mqa/fp8_paged/h64_d128_b128_n2", 7, BF16),
     CASE("mqa/fp4_paged/h64_d128_b64_n1", 8, INT8),        CASE("mqa/fp4_paged/h64_d128_b64_n2", 9, INT8),
+    CASE("mqa/fp4_sparse/h32_d128_s512_n512x16", 10, INT8), CASE("mqa/fp4_paged_sparse/h32_d128_s512_n512x16", 11, INT8),
 };
 #undef CASE
 

@@ -54,7 +54,12 @@ from ._C import (
     fp8_einsum,
     # Attention kernels
     fp8_fp4_mqa_logits,
+    get_mqa_logits_metadata,
     get_paged_mqa_logits_metadata,
+    get_sparse_mqa_logits_metadata,
+    get_paged_sparse_mqa_logits_metadata,
+    fp8_fp4_sparse_mqa_logits,
+    fp8_fp4_paged_sparse_mqa_logits,
     fp8_fp4_paged_mqa_logits,
     fp8_mqa_logits,
     fp8_paged_mqa_logits,

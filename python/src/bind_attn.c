@@ -1,6 +1,8 @@
 /*
  * bind_attn.c - MQA logits (DeepSeek V3.2's lightning indexer): fp8_fp4_mqa_logits,
- * fp8_mqa_logits, get_paged_mqa_logits_metadata, fp8_fp4_paged_mqa_logits, fp8_paged_mqa_logits.
+ * fp8_mqa_logits, get_paged_mqa_logits_metadata, fp8_fp4_paged_mqa_logits, fp8_paged_mqa_logits, and
+ * DeepGEMM 2.8's get_mqa_logits_metadata (schedule_meta=), get_(paged_)sparse_mqa_logits_metadata,
+ * fp8_fp4_(paged_)sparse_mqa_logits.
  * As in DeepGEMM these return new tensors: the library's query form gives the shape and
  * DeepGEMM's padded strides, deep_gemm_cpu._alloc allocates (torch or NumPy, like q), and the
  * second call fills it.
@@ -28,30 +30,31 @@ static int logits_dtype_from(PyObject *obj, const char *fn, dg_dtype *out) {
  * logits_dtype, so its keyword list must end one entry earlier to match its format. */
 static PyObject *mqa_logits(PyObject *args, PyObject *kw, const char *fn, int legacy) {
     static char *kw_new[] = {"q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end", "clean_logits",
-                             "max_seqlen_k", "logits_dtype", NULL};
+                             "max_seqlen_k", "logits_dtype", "schedule_meta", NULL};
     static char *kw_old[] = {"q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end", "clean_logits",
                              "max_seqlen_k", NULL};
-    PyObject *q, *kv, *w, *ks, *ke, *max_obj = NULL, *dtype_obj = NULL;
+    PyObject *q, *kv, *w, *ks, *ke, *max_obj = NULL, *dtype_obj = NULL, *sched = Py_None;
     int clean = 1, max_seqlen_k = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OOOOO|pO%s:%s", legacy ? "" : "O", fn);
+    snprintf(fmt, sizeof fmt, "OOOOO|pO%s:%s", legacy ? "" : "OO", fn);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, legacy ? kw_old : kw_new, &q, &kv, &w, &ks, &ke, &clean,
-                                     &max_obj, &dtype_obj) ||
+                                     &max_obj, &dtype_obj, &sched) ||
         (max_obj && dgp_int(max_obj, fn, "max_seqlen_k", &max_seqlen_k)))
         return NULL;
-    dgp_tensor tq, tqs = {0}, tkv, tkvs, tw, tks, tke;
+    dgp_tensor tq, tqs = {0}, tkv, tkvs, tw, tks, tke, tsm = {0};
     dg_tensor logits = {0};
     logits.dtype = DG_FLOAT32;
     int rc = legacy ? dgp_tensor_from(q, fn, "q", 0, &tq) : dgp_pair_from(q, fn, "q", 1, &tq, &tqs);
     if (rc || dgp_pair_from(kv, fn, "kv", 0, &tkv, &tkvs) || dgp_tensor_from(w, fn, "weights", 0, &tw) ||
         dgp_tensor_from(ks, fn, "cu_seq_len_k_start", 0, &tks) ||
         dgp_tensor_from(ke, fn, "cu_seq_len_k_end", 0, &tke) ||
-        logits_dtype_from(dtype_obj, fn, &logits.dtype))
+        logits_dtype_from(dtype_obj, fn, &logits.dtype) ||
+        (!legacy && dgp_tensor_from(sched, fn, "schedule_meta", DGP_OPTIONAL, &tsm)))
         return NULL;
     dg_status st = legacy ? dg_fp8_mqa_logits(&tq.t, &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t, clean, max_seqlen_k,
                                               &logits)
-                          : dg_fp8_fp4_mqa_logits(&tq.t, dgp_ptr(&tqs), &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t,
-                                                  clean, max_seqlen_k, &logits);
+                          : dg_fp8_fp4_mqa_logits_scheduled(&tq.t, dgp_ptr(&tqs), &tkv.t, &tkvs.t, &tw.t, &tks.t,
+                                                            &tke.t, clean, max_seqlen_k, dgp_ptr(&tsm), &logits);
     if (st != DG_OK)
         return dgp_raise(st);
     /* Allocate like q's data tensor (torch or NumPy). */
@@ -63,8 +66,8 @@ static PyObject *mqa_logits(PyObject *args, PyObject *kw, const char *fn, int le
     if (legacy)
         DGP_NOGIL(st, dg_fp8_mqa_logits(&tq.t, &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t, clean, max_seqlen_k, &logits));
     else
-        DGP_NOGIL(st, dg_fp8_fp4_mqa_logits(&tq.t, dgp_ptr(&tqs), &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t, clean,
-                                            max_seqlen_k, &logits));
+        DGP_NOGIL(st, dg_fp8_fp4_mqa_logits_scheduled(&tq.t, dgp_ptr(&tqs), &tkv.t, &tkvs.t, &tw.t, &tks.t, &tke.t,
+                                                      clean, max_seqlen_k, dgp_ptr(&tsm), &logits));
     if (st != DG_OK) {
         Py_DECREF(out);
         return dgp_raise(st);
@@ -163,12 +166,152 @@ static PyObject *py_fp8_paged_mqa_logits(PyObject *s, PyObject *args, PyObject *
     return paged_logits(args, kw, "fp8_paged_mqa_logits", 1);
 }
 
+/* ---- DeepGEMM 2.8: scheduled prefill and the sparse indexer ------------------------------- */
+
+/* Calls `call` twice: the query form gives the result's shape, dgp_alloc allocates it like
+ * `like`, the second call fills it. */
+#define QUERY_ALLOC_FILL(like, result, call)   \
+    do {                                       \
+        dg_status st_ = (call);                \
+        if (st_ != DG_OK)                      \
+            return dgp_raise(st_);             \
+        out = dgp_alloc((like), &(result));    \
+        if (!out)                              \
+            return NULL;                       \
+        DGP_NOGIL(st_, (call));                \
+        if (st_ != DG_OK) {                    \
+            Py_DECREF(out);                    \
+            return dgp_raise(st_);             \
+        }                                      \
+    } while (0)
+
+static PyObject *py_get_mqa_logits_metadata(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "get_mqa_logits_metadata";
+    static char *kwl[] = {"cu_seq_len_k_start", "cu_seq_len_k_end", "num_kv_tokens", "num_heads", NULL};
+    PyObject *ks, *ke, *nkv_obj, *nh_obj, *out = NULL;
+    int nkv, nh;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO:get_mqa_logits_metadata", kwl, &ks, &ke, &nkv_obj, &nh_obj) ||
+        dgp_int(nkv_obj, fn, "num_kv_tokens", &nkv) || dgp_int(nh_obj, fn, "num_heads", &nh))
+        return NULL;
+    dgp_tensor tks, tke;
+    if (dgp_tensor_from(ks, fn, "cu_seq_len_k_start", 0, &tks) || dgp_tensor_from(ke, fn, "cu_seq_len_k_end", 0, &tke))
+        return NULL;
+    dg_tensor meta = {0};
+    QUERY_ALLOC_FILL(ks, meta, dg_get_mqa_logits_metadata(&tks.t, &tke.t, nkv, nh, &meta));
+    return out;
+}
+
+static PyObject *py_get_sparse_mqa_logits_metadata(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "get_sparse_mqa_logits_metadata";
+    static char *kwl[] = {"cu_seq_len_k_start", "cu_seq_len_k_end", "num_kv_tokens", "sparse_kv_block_indices",
+                          "qk_dtype", "sparse_block_kv", "use_unaligned_ks", NULL};
+    PyObject *ks, *ke, *nkv_obj, *idx, *qk_obj, *blk_obj, *out = NULL;
+    int nkv, blk, unaligned = 0;
+    dg_dtype qk;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|p:get_sparse_mqa_logits_metadata", kwl, &ks, &ke, &nkv_obj,
+                                     &idx, &qk_obj, &blk_obj, &unaligned) ||
+        dgp_int(nkv_obj, fn, "num_kv_tokens", &nkv) || dgp_int(blk_obj, fn, "sparse_block_kv", &blk) ||
+        dgp_dtype_from(qk_obj, fn, "qk_dtype", &qk))
+        return NULL;
+    dgp_tensor tks, tke, tidx;
+    if (dgp_tensor_from(ks, fn, "cu_seq_len_k_start", 0, &tks) ||
+        dgp_tensor_from(ke, fn, "cu_seq_len_k_end", 0, &tke) ||
+        dgp_tensor_from(idx, fn, "sparse_kv_block_indices", 0, &tidx))
+        return NULL;
+    dg_tensor meta = {0};
+    QUERY_ALLOC_FILL(idx, meta,
+                     dg_get_sparse_mqa_logits_metadata(&tks.t, &tke.t, nkv, &tidx.t, qk, blk, unaligned, &meta));
+    return out;
+}
+
+static PyObject *py_get_paged_sparse_mqa_logits_metadata(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "get_paged_sparse_mqa_logits_metadata";
+    static char *kwl[] = {"context_lens", "block_table", "indices", "page_kv", "sparse_kv_block_indices",
+                          "qk_dtype", "sparse_block_kv", NULL};
+    PyObject *lens, *table, *ids, *page_obj, *idx, *qk_obj, *blk_obj, *out = NULL;
+    int page, blk;
+    dg_dtype qk;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOO:get_paged_sparse_mqa_logits_metadata", kwl, &lens, &table,
+                                     &ids, &page_obj, &idx, &qk_obj, &blk_obj) ||
+        dgp_int(page_obj, fn, "page_kv", &page) || dgp_int(blk_obj, fn, "sparse_block_kv", &blk) ||
+        dgp_dtype_from(qk_obj, fn, "qk_dtype", &qk))
+        return NULL;
+    dgp_tensor tl, tt, ti, tidx;
+    if (dgp_tensor_from(lens, fn, "context_lens", 0, &tl) || dgp_tensor_from(table, fn, "block_table", 0, &tt) ||
+        dgp_tensor_from(ids, fn, "indices", 0, &ti) || dgp_tensor_from(idx, fn, "sparse_kv_block_indices", 0, &tidx))
+        return NULL;
+    dg_tensor meta = {0};
+    QUERY_ALLOC_FILL(idx, meta,
+                     dg_get_paged_sparse_mqa_logits_metadata(&tl.t, &tt.t, &ti.t, page, &tidx.t, qk, blk, &meta));
+    return out;
+}
+
+/* DeepGEMM returns BF16 logits [S, N * sparse_block_kv]. */
+static PyObject *py_fp8_fp4_sparse_mqa_logits(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "fp8_fp4_sparse_mqa_logits";
+    static char *kwl[] = {"q", "kv", "weights", "metadata", "num_max_sparse_blocks", "sparse_block_kv",
+                          "use_unaligned_ks", NULL};
+    PyObject *q, *kv, *w, *meta, *n_obj, *blk_obj, *out = NULL;
+    int n, blk, unaligned = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|p:fp8_fp4_sparse_mqa_logits", kwl, &q, &kv, &w, &meta, &n_obj,
+                                     &blk_obj, &unaligned) ||
+        dgp_int(n_obj, fn, "num_max_sparse_blocks", &n) || dgp_int(blk_obj, fn, "sparse_block_kv", &blk))
+        return NULL;
+    dgp_tensor tq, tqs = {0}, tkv, tkvs, tw, tm;
+    if (dgp_pair_from(q, fn, "q", 1, &tq, &tqs) || dgp_pair_from(kv, fn, "kv", 0, &tkv, &tkvs) ||
+        dgp_tensor_from(w, fn, "weights", 0, &tw) || dgp_tensor_from(meta, fn, "metadata", 0, &tm))
+        return NULL;
+    dg_tensor logits = {0};
+    logits.dtype = DG_BFLOAT16;
+    PyObject *like = PySequence_GetItem(q, 0);
+    if (!like)
+        return NULL;
+    Py_DECREF(like); /* q holds it */
+    QUERY_ALLOC_FILL(like, logits,
+                     dg_fp8_fp4_sparse_mqa_logits(&tq.t, dgp_ptr(&tqs), &tkv.t, &tkvs.t, &tw.t, &tm.t, n, blk,
+                                                  unaligned, &logits));
+    return out;
+}
+
+static PyObject *py_fp8_fp4_paged_sparse_mqa_logits(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "fp8_fp4_paged_sparse_mqa_logits";
+    static char *kwl[] = {"q", "kv_cache", "weights", "metadata", "num_max_sparse_blocks", "sparse_block_kv", NULL};
+    PyObject *q, *kv, *w, *meta, *n_obj, *blk_obj, *out = NULL;
+    int n, blk;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO:fp8_fp4_paged_sparse_mqa_logits", kwl, &q, &kv, &w, &meta,
+                                     &n_obj, &blk_obj) ||
+        dgp_int(n_obj, fn, "num_max_sparse_blocks", &n) || dgp_int(blk_obj, fn, "sparse_block_kv", &blk))
+        return NULL;
+    dgp_tensor tq, tqs = {0}, tkv, tw, tm;
+    if (dgp_pair_from(q, fn, "q", 1, &tq, &tqs) || dgp_tensor_from(kv, fn, "kv_cache", 0, &tkv) ||
+        dgp_tensor_from(w, fn, "weights", 0, &tw) || dgp_tensor_from(meta, fn, "metadata", 0, &tm))
+        return NULL;
+    dg_tensor logits = {0};
+    logits.dtype = DG_BFLOAT16;
+    QUERY_ALLOC_FILL(kv, logits,
+                     dg_fp8_fp4_paged_sparse_mqa_logits(&tq.t, dgp_ptr(&tqs), &tkv.t, &tw.t, &tm.t, n, blk, &logits));
+    return out;
+}
+#undef QUERY_ALLOC_FILL
+
 #define KW (PyCFunction)(void (*)(void))
 #define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 PyMethodDef dgp_attn_methods[] = {
     M(fp8_fp4_mqa_logits, "fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, "
-                          "clean_logits=True, max_seqlen_k=0, logits_dtype=torch.float32) -> logits; "
-                          "q = (q, q_sf or None), kv = (kv, kv_sf)"),
+                          "clean_logits=True, max_seqlen_k=0, logits_dtype=torch.float32, schedule_meta=None) -> "
+                          "logits; q = (q, q_sf or None), kv = (kv, kv_sf)"),
+    M(get_mqa_logits_metadata,
+      "get_mqa_logits_metadata(cu_seq_len_k_start, cu_seq_len_k_end, num_kv_tokens, num_heads) -> schedule_meta"),
+    M(get_sparse_mqa_logits_metadata,
+      "get_sparse_mqa_logits_metadata(cu_seq_len_k_start, cu_seq_len_k_end, num_kv_tokens, "
+      "sparse_kv_block_indices, qk_dtype, sparse_block_kv, use_unaligned_ks=False) -> uint8 metadata"),
+    M(get_paged_sparse_mqa_logits_metadata,
+      "get_paged_sparse_mqa_logits_metadata(context_lens, block_table, indices, page_kv, sparse_kv_block_indices, "
+      "qk_dtype, sparse_block_kv) -> uint8 metadata"),
+    M(fp8_fp4_sparse_mqa_logits, "fp8_fp4_sparse_mqa_logits(q, kv, weights, metadata, num_max_sparse_blocks, "
+                                 "sparse_block_kv, use_unaligned_ks=False) -> bfloat16 logits"),
+    M(fp8_fp4_paged_sparse_mqa_logits, "fp8_fp4_paged_sparse_mqa_logits(q, kv_cache, weights, metadata, "
+                                       "num_max_sparse_blocks, sparse_block_kv) -> bfloat16 logits"),
     M(fp8_mqa_logits, "fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, "
                       "max_seqlen_k=0) -> float32 logits"),
     M(get_paged_mqa_logits_metadata,

@@ -7,6 +7,7 @@
 #include "core/internal.h"
 #include "kernels/mqa_kernels.h"
 #include "reference/ref_mqa.h"
+#include "api/mqa_checks.h"
 
 #include <string.h>
 
@@ -148,8 +149,8 @@ dg_status dg_get_paged_mqa_logits_metadata(const dg_tensor *context_lens, int bl
 /* ---- paged logits -------------------------------------------------------------------------- */
 
 /* q, q_sf and the fused cache: dtypes, shapes, layout; fills the problem's extents. */
-static dg_status check_q_cache(dg_paged_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf,
-                               const dg_tensor *cache) {
+dg_status dg_paged_mqa_check_q_cache(dg_paged_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf,
+                                     const dg_tensor *cache) {
     p->fp4 = q_sf != NULL;
     DG_TRY(dg_check_tensor_dtype(q, "q", 4, p->fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3));
     DG_TRY(dg_check_contiguous(q, "q"));
@@ -293,7 +294,7 @@ static dg_status paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, con
                                   int max_context_len, int clean_logits, const dg_tensor *indices,
                                   dg_tensor *logits, int legacy) {
     dg_paged_mqa_problem p = {0};
-    DG_TRY(check_q_cache(&p, q, q_sf, kv_cache));
+    DG_TRY(dg_paged_mqa_check_q_cache(&p, q, q_sf, kv_cache));
     const int64_t rows = p.batch * p.next_n;
     const dg_dtype w_allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
     DG_TRY(dg_check_tensor(weights, "weights", 2));

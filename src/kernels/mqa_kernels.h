@@ -133,7 +133,9 @@ void dg_mqa_tile_amx(const float *q, int64_t h, int64_t d, const float *w, const
  * DG_ERR_ALLOC, before writing anything. */
 struct dg_mqa_problem;
 struct dg_paged_mqa_problem;
+struct dg_sparse_mqa_problem;
 dg_status dg_mqa_logits_fast(const struct dg_mqa_problem *p);
 dg_status dg_paged_mqa_logits_fast(const struct dg_paged_mqa_problem *p);
+dg_status dg_sparse_mqa_logits_fast(const struct dg_sparse_mqa_problem *p);
 
 #endif /* DG_KERNELS_MQA_KERNELS_H */

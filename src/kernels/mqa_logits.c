@@ -11,7 +11,9 @@
  * steal from each other's ends when done (see take()). Each logit is computed by one tile call
  * whose result does not depend on which thread, item or lane computes it, so the output is
  * bitwise the same for any thread count and on every call. The schedule_meta argument is
- * validated by the API but not needed here.
+ * validated by the API but not needed here. Sparse: items are (query row, run of blocks); the
+ * visible tokens of the blocks are gathered into panels, so each logit comes from the same tile
+ * call as in the dense kernels (bitwise their value for that row and token).
  */
 #include "mqa_kernels.h"
 
@@ -75,7 +77,8 @@ typedef struct mqa_scratch {
     float *tmp, *panel, *sum, *qf, *qtmp, *w, *kscale;
     const uint8_t **rows, **pf; /* pf: cache lines for the tile to prefetch (3 per row at most) */
     uint32_t *sf;
-    int64_t unit; /* whose q is in qf; -1: none */
+    int64_t *cols; /* sparse: the logits column of each panel row */
+    int64_t unit;  /* whose q is in qf; -1: none */
 } mqa_scratch;
 
 typedef struct mqa_ctx {
@@ -114,6 +117,7 @@ static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
     TAKE(rows, const uint8_t *, ptrs);
     TAKE(pf, const uint8_t *, 3 * nw);
     TAKE(sf, uint32_t, ptrs);
+    TAKE(cols, int64_t, nw);
 #undef TAKE
     if (base)
         s->unit = -1;
@@ -485,4 +489,94 @@ dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
         fill_neg_inf(p->logits, r, n, p->max_context_len - n);
     }
     return DG_OK;
+}
+
+/* ---- sparse blocks -------------------------------------------------------------------------- */
+
+#define SPARSE_CHUNK_TOKENS 768 /* tokens of blocks per item */
+
+/* The panel's n gathered tokens: tile, then each logit to its column (store_run's arithmetic). */
+static void flush_sparse(const mqa_ctx *c, mqa_scratch *s, const dg_tensor *t, int64_t i, int n) {
+    if (n == 0)
+        return;
+    pack(c->kern, s, n, c->d, c->fp4);
+    tile(c, s, 0, NULL, 0);
+    const float post = c->fp4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
+    for (int k = 0; k < n; ++k) {
+        const float v = c->fp4 ? s->sum[k] * post : s->sum[k] * post * s->kscale[k];
+        if (t->dtype == DG_FLOAT32)
+            ((float *)t->data)[i * t->strides[0] + s->cols[k]] = v;
+        else
+            ((uint16_t *)t->data)[i * t->strides[0] + s->cols[k]] = dg_float_to_bf16(v);
+    }
+}
+
+static void run_sparse_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it) {
+    const dg_sparse_mqa_problem *p = c->problem;
+    const int64_t i = it->unit;
+    if (s->unit != i) {
+        load_token(c, s, p->q, p->q_sf, p->weights, i, 0);
+        s->unit = i;
+    }
+    int n = 0;
+    for (int64_t j = it->r0; j < it->r1; ++j)
+        for (int64_t o = 0; o < p->sbkv; ++o) {
+            const uint8_t *row, *sf;
+            const int64_t col = j * p->sbkv + o;
+            if (!dg_sparse_token(p, i, j, o, &row, &sf)) {
+                fill_neg_inf(p->logits, i, col, 1);
+                continue;
+            }
+            s->rows[n] = row;
+            memcpy(&s->sf[n], sf, 4);
+            if (!c->fp4)
+                memcpy(&s->kscale[n], sf, 4);
+            s->cols[n] = col;
+            if (++n == c->kern->nw) {
+                flush_sparse(c, s, p->logits, i, n);
+                n = 0;
+            }
+        }
+    flush_sparse(c, s, p->logits, i, n);
+}
+
+dg_status dg_sparse_mqa_logits_fast(const dg_sparse_mqa_problem *p) {
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
+                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = 1, .fp4 = p->fp4, .problem = p,
+                 .run = run_sparse_item};
+    DG_PATH("%s kernel (%s%s, sparse%s) | first: s=%lld h=%lld d=%lld blocks=%lldx%lld", c.kern->name,
+            p->fp4 ? "FP4" : "FP8", p->fp4 && c.kern->tile4 ? ", integer dot products" : "",
+            p->paged ? ", paged" : "", (long long)p->s, (long long)p->h, (long long)p->d, (long long)p->nmsb,
+            (long long)p->sbkv);
+    const int64_t per_item = SPARSE_CHUNK_TOKENS / p->sbkv > 0 ? SPARSE_CHUNK_TOKENS / p->sbkv : 1;
+    const int64_t chunks = dg_ceil_div(p->nmsb, per_item);
+    int64_t n;
+    DG_CHECK(dg_mul_ok(p->s, chunks, &n) && n < ((int64_t)1 << 32), DG_ERR_OVERFLOW,
+             "too many sparse MQA work items");
+    if (n == 0)
+        return DG_OK;
+    c.nitems = n;
+    c.items = dg_malloc((size_t)n * sizeof(mqa_item));
+    DG_CHECK(c.items != NULL, DG_ERR_ALLOC, "no memory for %lld sparse MQA work items", (long long)n);
+    double pairs = 0, cum = 0;
+    for (int64_t i = 0, k = 0; i < p->s; ++i) {
+        const int64_t lo = p->rows[i * 2], hi = p->rows[i * 2 + 1];
+        for (int64_t j0 = 0; j0 < p->nmsb; j0 += per_item, ++k) {
+            const int64_t j1 = j0 + per_item < p->nmsb ? j0 + per_item : p->nmsb;
+            double cost = 0.05 * (double)(j1 - j0) * (double)p->sbkv; /* the -inf of masked columns */
+            for (int64_t j = j0; j < j1; ++j) {
+                const int64_t a = p->slots[(i * p->nmsb + j) * 2];
+                if (a == DG_SPARSE_NO_BLOCK)
+                    continue;
+                const int64_t lo2 = a > lo ? a : lo, hi2 = a + p->sbkv < hi ? a + p->sbkv : hi;
+                cost += hi2 > lo2 ? 1.25 * (double)(hi2 - lo2) : 0.0; /* tile plus its share of packing */
+                pairs += hi2 > lo2 ? (double)(hi2 - lo2) : 0.0;
+            }
+            cum += cost;
+            c.items[k] = (mqa_item){i, j0, j1, cum};
+        }
+    }
+    const dg_status st = run_all(&c, 2.0 * pairs * (double)p->h * (double)p->d);
+    dg_free(c.items);
+    return st;
 }

@@ -172,3 +172,58 @@ dg_status dg_ref_paged_mqa_logits(const dg_paged_mqa_problem *p) {
     dg_free(qd);
     return DG_OK;
 }
+
+/* ---- sparse blocks ------------------------------------------------------------------------ */
+
+int dg_sparse_token(const dg_sparse_mqa_problem *p, int64_t i, int64_t j, int64_t o, const uint8_t **row,
+                    const uint8_t **sf) {
+    const int32_t *slot = p->slots + (i * p->nmsb + j) * 2;
+    if (slot[0] == DG_SPARSE_NO_BLOCK)
+        return 0;
+    const int64_t t = (int64_t)slot[0] + o;
+    if (t < p->rows[i * 2] || t >= p->rows[i * 2 + 1])
+        return 0;
+    const int64_t row_bytes = p->fp4 ? p->d / 2 : p->d;
+    if (!p->paged) {
+        *row = (const uint8_t *)p->kv->data + t * row_bytes;
+        *sf = (const uint8_t *)p->kv_sf->data + t * 4;
+        return 1;
+    }
+    const uint8_t *base = p->cache + (int64_t)slot[1] * p->page_stride;
+    const int64_t tok = t % p->page_kv;
+    *row = base + tok * row_bytes;
+    *sf = base + p->page_kv * row_bytes + tok * 4;
+    return 1;
+}
+
+dg_status dg_ref_sparse_mqa_logits(const dg_sparse_mqa_problem *p) {
+    const int64_t h = p->h, d = p->d;
+    if (p->s == 0)
+        return DG_OK;
+    double *qd = dg_malloc((size_t)(h * d + h + d) * sizeof(double));
+    DG_CHECK(qd != NULL, DG_ERR_ALLOC, "no memory for a %lld x %lld query buffer", (long long)h, (long long)d);
+    double *w = qd + h * d, *kd = w + h;
+    for (int64_t i = 0; i < p->s; ++i) {
+        load_query(qd, w, p->q, p->q_sf, p->weights, i, h, d, p->fp4);
+        for (int64_t j = 0; j < p->nmsb; ++j)
+            for (int64_t o = 0; o < p->sbkv; ++o) {
+                const uint8_t *row, *sf;
+                const int64_t col = j * p->sbkv + o;
+                if (!dg_sparse_token(p, i, j, o, &row, &sf)) {
+                    store_neg_inf(p->logits, i, col);
+                    continue;
+                }
+                if (p->fp4) {
+                    dequant_row(kd, row, d, 1, load_u32(sf));
+                    store(p->logits, i, col, head_reduce(qd, w, kd, h, d));
+                } else {
+                    float scale;
+                    memcpy(&scale, sf, sizeof scale);
+                    dequant_row(kd, row, d, 0, 0u);
+                    store(p->logits, i, col, head_reduce(qd, w, kd, h, d) * (double)scale);
+                }
+            }
+    }
+    dg_free(qd);
+    return DG_OK;
+}

@@ -56,4 +56,31 @@ int64_t dg_paged_visible_len(const dg_paged_mqa_problem *p, int64_t r);
 
 dg_status dg_ref_paged_mqa_logits(const dg_paged_mqa_problem *p);
 
+/* Sparse problem (contiguous or paged KV), resolved from the metadata by src/api. Row i sees
+ * tokens [rows[2i], rows[2i + 1]); block j of row i starts at token slots[2(i N + j)]
+ * (DG_SPARSE_NO_BLOCK: none) and, paged, lies in cache page slots[2(i N + j) + 1] at token
+ * start % page_kv. Column j * sbkv + o of the logits is token start + o when in the row's range,
+ * else -inf. */
+#define DG_SPARSE_NO_BLOCK INT32_MIN
+typedef struct dg_sparse_mqa_problem {
+    int64_t s, h, d, nmsb, sbkv;
+    int fp4, paged;
+    const dg_tensor *q;            /* [S, (1,) H, D or D/2], contiguous */
+    const dg_tensor *q_sf;         /* FP4: INT32 [S, (1,) H] */
+    const dg_tensor *weights;      /* [S, H] */
+    const dg_tensor *kv, *kv_sf;   /* contiguous KV */
+    const uint8_t *cache;          /* paged: fused cache, pages of page_kv tokens */
+    int64_t page_kv, page_stride;  /* page_stride in bytes */
+    const int32_t *rows;           /* [S][2] */
+    const int32_t *slots;          /* [S][N][2] */
+    const dg_tensor *logits;       /* [S, N * sbkv] */
+} dg_sparse_mqa_problem;
+
+/* Token `o` of block `j` of row `i`: its kv row bytes and 4-byte scale (FP8 float32 / FP4
+ * packed UE8M0), or 0 when the column is masked. */
+int dg_sparse_token(const dg_sparse_mqa_problem *p, int64_t i, int64_t j, int64_t o, const uint8_t **row,
+                    const uint8_t **sf);
+
+dg_status dg_ref_sparse_mqa_logits(const dg_sparse_mqa_problem *p);
+
 #endif /* DG_REFERENCE_REF_MQA_H */
