@@ -845,8 +845,8 @@ DG_API dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64
  * Limits (DeepGEMM's): H > 0 and H % 256 == 0; 0 < E <= 512 and E % 4 == 0; 0 < K <= E and
  * K <= 32; K' <= 32; ep_rank >= 0; routed_scaling_factor finite; with use_shared_as_routed,
  * S in {1, 2}, K % S == 0 and E % (K / S) == 0; T <= 2^20 (T = 0 does nothing); every
- * logical_count entry in [1, D]; fixed routing entries in [0, E); P >= K' when a routed token
- * has force_random set. Contents are checked before anything is written (DG_ERR_VALUE names
+ * logical_count entry in [1, D]; fixed routing entries in [0, E) (P >= K' always holds: K <= E
+ * and every count is at least 1). Contents are checked before anything is written (DG_ERR_VALUE names
  * the tensor); DeepGEMM checks them on the device, if at all.
  * Errors: DG_ERR_NULL_POINTER, DG_ERR_DTYPE, DG_ERR_SHAPE, DG_ERR_LAYOUT (non-contiguous,
  * overlapping outputs), DG_ERR_VALUE (limits, scoring_func, contents), DG_ERR_ALLOC (nothing

@@ -1,7 +1,7 @@
 /*
  * mega_gate.c - dg_bf16_mega_gate and dg_get_bf16_mega_gate_config (deepgemm.h, "mega-gate";
  * DeepGEMM 2.8's csrc/apis/mega_gate.hpp): argument checks in DeepGEMM's order, then the
- * contents that DeepGEMM asserts on the device (logical_count, fixed routing, the random pool),
+ * contents that DeepGEMM asserts on the device (logical_count, fixed routing),
  * then the fast path (engine/mega_gate.c) or, when dg_use_reference(), the reference.
  */
 #include "../engine/mega_gate.h"
@@ -129,11 +129,8 @@ static dg_status check_contents(const dg_gate_problem *p) {
             DG_CHECK(p->logical_count[l] >= 1 && p->logical_count[l] <= p->dup, DG_ERR_VALUE,
                      "argument 'logical_count': entry %lld is %d, must be in [1, %lld] (to_physical_map's columns)",
                      (long long)l, p->logical_count[l], (long long)p->dup);
-    bool any_random = false;
     for (int64_t t = 0; t < p->tokens; ++t) {
-        const dg_gate_route route = dg_gate_route_of(p, t);
-        any_random |= route == DG_GATE_RANDOM;
-        if (route != DG_GATE_FIXED)
+        if (dg_gate_route_of(p, t) != DG_GATE_FIXED)
             continue;
         for (int j = 0; j < p->topk; ++j) {
             const int64_t e = p->unmapped[t * p->unmapped_stride + j];
@@ -141,12 +138,6 @@ static dg_status check_contents(const dg_gate_problem *p) {
                      "argument 'unmapped_topk_idx': fixed routing of token %lld names expert %lld, "
                      "outside [0, %lld)", (long long)t, (long long)e, (long long)p->experts);
         }
-    }
-    if (any_random) {
-        const int64_t pool = dg_gate_random_pool(p);
-        DG_CHECK(pool >= p->topk + p->shared, DG_ERR_VALUE,
-                 "argument 'force_random': %lld experts to draw from, fewer than the %d slots", (long long)pool,
-                 p->topk + p->shared);
     }
     return DG_OK;
 }
@@ -171,6 +162,8 @@ dg_status dg_bf16_mega_gate(const dg_tensor *x, const dg_tensor *weight, int num
     int shared = 0;
     DG_TRY(check_scalars(hidden, experts, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
                          ep_rank, &shared));
+    DG_CHECK(tokens <= DG_GATE_MAX_TOKENS, DG_ERR_SHAPE, "argument 'x': %lld tokens, at most 2^20 are supported",
+             (long long)tokens);
     dg_gate_scoring scoring = DG_GATE_IDENTITY;
     DG_TRY(parse_scoring(scoring_func, &scoring));
     DG_TRY(check_options(&a, tokens, experts, num_topk, shared));
@@ -179,8 +172,6 @@ dg_status dg_bf16_mega_gate(const dg_tensor *x, const dg_tensor *weight, int num
     DG_TRY(check_apart(&a));
     if (tokens == 0)
         return DG_OK;
-    DG_CHECK(tokens <= DG_GATE_MAX_TOKENS, DG_ERR_SHAPE, "argument 'x': %lld tokens, at most 2^20 are supported",
-             (long long)tokens);
 
     const dg_gate_problem p = {
         .x = x->data, .weight = weight->data, .tokens = tokens, .hidden = hidden, .experts = experts,
