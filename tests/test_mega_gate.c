@@ -6,6 +6,8 @@
  */
 #include "test_util.h"
 
+#include "core/internal.h" /* dg_alloc_fail_nth */
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -516,6 +518,32 @@ static void check_config(void) {
     TU_CHECK_STATUS(dg_get_bf16_mega_gate_config(16, 4096, 256, 6, NULL), DG_ERR_NULL_POINTER);
 }
 
+/* Each allocation of a call failing in turn: DG_ERR_ALLOC with nothing written, or success. */
+static void check_alloc_failure(tu_rng *rng) {
+    gate_case c = {.t = 70, .h = 512, .e = 64, .k = 8, .scoring = "sigmoid", .bias = 1};
+    gate_data g = make_data(rng, c);
+    int failures = 0;
+    for (long n = 1; n <= 6; ++n) {
+        tu_fill_bytes(&g.idx, 0x5A);
+        tu_fill_bytes(&g.wt, 0x5A);
+        gate_result before = snapshot(&g);
+        dg_alloc_fail_nth(n);
+        const dg_status st = dg_bf16_mega_gate(&g.x, &g.w, c.k, 0, 1, 1.5f, 0, c.scoring, NULL, &g.bias, NULL, NULL,
+                                               NULL, NULL, NULL, NULL, NULL, &g.idx, &g.wt);
+        const bool pending = dg_alloc_fail_pending();
+        dg_alloc_fail_nth(0);
+        if (st == DG_ERR_ALLOC) {
+            ++failures;
+            TU_CHECK(same(&g, &before), "allocation %ld failed and outputs were written", n);
+        } else {
+            TU_CHECK(st == DG_OK && pending, "allocation %ld: %s", n, dg_status_string(st));
+        }
+        free_result(&before);
+    }
+    TU_CHECK(failures >= 1, "the logits scratch is allocated");
+    free_data(&g);
+}
+
 int main(void) {
     tu_rng rng = {2024};
     static const gate_case cases[] = {
@@ -538,5 +566,6 @@ int main(void) {
     check_bias_dominates(&rng);
     check_bad_args(&rng);
     check_config();
+    check_alloc_failure(&rng);
     return tu_finish();
 }
