@@ -934,6 +934,103 @@ DG_API dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64
                                                       int is_sfa, int disable_ue8m0_cast,
                                                       const dg_tensor *psum_layout, dg_tensor *out);
 
+/* @@SECTION mega-gate: BF16 router GEMM + MoE top-k gate (DeepGEMM 2.8's bf16_mega_gate) @@ */
+
+/*
+ * dg_bf16_mega_gate: the MoE router of one layer in one call. Per token t:
+ *   logits[t, e] = x[t, :] . weight[e, :]          float32, see "Numerics"
+ *   score[t, e]  = f(logits[t, e])                 f by scoring_func:
+ *       "identity"      f(v) = v                   (DeepGEMM's default; NULL means it too)
+ *       "sigmoid"       f(v) = 1 / (1 + expf(-v))
+ *       "sqrtsoftplus"  f(v) = sqrtf(v > 20 ? v : log1pf(expf(v)))
+ *   rank[t, e]   = score[t, e] + b[e] when bias or image_bias is given, where b is image_bias
+ *                  for tokens with image_token_mask[t] set, else bias (zeros when bias is NULL);
+ *                  otherwise rank[t, e] = logits[t, e] (f is increasing: DeepGEMM ranks the
+ *                  raw logits then, so saturated scores still rank by logit).
+ *   The K = num_topk experts of largest rank, best first; equal ranks go to the lower expert
+ *   index. NaN and -inf ranks are never chosen; a slot left without a candidate holds
+ *   expert 0 (DeepGEMM's clamp).
+ *   topk_weights[t, j] = (score[t, sel_j] / (sum_{i<K} score[t, sel_i] + 1e-20f)) * routed_scaling_factor
+ *                  for j < K, the sum in float32 in slot order; the weights use the unbiased scores.
+ * Shared experts as routed (use_shared_as_routed != 0): S = num_shared_experts (1 or 2) slots
+ * follow the K routed ones: slot K + s holds logical expert E + s with weight 1.0. Otherwise S = 0
+ * and num_shared_experts is ignored. K' = K + S; the E + S logical experts are numbered
+ * 0 .. E + S - 1.
+ * Per-token controls, in priority order:
+ *   mask[t] == 0          the token is not routed: topk_idx = -1, topk_weights = 0 in all K' slots,
+ *                         unmapped_topk_idx = -1 in its K slots.
+ *   force_random[t] != 0  K' distinct experts drawn uniformly from [0, P) (P = E + S, or with a
+ *                         physical map the sum of logical_count) written to topk_idx as they are
+ *                         (already physical), weights uniform in (0, 1], unmapped_topk_idx = -1.
+ *                         The draws are a counter-based hash of (ep_rank, t, slot), so a call
+ *                         repeats its bits; they are not DeepGEMM's curand (Philox) sequence.
+ *   fix_routing_mask[t]   the K routed experts are read from unmapped_topk_idx[t, :] (each in
+ *                         [0, E)) instead of ranked; weights as above from their scores.
+ * Physical map (to_physical_map [E + S, D] INT32 with logical_count [E + S] INT32, both or
+ * neither): the logical expert l of slot j is written to topk_idx as
+ *   to_physical_map[l, ((uint32)ep_rank + (uint32)t * 23333u) % logical_count[l]]
+ * (DeepGEMM's spread of a logical expert's tokens over its replicas; the product wraps modulo
+ * 2^32 as there); without a map topk_idx holds l. unmapped_topk_idx (optional output) receives
+ * the K logical routed experts.
+ *
+ * Tensors (DeepGEMM's mask dtype torch.bool is DG_UINT8 here: nonzero is true):
+ *   x                 [T, H] BFLOAT16 contiguous; weight [E, H] BFLOAT16 contiguous.
+ *   mask, image_token_mask, fix_routing_mask, force_random   NULL or [T] UINT8 contiguous.
+ *   bias, image_bias  NULL or [E] FLOAT32 contiguous; image_bias and image_token_mask both or neither.
+ *   unmapped_topk_idx NULL or [T, K] INT64 with unit stride along K (any row stride); required
+ *                     when fix_routing_mask is given (it is then read, then written).
+ *   topk_idx          [T, K'] INT64 contiguous, written; topk_weights [T, K'] FLOAT32 contiguous,
+ *                     written. Outputs must not overlap each other or any input.
+ * Limits (DeepGEMM's): H > 0 and H % 256 == 0; 0 < E <= 512 and E % 4 == 0; 0 < K <= E and
+ * K <= 32; K' <= 32; ep_rank >= 0; routed_scaling_factor finite; with use_shared_as_routed,
+ * S in {1, 2}, K % S == 0 and E % (K / S) == 0; T <= 2^20 (T = 0 does nothing); every
+ * logical_count entry in [1, D]; fixed routing entries in [0, E) (P >= K' always holds: K <= E
+ * and every count is at least 1). Contents are checked before anything is written (DG_ERR_VALUE names
+ * the tensor); DeepGEMM checks them on the device, if at all.
+ * Errors: DG_ERR_NULL_POINTER, DG_ERR_DTYPE, DG_ERR_SHAPE, DG_ERR_LAYOUT (non-contiguous,
+ * overlapping outputs), DG_ERR_VALUE (limits, scoring_func, contents), DG_ERR_ALLOC (nothing
+ * written, except that with T > block_tokens earlier chunks of tokens may be).
+ *
+ * Numerics: logits follow the BF16 engine's float32 chain (see dg_bf16_gemm_nt; products of
+ * BF16 values are exact): acc = 0; for each k pair p: acc = fma(x[2p+1], w[2p+1], acc);
+ * acc = fma(x[2p], w[2p], acc); logit = 0.0f + acc. The reference backend computes exactly this
+ * chain in scalar code, so the fast path (the engine's GEMM over chunks of tokens, then the
+ * gate per token) gives the same bits as the reference at the generic and AVX2 levels (tested)
+ * and on AVX-512; where the engine runs VDPBF16PS (denormal products flushed) or AMX tiles
+ * (their own summation), logits may differ in the last bits and so weights, and the choice
+ * between near-tied experts. expf, log1pf and sqrtf are the C library's. Any thread count and
+ * any T give the same bits for a token (the gate is per token, K is never split).
+ */
+DG_API dg_status dg_bf16_mega_gate(const dg_tensor *x, const dg_tensor *weight, int num_topk,
+                                   int use_shared_as_routed, int num_shared_experts,
+                                   float routed_scaling_factor, int ep_rank, const char *scoring_func,
+                                   const dg_tensor *mask, const dg_tensor *bias, const dg_tensor *image_bias,
+                                   const dg_tensor *image_token_mask, const dg_tensor *fix_routing_mask,
+                                   const dg_tensor *to_physical_map, const dg_tensor *logical_count,
+                                   const dg_tensor *unmapped_topk_idx, const dg_tensor *force_random,
+                                   const dg_tensor *topk_idx, const dg_tensor *topk_weights);
+
+/*
+ * DeepGEMM's get_bf16_mega_gate_config: the schedule dg_bf16_mega_gate uses for a problem, with
+ * DeepGEMM's keys given their CPU meaning:
+ *   block_tokens         tokens per chunk: the router GEMM runs over this many tokens at a time
+ *                        into a float32 scratch [block_tokens, E], then the gate ranks them
+ *                        (min(T, 1024)).
+ *   num_mma_ctas         1: each logit is one thread's dot product (no CTA pairs on a CPU).
+ *   num_split_k          1: K (hidden) is never split, always (so also under
+ *                        use_deterministic_algorithms, as DeepGEMM's test asserts).
+ *   num_expert_groups    1: a token's experts are all ranked in one pass.
+ *   num_gate_warpgroups  threads ranking the tokens of a chunk: min(num_sms, block_tokens).
+ *   num_sms              threads the call uses: dg_get_num_sms().
+ * Errors as DeepGEMM's: T in [1, 2^20], H > 0 and H % 256 == 0, E in (0, 512] with E % 4 == 0,
+ * K in (0, min(E, 32)]; otherwise DG_ERR_VALUE naming the argument.
+ */
+typedef struct dg_mega_gate_config {
+    int block_tokens, num_mma_ctas, num_split_k, num_expert_groups, num_gate_warpgroups, num_sms;
+} dg_mega_gate_config;
+DG_API dg_status dg_get_bf16_mega_gate_config(int64_t num_tokens, int64_t hidden, int64_t num_routed_experts,
+                                              int64_t num_topk, dg_mega_gate_config *out);
+
 /* @@SECTION mega-moe: fused expert-parallel MoE (SPEC 9) @@ */
 
 /*

@@ -33,6 +33,7 @@ extern char **environ;
 static const bench_family *const g_families[] = {
     &bench_family_quant,   &bench_family_gemm,     &bench_family_grouped,
     &bench_family_mqa,     &bench_family_hc_einsum, &bench_family_mega_moe,
+    &bench_family_gate,
 };
 enum { NUM_FAMILIES = sizeof g_families / sizeof g_families[0] };
 

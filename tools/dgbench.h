@@ -93,6 +93,7 @@ extern const bench_family bench_family_mqa;
 extern const bench_family bench_family_hc_einsum;
 extern const bench_family bench_family_mega_moe;
 extern const bench_family bench_family_quant;
+extern const bench_family bench_family_gate;
 
 /* ---- helpers (dgbench_util.c) ---- */
 

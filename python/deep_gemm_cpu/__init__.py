@@ -81,6 +81,9 @@ m_grouped_fp4_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
 
+# MegaGate kernels (DeepGEMM 2.8): router GEMM + MoE top-k gate
+from .gate import bf16_mega_gate, get_bf16_mega_gate_config
+
 # Mega MoE: expert-parallel ranks as processes over a shared-memory symmetric buffer
 from .mega import (
     SymmBuffer,

@@ -100,5 +100,6 @@ extern PyMethodDef dgp_quant_methods[];
 extern PyMethodDef dgp_mega_methods[];
 extern PyMethodDef dgp_symm_methods[];
 extern PyMethodDef dgp_packed_methods[];
+extern PyMethodDef dgp_gate_methods[];
 
 #endif /* DGPY_H */

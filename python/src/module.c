@@ -36,7 +36,7 @@ PyMODINIT_FUNC PyInit__C(void) {
     };
     if (add_table(m, dgp_gemm_methods) || add_table(m, dgp_grouped_methods) || add_table(m, dgp_attn_methods) ||
         add_table(m, dgp_misc_methods) || add_table(m, dgp_quant_methods) || add_table(m, dgp_mega_methods) || add_table(m, dgp_symm_methods) ||
-        add_table(m, dgp_packed_methods) || dgp_packed_add_type(m))
+        add_table(m, dgp_packed_methods) || add_table(m, dgp_gate_methods) || dgp_packed_add_type(m))
         goto fail;
     for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); ++i)
         if (add_alias(m, aliases[i][0], aliases[i][1]))
