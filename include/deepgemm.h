@@ -840,6 +840,71 @@ DG_API dg_status dg_tf32_hc_prenorm_gemm(const dg_tensor *a, const dg_tensor *b,
                                          const dg_tensor *sqr_sum, int num_splits);
 
 /*
+ * Mega mHC (DeepGEMM 2.8's mega_mhc): one hyper-connection boundary between two sublayers, per
+ * token t (hc = hc_mult routes, H = hidden, N = hc * (hc + 2) mixes):
+ *   1. post of the finished sublayer: new_residual[t, j, h] =
+ *        bf16(x[t, h] * post_mix[t, j] + sum_i comb_res_mix[t, i, j] * residual[t, i, h]);
+ *   2. the next pre's prenorm GEMM on new_residual flattened to [T, hc * H]:
+ *        mix[t, n] = new_residual[t] . fn[n], sqr[t] = sum new_residual[t]^2 (as tf32_hc_prenorm_gemm);
+ *   3. mix[t, n] = (mix * rsqrt(sqr / (hc * H) + hc_norm_eps)) * scale[n] + mix_bases[n], with
+ *      scale = mix_scales[0] for n < hc (pre), [1] for hc <= n < 2 hc (post), [2] for the rest;
+ *      pre[j] = sigmoid(mix[j]) + hc_pre_eps; new_post_mix[t, j] = sigmoid(mix[hc + j]) *
+ *      hc_post_scale; new_comb_res_mix[t] = Sinkhorn of the hc x hc matrix mix[2 hc + i hc + j]:
+ *      softmax over j, + sinkhorn_eps, columns divided by (column sum + sinkhorn_eps), then
+ *      num_sinkhorn_iters - 1 times rows then columns divided by (their sum + sinkhorn_eps);
+ *   4. collapse: c[h] = bf16(sum_j w[j] * new_residual[t, j, h]) with w = shifted_prev_mix[t]
+ *      (shifted mHC) or this call's pre (normal mHC); RMSNorm:
+ *        y[t, h] = bf16((c[h] * rsqrt(mean_h c^2 + rmsnorm_eps)) * (rmsnorm_weight[h] * rmsnorm_scale));
+ *      y_fp8 / its scales: y quantized per 32 elements (amax clamped at 1e-4, UE8M0 scale
+ *      ceil_pow2(amax / 448), e4m3(y / scale)), four scale bytes packed per INT32 word
+ *      (per_token_cast_to_fp8(y, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)).
+ * Shifted mHC: shifted_prev_mix and new_prev_mix both given (new_prev_mix = pre); normal: both NULL.
+ * Tensors (all contiguous unless stated):
+ *   x BFLOAT16 [T, H]; residual BFLOAT16 [T, hc, H]; shifted_prev_mix, post_mix FLOAT32 [T, hc, 1];
+ *   comb_res_mix FLOAT32 [T, hc, hc]; fn FLOAT32 [N, hc * H]; mix_scales FLOAT32 [3];
+ *   mix_bases FLOAT32 [N]; rmsnorm_weight BFLOAT16 [H]; outputs new_residual like residual,
+ *   new_prev_mix / new_post_mix like post_mix, new_comb_res_mix like comb_res_mix;
+ *   y_bf16 BFLOAT16 [T, H] and/or y_fp8 FLOAT8_E4M3 [T, H] (at least one; y_fp8 needs
+ *   H % 128 == 0). With y_fp8 give either y_gemm_sf alone (INT32 [T, H / 128], strides
+ *   (1, S) with S >= T and S % 4 == 0: DeepGEMM's TMA-aligned column-major SF) or y_routed_sf
+ *   (INT32 [T, H / 128] contiguous) together with y_shared_sf (INT32 [T, H / 128], strides (1, S)
+ *   with S >= R = ceil(T / shared_sf_block_m) * align(shared_sf_block_m, 128)): Mega MoE's
+ *   shared-expert layout, token t's words at row shared_sf_row(t) = t / B * align(B, 128) +
+ *   (t % B) / 128 * 128 + (t % B) % 32 * 4 + (t % B) % 128 / 32 (B = shared_sf_block_m > 0).
+ *   Rows of y_shared_sf beyond T are written: its memory must hold R rows per column (the view
+ *   of DeepGEMM's storage[:T]); rows that belong to no token are left as they were.
+ *   shared_sf_block_m must be 0 without y_shared_sf. Outputs may not overlap inputs or each other.
+ * Numerics (the reference, DG_BACKEND=reference, is the spec): float32 operations in the order
+ * written above; the sums over routes left to right; softmax subtracts the row max; sigmoid is
+ * 1 / (1 + exp(-v)); rsqrt(v) is 1 / sqrtf(v); mean_h c^2 is 8 partial sums (lane l takes
+ * h = l mod 8 in increasing h) added ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), over H.
+ * Step 2 is the prenorm GEMM of each backend: the reference rounds exact sums once, the fast path
+ * runs tf32_hc_prenorm_gemm's engine (its bits per ISA level, see above). So the two backends
+ * agree bit for bit on new_residual, and on every output whenever the GEMM's sums are exact in
+ * float32; otherwise they differ by the GEMM's float32 rounding carried through steps 3-4
+ * (tested: calc_diff < 1e-9 on the mixes, DeepGEMM's 5e-5 / 2e-4 on y). Same bits for any thread
+ * count and for a token whatever T.
+ * Unlike the GPU (hc_mult == 4, H % 1024 == 0, T <= 2^20, SM100 only), any hc_mult in
+ * 1..DG_MEGA_MHC_MAX_HC_MULT, H > 0 and T >= 0 are accepted; num_sinkhorn_iters must be >= 1.
+ * T = 0 (valid arguments) does nothing. DeepGEMM's split-K choice has no CPU meaning.
+ * Errors: DG_ERR_NULL_POINTER, DG_ERR_DTYPE, DG_ERR_SHAPE, DG_ERR_LAYOUT (strides, overlap),
+ * DG_ERR_VALUE (hc_mult, num_sinkhorn_iters, shared_sf_block_m, the optional-output rules),
+ * DG_ERR_OVERFLOW; nothing is written. DG_ERR_ALLOC: scratch memory; when the GEMM engine's own
+ * scratch fails, new_residual (written before the GEMM reads it) holds its result and nothing else
+ * is written.
+ */
+#define DG_MEGA_MHC_MAX_HC_MULT 8
+DG_API dg_status dg_mega_mhc(const dg_tensor *x, const dg_tensor *residual, const dg_tensor *shifted_prev_mix,
+                             const dg_tensor *post_mix, const dg_tensor *comb_res_mix, const dg_tensor *fn,
+                             const dg_tensor *mix_scales, const dg_tensor *mix_bases, int hc_mult,
+                             float hc_norm_eps, float hc_pre_eps, float hc_post_scale, float sinkhorn_eps,
+                             int num_sinkhorn_iters, const dg_tensor *rmsnorm_weight, float rmsnorm_eps,
+                             float rmsnorm_scale, const dg_tensor *new_residual, const dg_tensor *new_prev_mix,
+                             const dg_tensor *new_post_mix, const dg_tensor *new_comb_res_mix,
+                             const dg_tensor *y_bf16, const dg_tensor *y_fp8, const dg_tensor *y_gemm_sf,
+                             const dg_tensor *y_routed_sf, const dg_tensor *y_shared_sf, int shared_sf_block_m);
+
+/*
  * BF16 einsum; a and b are BFLOAT16 and c (optional) has d's dtype. Supported expressions:
  *   "bmk,bnk->mn":  a [S, M, K], b [S, N, K], d [M, N] = c + sum_{s,k} a[s,m,k] b[s,n,k].
  *                   a, b, d contiguous. d FLOAT32: c may be absent, the very same view as d

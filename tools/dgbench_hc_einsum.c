@@ -7,6 +7,12 @@
  *                          The reference is too slow for M = 4096, so the diff column compares
  *                          a sample of at most 64 evenly spaced rows (the reference run gets
  *                          views of just those rows of a and d).
+ *   hc/mega_mhc            dg_mega_mhc (shifted, y_bf16 and y_fp8 with GEMM-layout scales), hc_mult 4,
+ *                          hidden 4096 / 7168, T = 1 and 16 (decode: bound by reading fn, [24, 4H] float32,
+ *                          once) and 4096 (prefill: the GEMM's FP32 FMAs). The reference is too slow
+ *                          for T = 4096: the diff column compares the first min(T, 64) tokens (the
+ *                          reference run gets views of just those tokens). FLOPs: the GEMM's; bytes:
+ *                          every input and output once. --digest: T 1, 16 or 70, hidden 1152.
  *   einsum/...             the einsum forms on DeepGEMM's test shapes: dgbench_einsum.inc
  *
  * The compared output is d. FLOPs count 2 per multiply-add of the product only.
@@ -18,11 +24,11 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef enum hc_kind { HC_PRENORM } hc_kind;
+typedef enum hc_kind { HC_PRENORM, HC_MEGA_MHC } hc_kind;
 
 typedef struct hc_params {
     hc_kind kind;
-    int64_t d0, d1, d2, d3; /* prenorm: M, N, K, splits */
+    int64_t d0, d1, d2, d3; /* prenorm: M, N, K, splits; mega_mhc: T, hidden */
 } hc_params;
 
 typedef struct hc_state {
@@ -30,7 +36,24 @@ typedef struct hc_state {
     const hc_params *p;
     dg_tensor *a, *sfa, *b, *sfb, *d, *s;
     dg_tensor a_smp, d_smp, *s_smp; /* prenorm: the sampled rows the reference computes */
+    dg_tensor *mt[18], ms[18];       /* mega_mhc: x .. y_gemm_sf (see mhc_run), the reference's views */
 } hc_state;
+
+enum { MHC_T = 18 };
+/* mega_mhc: the tensors' shapes for T tokens of hidden H (hc_mult 4, 24 mixes). */
+static void mhc_shapes(int64_t T, int64_t H, int64_t sh[MHC_T][3], int *nd, dg_dtype *dt) {
+    const int64_t s[MHC_T][3] = {{T, H}, {T, 4, H}, {T, 4, 1}, {T, 4, 1}, {T, 4, 4}, {24, 4 * H}, {3},
+                                 {24}, {H}, {T, 4, H}, {T, 4, 1}, {T, 4, 1}, {T, 4, 4}, {T, H}, {T, H},
+                                 {H / 128, (T + 3) / 4 * 4}};
+    const int n[MHC_T] = {2, 3, 3, 3, 3, 2, 1, 1, 1, 3, 3, 3, 3, 2, 2, 2};
+    const dg_dtype d[MHC_T] = {DG_BFLOAT16, DG_BFLOAT16, DG_FLOAT32, DG_FLOAT32, DG_FLOAT32, DG_FLOAT32,
+                               DG_FLOAT32,  DG_FLOAT32,  DG_BFLOAT16, DG_BFLOAT16, DG_FLOAT32, DG_FLOAT32,
+                               DG_FLOAT32, DG_BFLOAT16, DG_FLOAT8_E4M3, DG_INT32};
+    memcpy(sh, s, sizeof s);
+    memcpy(nd, n, sizeof n);
+    memcpy(dt, d, sizeof d);
+}
+#define MHC_USED 16 /* tensors in use of the MHC_T slots */
 
 static double nb(const dg_tensor *t) { return t ? (double)dg_tensor_nbytes(t) : 0; }
 
@@ -73,6 +96,46 @@ static int hc_setup(const bench_case *c, int size, bench_work *w) {
         snprintf(w->shape, sizeof w->shape, "m=%lld n=%lld k=%lld splits=%lld", (long long)m,
                  (long long)n, (long long)k, (long long)sp);
     }
+    if (p->kind == HC_MEGA_MHC) {
+        int64_t T = p->d0 / q > 0 ? p->d0 / q : 1, H = p->d1;
+        if (size == BENCH_SIZE_DIGEST) /* over the 8-wide lanes and the thread split, small */
+            T = p->d0 >= 4096 ? 70 : p->d0, H = 1152;
+        const int64_t rows = T < 64 ? T : 64;
+        int64_t sh[MHC_T][3];
+        int nd[MHC_T];
+        dg_dtype dt[MHC_T];
+        mhc_shapes(T, H, sh, nd, dt);
+        double bytes = 0;
+        for (int i = 0; i < MHC_USED; ++i) {
+            st->mt[i] = bench_pool_new(pool, dt[i], nd[i], sh[i]);
+            if (pool->failed)
+                break;
+            bench_fill(st->mt[i], 60 + i, i == 5 ? 0.01f : i == 6 || i == 7 ? 0.1f : 1.0f);
+            bytes += nb(st->mt[i]);
+            st->ms[i] = *st->mt[i];
+            if (i != 5 && i != 6 && i != 7 && i != 8 && i != 15)
+                st->ms[i].shape[0] = rows; /* the first tokens */
+        }
+        if (!pool->failed) { /* y_gemm_sf: column-major [T, H / 128] */
+            dg_tensor *g = st->mt[15];
+            g->shape[0] = T, g->shape[1] = H / 128, g->strides[0] = 1, g->strides[1] = (T + 3) / 4 * 4;
+            st->ms[15] = *g;
+            st->ms[15].shape[0] = rows;
+            bench_fill_uniform(st->mt[2], 61, 0.1f, 0.9f);
+            bench_fill_uniform(st->mt[3], 62, 0.1f, 0.9f);
+            bench_fill_uniform(st->mt[4], 63, 0.0f, 0.5f);
+        }
+        flops = 2.0 * (double)T * 24.0 * 4.0 * (double)H;
+        snprintf(w->shape, sizeof w->shape, "t=%lld hidden=%lld hc_mult=4 shifted fp8", (long long)T, (long long)H);
+        if (!pool->failed) {
+            w->state = st;
+            w->out = st->ms[13];
+            w->digest[0] = *st->mt[9], w->digest[1] = *st->mt[13], w->ndigest = 2;
+            w->flops = flops;
+            w->bytes = bytes;
+            return 0;
+        }
+    }
     if (pool->failed) {
         bench_pool_state_free(st);
         return -1;
@@ -98,6 +161,15 @@ static dg_status hc_run(void *s) {
         if (dg_get_backend() == DG_BACKEND_REFERENCE) /* the sampled rows only */
             return dg_tf32_hc_prenorm_gemm(&st->a_smp, st->b, &st->d_smp, st->s_smp, (int)st->p->d3);
         return dg_tf32_hc_prenorm_gemm(st->a, st->b, st->d, st->s, (int)st->p->d3);
+    case HC_MEGA_MHC: {
+        dg_tensor *const *t = st->mt;
+        dg_tensor v[MHC_USED];
+        for (int i = 0; i < MHC_USED; ++i) /* the reference: the first tokens only */
+            v[i] = dg_get_backend() == DG_BACKEND_REFERENCE ? st->ms[i] : *t[i];
+        return dg_mega_mhc(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], 4, 1e-6f, 1e-6f, 2.0f, 1e-6f,
+                           20, &v[8], 1e-6f, 1.0f, &v[9], &v[10], &v[11], &v[12], &v[13], &v[14], &v[15], NULL,
+                           NULL, 0);
+    }
     }
     return DG_ERR_INTERNAL;
 }
@@ -131,6 +203,10 @@ static const hc_params P[] = {
     {HC_PRENORM, 8192, 24, 7680, 16},
     {HC_PRENORM, 8192, 24, 28672, 0},
     {HC_PRENORM, 8192, 24, 28672, 16},
+    {HC_MEGA_MHC, 1, 7168, 0, 0},
+    {HC_MEGA_MHC, 16, 7168, 0, 0},
+    {HC_MEGA_MHC, 4096, 7168, 0, 0},
+    {HC_MEGA_MHC, 1, 4096, 0, 0},
 };
 
 #define CASE(name, i, lim) {name, lim, &P[i], hc_setup, hc_run, bench_pool_state_free}
@@ -159,6 +235,10 @@ static const bench_case CASES[] = {
     CASE("hc/tf32_prenorm/m8192_k7680_split16", 21, BENCH_LIMIT_FP32),
     CASE("hc/tf32_prenorm/m8192_k28672", 22, BENCH_LIMIT_FP32),
     CASE("hc/tf32_prenorm/m8192_k28672_split16", 23, BENCH_LIMIT_FP32),
+    CASE("hc/mega_mhc/t1_h7168", 24, BENCH_LIMIT_FP32),
+    CASE("hc/mega_mhc/t16_h7168", 25, BENCH_LIMIT_FP32),
+    CASE("hc/mega_mhc/t4096_h7168", 26, BENCH_LIMIT_FP32),
+    CASE("hc/mega_mhc/t1_h4096", 27, BENCH_LIMIT_FP32),
     EINSUM_CASES
 };
 #undef CASE

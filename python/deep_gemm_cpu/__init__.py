@@ -64,6 +64,7 @@ from ._C import (
     fp8_mqa_logits,
     fp8_paged_mqa_logits,
     # Hyperconnection kernels
+    mega_mhc,
     tf32_hc_prenorm_gemm,
     # Layout kernels
     transform_sf_into_required_layout,

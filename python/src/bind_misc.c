@@ -1,5 +1,5 @@
 /*
- * bind_misc.c - runtime settings, tf32_hc_prenorm_gemm, einsum, fp8_einsum and the scale-factor
+ * bind_misc.c - runtime settings, tf32_hc_prenorm_gemm, mega_mhc, einsum, fp8_einsum and the scale-factor
  * layout functions (which return new tensors through the library's query form).
  */
 #include "dgpy.h"
@@ -210,6 +210,97 @@ static PyObject *py_tf32_hc_prenorm_gemm(PyObject *s, PyObject *args, PyObject *
     return status_none(st);
 }
 
+/* A Python float (or anything with __float__, ints included) into a C float. */
+static int get_float(PyObject *o, const char *fn, const char *arg, float *out) {
+    const double v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be a float, got %s", fn, arg, Py_TYPE(o)->tp_name);
+        }
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+/* y_shared_sf is written at rows beyond its T rows (deepgemm.h): for a torch tensor, its storage
+ * must hold them, as DeepGEMM checks (NumPy arrays carry no storage size: the caller's duty). */
+static int check_shared_storage(PyObject *obj, const dg_tensor *t, const dg_tensor *x, int block_m, const char *fn) {
+    if (!t || block_m <= 0 || x->ndim != 2 || t->ndim != 2 || x->shape[0] == 0 || t->shape[1] == 0 ||
+        !PyObject_HasAttrString(obj, "untyped_storage"))
+        return 0;
+    const long long T = x->shape[0], rows = (T + block_m - 1) / block_m * (((long long)block_m + 127) / 128 * 128);
+    PyObject *st = PyObject_CallMethod(obj, "untyped_storage", NULL);
+    PyObject *nb = st ? PyObject_CallMethod(st, "nbytes", NULL) : NULL;
+    PyObject *off = PyObject_CallMethod(obj, "storage_offset", NULL);
+    Py_XDECREF(st);
+    if (!nb || !off) {
+        Py_XDECREF(nb);
+        Py_XDECREF(off);
+        return -1;
+    }
+    const long long bytes = PyLong_AsLongLong(nb), first = PyLong_AsLongLong(off);
+    Py_DECREF(nb);
+    Py_DECREF(off);
+    if (PyErr_Occurred())
+        return -1;
+    const long long need = (first + rows + (t->shape[1] - 1) * t->strides[1]) * 4;
+    if (rows > 0 && need > bytes) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: argument 'y_shared_sf': its storage holds %lld bytes, the shared-expert layout needs %lld "
+                     "(%lld rows per column)", fn, bytes, need, rows);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_mega_mhc(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "mega_mhc";
+    static char *kwl[] = {"x", "residual", "shifted_prev_mix", "post_mix", "comb_res_mix", "fn", "mix_scales",
+                          "mix_bases", "hc_mult", "hc_norm_eps", "hc_pre_eps", "hc_post_scale", "sinkhorn_eps",
+                          "num_sinkhorn_iters", "rmsnorm_weight", "rmsnorm_eps", "rmsnorm_scale", "new_residual",
+                          "new_prev_mix", "new_post_mix", "new_comb_res_mix", "y_bf16", "y_fp8", "y_gemm_sf",
+                          "y_routed_sf", "y_shared_sf", "shared_sf_block_m", NULL};
+    PyObject *o[27];
+    for (int i = 21; i < 26; ++i)
+        o[i] = Py_None;
+    o[26] = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOOOOOOOOOOOO|OOOOOO:mega_mhc", kwl, &o[0], &o[1], &o[2],
+                                     &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13],
+                                     &o[14], &o[15], &o[16], &o[17], &o[18], &o[19], &o[20], &o[21], &o[22], &o[23],
+                                     &o[24], &o[25], &o[26]))
+        return NULL;
+    /* tensors by position; optional ones may be None */
+    static const int tensor_idx[] = {0, 1, 2, 3, 4, 5, 6, 7, 14, 17, 18, 19, 20, 21, 22, 23, 24, 25};
+    enum { NT = sizeof tensor_idx / sizeof tensor_idx[0] };
+    dgp_tensor t[NT];
+    for (int i = 0; i < NT; ++i) {
+        const int k = tensor_idx[i];
+        const int optional = k == 2 || k == 18 || k >= 21;
+        const int writable = k >= 17;
+        if (dgp_tensor_from(o[k], fn, kwl[k], (optional ? DGP_OPTIONAL : 0) | (writable ? DGP_WRITABLE : 0), &t[i]))
+            return NULL;
+    }
+    int hc_mult, iters, block_m = 0;
+    float f[6];
+    static const int float_idx[] = {9, 10, 11, 12, 15, 16};
+    if (dgp_int(o[8], fn, "hc_mult", &hc_mult) || dgp_int(o[13], fn, "num_sinkhorn_iters", &iters) ||
+        (o[26] && dgp_int(o[26], fn, "shared_sf_block_m", &block_m)))
+        return NULL;
+    for (int i = 0; i < 6; ++i)
+        if (get_float(o[float_idx[i]], fn, kwl[float_idx[i]], &f[i]))
+            return NULL;
+    if (check_shared_storage(o[25], dgp_ptr(&t[17]), &t[0].t, block_m, fn))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_mega_mhc(&t[0].t, &t[1].t, dgp_ptr(&t[2]), &t[3].t, &t[4].t, &t[5].t, &t[6].t, &t[7].t, hc_mult,
+                              f[0], f[1], f[2], f[3], iters, &t[8].t, f[4], f[5], &t[9].t, dgp_ptr(&t[10]), &t[11].t,
+                              &t[12].t, dgp_ptr(&t[13]), dgp_ptr(&t[14]), dgp_ptr(&t[15]), dgp_ptr(&t[16]),
+                              dgp_ptr(&t[17]), block_m));
+    return status_none(st);
+}
+
 static PyObject *py_einsum(PyObject *s, PyObject *args, PyObject *kw) {
     static const char *fn = "einsum";
     static char *kwl[] = {"expr", "a", "b", "d", "c", "use_cublaslt", NULL};
@@ -401,6 +492,10 @@ PyMethodDef dgp_misc_methods[] = {
     M(set_isa, "set_isa('generic' | 'avx2' | 'avx512' | 'avx512_bf16' | 'amx'): caps the instruction set "
                "(CPU only; a level above the CPU's raises NotImplementedError)"),
     M(tf32_hc_prenorm_gemm, "tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None)"),
+    M(mega_mhc, "mega_mhc(x, residual, shifted_prev_mix, post_mix, comb_res_mix, fn, mix_scales, mix_bases, "
+                "hc_mult, hc_norm_eps, hc_pre_eps, hc_post_scale, sinkhorn_eps, num_sinkhorn_iters, rmsnorm_weight, "
+                "rmsnorm_eps, rmsnorm_scale, new_residual, new_prev_mix, new_post_mix, new_comb_res_mix, y_bf16=None, "
+                "y_fp8=None, y_gemm_sf=None, y_routed_sf=None, y_shared_sf=None, shared_sf_block_m=0)"),
     M(einsum, "einsum(expr, a, b, d, c=None, use_cublaslt=False)"),
     M(fp8_einsum, "fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128)); a, b are (data, scales)"),
     M(get_tma_aligned_size, "get_tma_aligned_size(x, element_size) -> int"),
