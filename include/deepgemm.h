@@ -590,7 +590,8 @@ DG_API dg_status dg_m_grouped_fp8_fp4_gemm_nt_contiguous_packed(const dg_tensor 
  *     rows between groups are never read. FP8 scales per channel along K:
  *     sfa FLOAT32 [sum_g ceil(k_g / gran_k), M] (any strides), or INT32 packed UE8M0
  *     [>= sum_g ceil(k_g / (4 gran_k)), M] with each group starting a new packed row; sfb
- *     likewise with N. With the psum layout k_g here is the group's K aligned up (below).
+ *     likewise with N. With the psum layout the float32 rows of a group are those of its K
+ *     aligned up (see dg_k_grouped_fp4_gemm_nt_contiguous below).
  *   `_nt` (K-major): a, b contiguous of sum_k*M (sum_k*N) FLOAT8_E4M3 elements holding group
  *     after group an [M, k_g] (resp. [N, k_g]) row-major block; sfa FLOAT32 [M, sum_k / 128],
  *     sfb [N, sum_k / 128], any strides.
@@ -620,10 +621,13 @@ DG_API dg_status dg_k_grouped_bf16_gemm_tn_contiguous(const dg_tensor *a, const 
  *     (dg_get_mk_alignment_for_contiguous_layout()) must be a multiple of 256, as DeepGEMM's;
  *   sfa / sfb per channel along K, MN-major as `_tn`'s: FLOAT32 [rows, M] or INT32 packed
  *     UE8M0 [>= packed rows, M].
- * Scale rows per group, here and in `_tn` with the psum layout: DeepGEMM's packers give each
- * group the scale rows of its K aligned up to the K alignment (align(k_g, alignment) / gran_k;
- * without psum k_g is already aligned), so a psum group whose K is not aligned owns more rows than
- * its K needs; the extra rows are never read. With psum, an odd k_g's last pair holds one code
+ * Scale rows per group, here and in `_tn` with the psum layout: FLOAT32 scales give each group
+ * the rows of its K aligned up to the K alignment (align(k_g, alignment) / gran_k, as DeepGEMM's
+ * generators cast each group padded to its aligned K; without psum k_g is aligned already), so a
+ * psum group whose K is not aligned owns rows its K does not need, never read. Packed UE8M0
+ * scales give each group the packed rows of its own K (ceil(k_g / (4 gran_k))), as
+ * dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor writes them and DeepGEMM's kernels
+ * read them. With psum, an odd k_g's last pair holds one code
  * past the group, which must be zero (as DeepGEMM requires of its padding codes).
  * Numerics: FP4 x FP4 on exact integer dot products per scale block of 32 (dense-gemm section),
  * D = C + sum over blocks in order, float32 throughout.
@@ -974,6 +978,9 @@ DG_API dg_status dg_get_mn_major_tma_aligned_packed_ue8m0_tensor(const dg_tensor
  * host copy of the K sizes; NULL or num_ks == 0 = not given, then use_psum_layout is required)
  * sizes the output: PK = sum ceil(ks[g] / (4 gran_k)), or (SK + 3 G) / 4 without ks. Packed rows
  * past the last group's are 0. gran_k is 32 or 128; k_alignment a multiple of 32.
+ * With use_psum_layout, group g's input rows are those of its K aligned up to k_alignment
+ * (DeepGEMM's layout: each group cast padded to its aligned K), of which the first
+ * ceil(K_g / gran_k) are packed: ceil(K_g / (4 gran_k)) packed rows per group.
  */
 DG_API dg_status dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     const dg_tensor *sf, const dg_tensor *grouped_layout, const int *ks, int num_ks, int gran_k,

@@ -36,13 +36,14 @@ static void make_kop(tu_rng *rng, const kcfg *cf, int64_t mn, int64_t total, con
     o->data = tu_alloc2(fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, total, mn);
     /* Rows outside every group (psum gaps) hold NaN garbage. */
     memset(o->data.data, fp8 ? 0x7f : 0xff, dg_tensor_nbytes(&o->data));
-    /* Each group owns the scale rows of its K aligned up (DeepGEMM's packers): with psum, rows
-     * past the group's K exist and hold garbage (0x7f: NaN for float, 2^0 bytes). */
+    /* Float scales: each group owns the rows of its K aligned up (DeepGEMM's layout): with psum,
+     * rows past the group's K exist and hold garbage (0x7f: NaN). Packed scales: the rows of the
+     * group's own K, as DeepGEMM's packer writes them. */
     int64_t rows = 0, prows = 0, own[16];
     for (int g = 0; g < cf->G; ++g) {
         own[g] = tq_cdiv(cf->psum ? tq_align(len[g], cf->k_alignment) : len[g], gk);
         rows += own[g];
-        prows += tq_cdiv(own[g], 4);
+        prows += tq_cdiv(tq_cdiv(len[g], gk), 4); /* packed rows follow the group's own K */
     }
     memset(&o->sf, 0, sizeof o->sf);
     if (fp8) {
@@ -78,7 +79,7 @@ static void make_kop(tu_rng *rng, const kcfg *cf, int64_t mn, int64_t total, con
                     ((float *)o->sf.data)[(row + b) * mn + i] = s;
             }
         row += own[g];
-        prow += tq_cdiv(own[g], 4);
+        prow += tq_cdiv(nb, 4);
     }
     o->sf_view = o->sf;
 }
@@ -209,6 +210,8 @@ int main(void) {
     run(&rng, &(kcfg){KF_TN_PACKED, 3, 40, 72, 32, 32, 0, 2, tails, 0});
     run(&rng, &(kcfg){KF_TN_PACKED, 3, 40, 72, 32, 32, 1, 0, tails, 0});
     run(&rng, &(kcfg){KF_TN_PACKED, 4, 32, 40, 128, 64, 1, 1, NULL, 0});
+    run(&rng, &(kcfg){KF_TN_PACKED, 3, 40, 72, 32, 128, 1, 1, tails, 0});
+    run(&rng, &(kcfg){KF_TN_F32, 3, 40, 72, 32, 128, 1, 2, tails, 0});
     /* FP8 `_nt` (K-major blocks, ks multiples of 128). */
     run(&rng, &(kcfg){KF_NT, 4, 64, 48, 128, 128, 0, 1, with_empty, 0});
     run(&rng, &(kcfg){KF_NT, 1, 24, 40, 128, 128, 0, 2, single, 1});

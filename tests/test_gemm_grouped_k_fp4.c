@@ -52,9 +52,9 @@ static layout plan(const fcfg *cf) {
         total += L.ks[g];
         L.gl[g] = cf->psum ? (int)prev_end : L.ks[g];
         L.row0[g] = cf->packed_sf ? prow : row;
-        const int64_t own = tq_cdiv(L.ks[g], 32); /* the rows of the aligned K */
-        row += own;
-        prow += tq_cdiv(own, 4);
+        /* float rows: those of the aligned K; packed rows: the group's own K (DeepGEMM's) */
+        row += tq_cdiv(L.ks[g], 32);
+        prow += tq_cdiv(tq_cdiv(L.len[g], 32), 4);
     }
     L.rows = row, L.prows = prow;
     /* With ks, A's K is sum(ks) (DeepGEMM's check); without (psum only) any K past the last end:
@@ -89,7 +89,7 @@ static fop make_op(tu_rng *r, const fcfg *cf, const layout *L, int64_t mn) {
         int64_t row = 0;
         for (int g = 0; g < L->G; ++g) {
             const int64_t own = tq_cdiv(L->ks[g], 32);
-            for (int64_t b = 0; b < own; ++b)
+            for (int64_t b = 0; b < tq_cdiv(L->len[g], 32); ++b)
                 for (int64_t i = 0; i < mn; ++i)
                     ((uint8_t *)o.sf.data)[((L->row0[g] + b / 4) * mn + i) * 4 + b % 4] =
                         tq_pow2_byte(o.scale[(row + b) * mn + i]);

@@ -288,27 +288,33 @@ static void test_k_grouped_fixed(void) {
     TU_CHECK(memcmp(out.data, want, sizeof want) == 0, "k-grouped values");
     free(out.data);
 
-    /* psum: real ks (64, 100), k_alignment 128 -> ends (64, 228); scale rows 2 + 4 = 6.
-     * With ks: 1 + 1 packed rows; without: (6 + 3 * 2) / 4 = 3 rows, the last one unowned (0). */
+    /* psum: real ks (64, 100), k_alignment 128 -> ends (64, 228). Each group owns the scale rows
+     * of its aligned K (128 / 32 = 4 each: 8 rows), of which its own K's are packed: rows 0..1
+     * and 4..7. With ks: 1 + 1 packed rows; without: (8 + 3 * 2) / 4 = 3, the last unowned (0). */
     int32_t ends[2] = {64, 228};
     const int real_ks[2] = {64, 100};
     const dg_tensor pl = dg_tensor_1d(ends, DG_INT32, 2);
-    const dg_tensor sf6 = dg_tensor_2d(sf_data, DG_FLOAT32, 6, 4);
+    float *sf8_data = k_grouped_sf(8);
+    const dg_tensor sf8 = dg_tensor_2d(sf8_data, DG_FLOAT32, 8, 4);
+    const uint32_t want_psum[12] = {0x6E64, 0x6F65, 0x7066, 0x7167,
+                                    0xAAA0968Cu, 0xABA1978Du, 0xACA2988Eu, 0xADA3998Fu, 0, 0, 0, 0};
+    const dg_tensor sf7_short = dg_tensor_2d(sf8_data, DG_FLOAT32, 7, 4);
+    dg_tensor q = empty_out();
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf7_short, &pl, NULL, 0, 32, 128, 1, &q),
+               DG_ERR_SHAPE, "sf");
     out = empty_out();
-    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, real_ks, 2, 32, 128, 1, &out));
+    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, real_ks, 2, 32, 128, 1, &out));
     TU_CHECK(out.shape[0] == 2, "psum rows with ks: %lld", (long long)out.shape[0]);
     alloc_out(&out, 0x77);
-    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, real_ks, 2, 32, 128, 1, &out));
-    TU_CHECK(memcmp(out.data, want, 8 * 4) == 0, "psum values with ks");
+    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, real_ks, 2, 32, 128, 1, &out));
+    TU_CHECK(memcmp(out.data, want_psum, 8 * 4) == 0, "psum values with ks");
     free(out.data);
     out = empty_out();
-    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, NULL, 0, 32, 128, 1, &out));
+    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, NULL, 0, 32, 128, 1, &out));
     TU_CHECK(out.shape[0] == 3, "psum rows without ks: %lld", (long long)out.shape[0]);
     alloc_out(&out, 0x77);
-    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, NULL, 0, 32, 128, 1, &out));
-    const uint32_t want_ub[12] = {0x6E64, 0x6F65, 0x7066, 0x7167,
-                                  0x968C8278u, 0x978D8379u, 0x988E847Au, 0x998F857Bu, 0, 0, 0, 0};
-    TU_CHECK(memcmp(out.data, want_ub, sizeof want_ub) == 0, "psum values without ks");
+    TU_CHECK_OK(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, NULL, 0, 32, 128, 1, &out));
+    TU_CHECK(memcmp(out.data, want_psum, sizeof want_psum) == 0, "psum values without ks");
 
     /* Bad inputs, out untouched. */
     void *snap = tu_snapshot(&out);
@@ -316,7 +322,7 @@ static void test_k_grouped_fixed(void) {
     const dg_tensor gl_wrong = dg_tensor_1d(wrong, DG_INT32, 2);
     CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf, &gl_wrong, ks, 2, 32, 32, 0, &out),
                DG_ERR_VALUE, "grouped_layout");
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &gl, ks, 2, 32, 32, 0, &out),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &gl, ks, 2, 32, 32, 0, &out),
                DG_ERR_SHAPE, "sf");
     CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf, &gl, NULL, 0, 32, 32, 0, &out),
                DG_ERR_VALUE, "ks");
@@ -333,11 +339,11 @@ static void test_k_grouped_fixed(void) {
     int32_t bad_ends[2] = {100, 200}; /* group 1 would start at align(100, 128) = 128 < 200: fine */
     bad_ends[1] = 120;                /* ... but 120 < 128: negative group */
     const dg_tensor pl_bad = dg_tensor_1d(bad_ends, DG_INT32, 2);
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl_bad, NULL, 0, 32, 128, 1, &out),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl_bad, NULL, 0, 32, 128, 1, &out),
                DG_ERR_VALUE, "grouped_layout");
-    int32_t big_ends[2] = {64, 400}; /* needs 2 + 9 rows, sf has 6 */
+    int32_t big_ends[2] = {64, 400}; /* needs 4 + 12 rows, sf has 8 */
     const dg_tensor pl_big = dg_tensor_1d(big_ends, DG_INT32, 2);
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl_big, NULL, 0, 32, 128, 1, &out),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl_big, NULL, 0, 32, 128, 1, &out),
                DG_ERR_SHAPE, "sf");
     const dg_tensor sf3 = dg_tensor_2d(sf_data, DG_FLOAT32, 7, 3);
     CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf3, &gl, ks, 2, 32, 32, 0, &out),
@@ -349,35 +355,36 @@ static void test_k_grouped_fixed(void) {
     CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf, &gl64, ks, 1, 32, 32, 0, &out),
                DG_ERR_DTYPE, "grouped_layout");
     const int neg_ks[2] = {64, -1};
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, neg_ks, 2, 32, 128, 1, &out),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, neg_ks, 2, 32, 128, 1, &out),
                DG_ERR_VALUE, "ks");
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, NULL, 0, 32, 128, 1, NULL),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, NULL, 0, 32, 128, 1, NULL),
                DG_ERR_NULL_POINTER, "out");
     dg_tensor out_bad = out;
     out_bad.shape[0] = 2;
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, NULL, 0, 32, 128, 1, &out_bad),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, NULL, 0, 32, 128, 1, &out_bad),
                DG_ERR_SHAPE, "out");
     out_bad = out;
     out_bad.dtype = DG_FLOAT32;
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, NULL, 0, 32, 128, 1, &out_bad),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, NULL, 0, 32, 128, 1, &out_bad),
                DG_ERR_DTYPE, "out");
-    sf_data[5] = 3.0f; /* row 1, column 1 */
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, NULL, 0, 32, 128, 1, &out),
+    sf8_data[5] = 3.0f; /* row 1, column 1 */
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, NULL, 0, 32, 128, 1, &out),
                DG_ERR_VALUE, "power of two");
-    sf_data[5] = 1.0f;
+    sf8_data[5] = 1.0f;
     /* An output aliasing the input scales. */
-    void *sf_snap = tu_snapshot(&sf6);
+    void *sf_snap = tu_snapshot(&sf8);
     dg_tensor alias = out;
-    alias.data = sf_data;
+    alias.data = sf8_data;
     alias.shape[0] = 2;
-    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf6, &pl, real_ks, 2, 32, 128, 1, &alias),
+    CHECK_FAIL(dg_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(&sf8, &pl, real_ks, 2, 32, 128, 1, &alias),
                DG_ERR_LAYOUT, "out");
-    TU_CHECK(tu_unchanged(&sf6, sf_snap), "aliased input untouched");
+    TU_CHECK(tu_unchanged(&sf8, sf_snap), "aliased input untouched");
     free(sf_snap);
     TU_CHECK(tu_unchanged(&out, snap), "bad k-grouped calls leave out untouched");
     free(snap);
     free(out.data);
     free(sf_data);
+    free(sf8_data);
 }
 
 /* Random K sizes (some empty): each group's rows packed on their own, as DeepGEMM's test. */
@@ -388,13 +395,16 @@ static void test_k_grouped_random(void) {
         const int mn = 4 * (int)tu_randint(&rng, 1, 3);
         const bool psum = tu_randint(&rng, 0, 1);
         const int k_alignment = 32 * (int)tu_randint(&rng, 1, 7);
-        int ks[6], rows[6], total_rows = 0, packed_rows = 0;
+        int ks[6], rows[6], in_rows[6], total_rows = 0, packed_rows = 0;
         int32_t layout[6];
         int64_t end = 0;
         for (int g = 0; g < groups; ++g) {
             ks[g] = tu_randint(&rng, 0, 3) == 0 ? 0 : (int)tu_randint(&rng, 1, 9 * gran_k);
             rows[g] = (ks[g] + gran_k - 1) / gran_k;
-            total_rows += rows[g];
+            /* input rows: those of the aligned K with psum (DeepGEMM's layout), packed: rows[g] */
+            const int aligned = psum ? (ks[g] + k_alignment - 1) / k_alignment * k_alignment : ks[g];
+            in_rows[g] = (aligned + gran_k - 1) / gran_k;
+            total_rows += in_rows[g];
             packed_rows += (rows[g] + 3) / 4;
             end = (g == 0 ? 0 : (end + k_alignment - 1) / k_alignment * k_alignment) + ks[g];
             layout[g] = psum ? (int32_t)end : ks[g];
@@ -422,7 +432,7 @@ static void test_k_grouped_random(void) {
                         bad += bytes[j] != want;
                     }
                 }
-            sf_row += rows[g];
+            sf_row += in_rows[g];
         }
         TU_CHECK(bad == 0, "random k-grouped values (iter %d): %d wrong", iter, bad);
         free(out.data);

@@ -205,6 +205,15 @@ def test_k_grouped_fp4(psum, accumulate):
                                             d8, host_ks, layout, d8 if accumulate else None,
                                             recipe=(1, 1, 32), use_psum_layout=psum)
         assert calc_diff(d, d8) < 1e-10
+        # Scales packed by get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor give the same D.
+        pa = dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(qa[1], layout, host_ks, 32, alignment,
+                                                                       use_psum_layout=psum)
+        pb = dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(qb[1], layout, host_ks, 32, alignment,
+                                                                       use_psum_layout=psum)
+        dp = c.clone() if accumulate else torch.full((g, m, n), float('nan'))
+        dg.k_grouped_fp4_gemm_nt_contiguous((qa[0], pa), (qb[0], pb), dp, host_ks, layout, dp if accumulate else None,
+                                            recipe=(1, 1, 32), use_psum_layout=psum)
+        assert torch.equal(dp, d)
         if not psum:  # the psum form also runs without ks
             return
         d2 = c.clone() if accumulate else torch.full((g, m, n), float('nan'))

@@ -149,12 +149,16 @@ static dg_status check_ab(const dg_tensor *a, const dg_tensor *b, k_kind kind, b
     return dg_check_dim(b, "b", 1, p->n);
 }
 
-/* Scale rows (blocks of gran_k along K) a group of K extent len owns. DeepGEMM's packers
- * (get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor) give every group the rows of its K
- * aligned up: without psum len is already aligned; with psum the rows past len are never read. */
+/* Float32 scale rows (blocks of gran_k along K) a group of K extent len owns: those of its K
+ * aligned up, as DeepGEMM lays them out (its generators cast each group padded to its aligned K,
+ * and its packer checks sum(ks / gran_k) rows). Without psum len is aligned already; with psum
+ * the rows past len are never read. Packed UE8M0 rows follow the group's own K instead
+ * (packed_rows): DeepGEMM's packer writes, and its kernels read, ceil(len / (4 gran_k)). */
 static int64_t sf_blocks(const k_plan *p, int64_t len) {
     return dg_ceil_div(p->psum ? dg_align(len, p->k_alignment) : len, p->gran_k);
 }
+
+static int64_t packed_rows(const k_plan *p, int64_t len) { return dg_ceil_div(dg_ceil_div(len, p->gran_k), 4); }
 
 /* Group ranges from grouped_layout (checked against ks) and each group's first scale row. */
 static dg_status plan_groups(const int32_t *gl, const int *ks, bool has_ks, k_plan *p) {
@@ -184,7 +188,7 @@ static dg_status plan_groups(const int32_t *gl, const int *ks, bool has_ks, k_pl
         const int64_t blocks = sf_blocks(p, len);
         p->sf_start[g] = sf; /* float rows; use_packed_starts() rewrites it for packed scales */
         sf += blocks;
-        packed += dg_ceil_div(blocks, 4);
+        packed += packed_rows(p, len);
     }
     p->sf_rows = sf;
     p->packed_rows = packed;
@@ -216,7 +220,7 @@ static void use_packed_starts(k_plan *p) {
     int64_t packed = 0;
     for (int64_t g = 0; g < p->groups; ++g) {
         p->sf_start[g] = packed;
-        packed += dg_ceil_div(sf_blocks(p, p->k_len[g]), 4);
+        packed += packed_rows(p, p->k_len[g]);
     }
 }
 

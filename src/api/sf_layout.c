@@ -297,6 +297,14 @@ static int64_t plan_group_k(const k_grouped_plan *p, int64_t g) {
     return p->layout[g] - start;
 }
 
+/* The input rows group g owns in sf: those of its K aligned up (DeepGEMM's generators cast each
+ * group padded to its aligned K; with ks its packer checks sum(ks / gran_k) rows). Only the first
+ * ceil(group K / gran_k) of them are packed; with psum the rest are padding. */
+static int64_t plan_group_sf_rows(const k_grouped_plan *p, int64_t g) {
+    const int64_t k = plan_group_k(p, g);
+    return dg_ceil_div(p->psum ? dg_align(k, p->k_alignment) : k, p->gran_k);
+}
+
 /*
  * Packed row `row` belongs to the group whose packed rows cover it; within it, packed row r
  * holds the group's scale rows 4r .. 4r+3. Returns false when no group owns the row.
@@ -312,7 +320,7 @@ static bool plan_locate(const k_grouped_plan *p, int64_t row, int64_t *first, in
             *end = sf_rows + n;
             return true;
         }
-        sf_rows += n;
+        sf_rows += plan_group_sf_rows(p, g);
         packed_rows += packed;
     }
     return false;
@@ -383,7 +391,7 @@ static dg_status check_k_grouped_layout(const k_grouped_plan *p, const dg_tensor
             DG_CHECK(has_ks && p->layout[g] == ks[g], DG_ERR_VALUE,
                      "argument 'grouped_layout': entry %lld (%d) must equal ks[%lld] (%d)", (long long)g,
                      p->layout[g], (long long)g, has_ks ? ks[g] : -1);
-        rows += dg_ceil_div(group_k, p->gran_k);
+        rows += group_k < 0 ? 0 : plan_group_sf_rows(p, g);
     }
     if (p->psum)
         DG_CHECK(rows <= sf->shape[0], DG_ERR_SHAPE,
