@@ -256,6 +256,30 @@ static void test_bad(tu_rng *r) {
     tu_free(&gl);
     free_op(&A);
     free_op(&B);
+
+    /* psum with an odd K: the padding code after the group must be zero. */
+    static const int odd1[2] = {101, 64};
+    const fcfg co = {2, 3, 5, 256, 1, 0, 0, odd1, 1};
+    const layout Lo = plan(&co);
+    fop Ao = make_op(r, &co, &Lo, 3), Bo = make_op(r, &co, &Lo, 5);
+    dg_tensor glo = tu_alloc(DG_INT32, 1, (int64_t[]){2});
+    memcpy(glo.data, Lo.gl, sizeof Lo.gl[0] * 2);
+    dg_tensor dd = tu_alloc3(DG_FLOAT32, 2, 3, 5);
+    dg_gemm_options po = dg_gemm_options_default();
+    po.use_psum_layout = 1;
+    TU_CHECK_OK(dg_k_grouped_fp4_gemm_nt_contiguous(&Ao.data, &Ao.sf, &Bo.data, &Bo.sf, &dd, Lo.ks, 2, &glo, NULL, &po));
+    ((uint8_t *)Bo.data.data)[2 * (Lo.sum_k / 2) + 101 / 2] |= 0x30; /* row 2's padding code */
+    tu_fill_bytes(&dd, 0x3c);
+    void *snapo = tu_snapshot(&dd);
+    TU_CHECK_STATUS(dg_k_grouped_fp4_gemm_nt_contiguous(&Ao.data, &Ao.sf, &Bo.data, &Bo.sf, &dd, Lo.ks, 2, &glo, NULL, &po),
+                    DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "'b'") && strstr(dg_last_error(), "padding"), "message: %s", dg_last_error());
+    TU_CHECK(tu_unchanged(&dd, snapo), "D written on error");
+    free(snapo);
+    tu_free(&dd);
+    tu_free(&glo);
+    free_op(&Ao);
+    free_op(&Bo);
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(128));
 }
 

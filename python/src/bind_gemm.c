@@ -204,7 +204,7 @@ PyMethodDef dgp_gemm_methods[] = {
     M(fp8_fp4_gemm_tt, "fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, "
                        "compiled_dims='mn', disable_ue8m0_cast=False, alpha=None)"),
     M(fp8_gemm_nt_skip_head_mid, "fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe=None, "
-                                 "compiled_dims='nk', disable_ue8m0_cast=False, alpha=None)"),
+                                 "compiled_dims='nk', disable_ue8m0_cast=False)"),
     M(cublaslt_gemm_nt, "cublaslt_gemm_nt(a, b, d, c=None): d = c + a @ b.T, a [M, K], b [N, K]; BF16, FP8 "
                         "(unscaled) or float32 (d float32) operands"),
     M(cublaslt_gemm_nn, "cublaslt_gemm_nn(a, b, d, c=None): d = c + a @ b, b [K, N]"),

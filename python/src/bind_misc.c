@@ -224,20 +224,72 @@ static int get_float(PyObject *o, const char *fn, const char *arg, float *out) {
     return 0;
 }
 
-/* y_shared_sf is written at rows beyond its T rows (deepgemm.h): for a torch tensor, its storage
- * must hold them, as DeepGEMM checks (NumPy arrays carry no storage size: the caller's duty). */
+/* A NumPy array's memory: the data pointer and size of the array at the bottom of its .base
+ * chain (the buffer every view of it lies in). 0 on success. */
+static int numpy_extent(PyObject *obj, unsigned long long *begin, long long *bytes) {
+    PyObject *cur = obj;
+    Py_INCREF(cur);
+    for (;;) {
+        PyObject *base = PyObject_GetAttrString(cur, "base");
+        if (!base) {
+            Py_DECREF(cur);
+            return -1;
+        }
+        if (base == Py_None || !PyObject_HasAttrString(base, "__array_interface__")) {
+            Py_DECREF(base);
+            break;
+        }
+        Py_DECREF(cur);
+        cur = base;
+    }
+    PyObject *ai = PyObject_GetAttrString(cur, "__array_interface__");
+    PyObject *nb = PyObject_GetAttrString(cur, "nbytes");
+    Py_DECREF(cur);
+    PyObject *data = ai ? PyDict_GetItemString(ai, "data") : NULL; /* borrowed */
+    int rc = -1;
+    if (data && PyTuple_Check(data) && PyTuple_Size(data) >= 1 && nb) {
+        *begin = PyLong_AsUnsignedLongLong(PyTuple_GetItem(data, 0));
+        *bytes = PyLong_AsLongLong(nb);
+        rc = PyErr_Occurred() ? -1 : 0;
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_TypeError, "mega_mhc: argument 'y_shared_sf': cannot read the array's memory extent");
+    }
+    Py_XDECREF(ai);
+    Py_XDECREF(nb);
+    return rc;
+}
+
+/* y_shared_sf is written at rows beyond its T rows (deepgemm.h): its memory must hold them. For
+ * a torch tensor that is its storage, as DeepGEMM checks; for a NumPy array the buffer at the
+ * bottom of its .base chain. */
 static int check_shared_storage(PyObject *obj, const dg_tensor *t, const dg_tensor *x, int block_m, const char *fn) {
-    if (!t || block_m <= 0 || x->ndim != 2 || t->ndim != 2 || x->shape[0] == 0 || t->shape[1] == 0 ||
-        !PyObject_HasAttrString(obj, "untyped_storage"))
+    if (!t || block_m <= 0 || x->ndim != 2 || t->ndim != 2 || x->shape[0] == 0 || t->shape[1] == 0)
         return 0;
     const long long T = x->shape[0], rows = (T + block_m - 1) / block_m * (((long long)block_m + 127) / 128 * 128);
+    if (!PyObject_HasAttrString(obj, "untyped_storage")) {
+        unsigned long long begin;
+        long long bytes;
+        if (numpy_extent(obj, &begin, &bytes))
+            return -1;
+        const unsigned long long at = (unsigned long long)(uintptr_t)t->data;
+        const long long need = (rows + (t->shape[1] - 1) * t->strides[1]) * 4;
+        if (at < begin || (long long)(at - begin) > bytes || need > bytes - (long long)(at - begin)) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: argument 'y_shared_sf': its array's memory holds %lld bytes from the view's start, the "
+                         "shared-expert layout needs %lld (%lld rows per column)",
+                         fn, at >= begin ? bytes - (long long)(at - begin) : 0LL, need, rows);
+            return -1;
+        }
+        return 0;
+    }
     PyObject *st = PyObject_CallMethod(obj, "untyped_storage", NULL);
     PyObject *nb = st ? PyObject_CallMethod(st, "nbytes", NULL) : NULL;
-    PyObject *off = PyObject_CallMethod(obj, "storage_offset", NULL);
     Py_XDECREF(st);
-    if (!nb || !off) {
-        Py_XDECREF(nb);
-        Py_XDECREF(off);
+    if (!nb)
+        return -1;
+    PyObject *off = PyObject_CallMethod(obj, "storage_offset", NULL);
+    if (!off) {
+        Py_DECREF(nb);
         return -1;
     }
     const long long bytes = PyLong_AsLongLong(nb), first = PyLong_AsLongLong(off);

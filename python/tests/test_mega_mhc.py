@@ -197,5 +197,20 @@ def test_mega_mhc_bad_input():
     o['y_shared_sf'] = torch.empty((8, 4), dtype=torch.int32).t()[:4]
     with pytest.raises(ValueError, match="'y_shared_sf'"):
         dg.mega_mhc(**inputs, **o)
+    # ... and a NumPy view whose buffer is too short (its .base chain bounds the memory)
+    import numpy as np
+    t = inputs['x'].shape[0]
+    w = o['y_routed_sf'].shape[1]
+    short = np.lib.stride_tricks.as_strided(np.zeros(t * w + 8, dtype=np.int32), (t, w), (4, 4 * t))
+    with pytest.raises(ValueError, match="'y_shared_sf'"):
+        dg.mega_mhc(**inputs, **{**o, 'y_shared_sf': short})
+    # a NumPy view over the full shared-expert rows is accepted and written like the torch one
+    rows = (t + 223) // 224 * 256
+    full = np.zeros((w, rows), dtype=np.int32).T
+    o2 = make_outputs(inputs, 'extra', block_m=224)
+    dg.mega_mhc(**inputs, **{**o2, 'y_shared_sf': full[:t]})
+    dg.mega_mhc(**inputs, **o2)
+    ref_rows = o2['y_shared_sf'].as_strided((rows, w), o2['y_shared_sf'].stride())
+    assert np.array_equal(full, ref_rows.numpy())
     for name, v in out.items():  # nothing written by the failed calls
         assert v is None or bool((v == 7).all()), name

@@ -222,9 +222,9 @@ def test_scheduled_mqa_logits(fp4, compressed):
         plain, scheduled = plain.masked_fill(~mask, 0), scheduled.masked_fill(~mask, 0)
     assert torch.equal(plain.view(torch.int32), scheduled.view(torch.int32))
     other = dg.get_mqa_logits_metadata(ks, torch.clamp(ke + 1, max=sk), sk, h)
-    if not torch.equal(other, meta):
-        with pytest.raises(ValueError, match='schedule_meta'):
-            dg.fp8_fp4_mqa_logits(**kwargs, schedule_meta=other)
+    assert not torch.equal(other, meta)  # a schedule for other ranges ...
+    with pytest.raises(ValueError, match='schedule_meta'):  # ... is refused as stale
+        dg.fp8_fp4_mqa_logits(**kwargs, schedule_meta=other)
 
 
 def test_sparse_errors():

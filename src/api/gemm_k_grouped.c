@@ -224,6 +224,26 @@ static void use_packed_starts(k_plan *p) {
     }
 }
 
+/* Packed FP4 groups of odd K end inside a pair whose other code the kernels read (ref_grouped.h):
+ * DeepGEMM requires such padding codes to be zero, and so does this check, rather than let a
+ * stray code change D. One nibble per row per odd group. */
+static dg_status check_fp4_padding(const dg_tensor *x, const char *name, const k_plan *p) {
+    for (int64_t g = 0; g < p->groups; ++g) {
+        if (p->k_len[g] % 2 == 0)
+            continue;
+        const int64_t col = (p->k_start[g] + p->k_len[g]) / 2; /* the pair holding the padding code */
+        for (int64_t i = 0; i < x->shape[0]; ++i) {
+            const uint8_t byte = *((const uint8_t *)x->data + i * x->strides[0] + col);
+            DG_CHECK((byte >> 4) == 0, DG_ERR_VALUE,
+                     "argument '%s': row %lld, K %lld: the padding code after group %lld's odd K (%lld) must be "
+                     "zero, as DeepGEMM requires",
+                     name, (long long)i, (long long)(p->k_start[g] + p->k_len[g]), (long long)g,
+                     (long long)p->k_len[g]);
+        }
+    }
+    return DG_OK;
+}
+
 static dg_status k_grouped_checked(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
                                    const dg_tensor *sfb, const dg_tensor *d, const int *ks, int num_ks,
                                    const dg_tensor *gl, const dg_tensor *c, k_kind kind, k_plan *p) {
@@ -241,6 +261,10 @@ static dg_status k_grouped_checked(const dg_tensor *a, const dg_tensor *sfa, con
     DG_CHECK(p->k_start && p->k_len && p->sf_start, DG_ERR_ALLOC, "cannot allocate %lld group descriptors",
              (long long)p->groups);
     DG_TRY(plan_groups((const int32_t *)gl->data, ks, has_ks, p));
+    if (kind == K_FP4_NT) {
+        DG_TRY(check_fp4_padding(a, "a", p));
+        DG_TRY(check_fp4_padding(b, "b", p));
+    }
     if (kind != K_BF16_TN) {
         DG_TRY(check_sf(sfa, "sfa", p->m, kind, p));
         DG_TRY(check_sf(sfb, "sfb", p->n, kind, p));
