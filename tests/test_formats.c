@@ -89,8 +89,8 @@ static uint16_t bf16_expect(uint32_t u) {
 
 typedef struct sweep_job {
     uint32_t sign;
-    int use_avx512;
-    long long bad_e4m3, bad_bf16, bad_kernel;
+    dg_isa kernel_isa; /* the run kernels swept beside the scalar functions (GENERIC: none) */
+    long long bad_e4m3, bad_bf16, bad_kernel, bad_kernel_bf16;
     uint32_t first_bad;
 } sweep_job;
 
@@ -100,8 +100,9 @@ static void *sweep(void *arg) {
     sweep_job *job = arg;
     static _Thread_local float xs[SWEEP_BLOCK];
     static _Thread_local uint8_t ks[SWEEP_BLOCK], es[SWEEP_BLOCK];
+    static _Thread_local uint16_t hs[SWEEP_BLOCK], hw[SWEEP_BLOCK];
     e4m3_walk w = {0};
-    const dg_convert_kernels *k = dg_convert_kernels_for(job->use_avx512 ? DG_ISA_AVX512 : DG_ISA_GENERIC);
+    const dg_convert_kernels *k = dg_convert_kernels_for(job->kernel_isa);
     for (uint64_t base = 0; base < 0x80000000ull; base += SWEEP_BLOCK) {
         for (int i = 0; i < SWEEP_BLOCK; ++i) {
             const uint32_t mag = (uint32_t)base + (uint32_t)i;
@@ -110,21 +111,29 @@ static void *sweep(void *arg) {
             es[i] = (uint8_t)(e4m3_expect(&w, mag) | (job->sign >> 24));
             if (dg_float_to_e4m3(xs[i]) != es[i] && job->bad_e4m3++ == 0)
                 job->first_bad = u;
-            if (dg_float_to_bf16(xs[i]) != bf16_expect(u))
+            hw[i] = bf16_expect(u);
+            if (dg_float_to_bf16(xs[i]) != hw[i])
                 job->bad_bf16++;
         }
-        if (job->use_avx512) {
-            k->f32_to_e4m3(xs, ks, SWEEP_BLOCK);
-            if (memcmp(ks, es, SWEEP_BLOCK) != 0)
+        if (job->kernel_isa != DG_ISA_GENERIC) {
+            k->f32_to_e4m3(xs, ks, SWEEP_BLOCK - (base & 7)); /* odd lengths: the tails too */
+            if (memcmp(ks, es, SWEEP_BLOCK - (base & 7)) != 0)
                 job->bad_kernel++;
+            k->f32_to_bf16(xs, hs, SWEEP_BLOCK);
+            if (memcmp(hs, hw, sizeof hs) != 0)
+                job->bad_kernel_bf16++;
         }
     }
     return NULL;
 }
 
 static void test_exhaustive_e4m3(void) {
-    const int avx = dg_get_isa() >= DG_ISA_AVX512 && DG_HAVE_AVX512_KERNELS;
-    sweep_job jobs[2] = {{.sign = 0, .use_avx512 = avx}, {.sign = 0x80000000u, .use_avx512 = avx}};
+    /* The best run kernels this CPU runs (AVX-512 or AVX2), on every float32 bit pattern. */
+    const dg_isa best = dg_get_isa();
+    const dg_isa kisa = (best >= DG_ISA_AVX512 && DG_HAVE_AVX512_KERNELS) ? DG_ISA_AVX512
+                        : (best >= DG_ISA_AVX2 && DG_HAVE_AVX2_KERNELS) ? DG_ISA_AVX2
+                                                                        : DG_ISA_GENERIC;
+    sweep_job jobs[2] = {{.sign = 0, .kernel_isa = kisa}, {.sign = 0x80000000u, .kernel_isa = kisa}};
     pthread_t th[2];
     for (int t = 0; t < 2; ++t)
         pthread_create(&th[t], NULL, sweep, &jobs[t]);
@@ -134,9 +143,13 @@ static void test_exhaustive_e4m3(void) {
         TU_CHECK(jobs[t].bad_e4m3 == 0, "dg_float_to_e4m3: %lld mismatches (sign %d), first 0x%08x", jobs[t].bad_e4m3,
                  t, jobs[t].first_bad);
         TU_CHECK(jobs[t].bad_bf16 == 0, "dg_float_to_bf16: %lld mismatches (sign %d)", jobs[t].bad_bf16, t);
-        TU_CHECK(jobs[t].bad_kernel == 0, "avx512 f32->e4m3 kernel: %lld bad blocks (sign %d)", jobs[t].bad_kernel, t);
+        TU_CHECK(jobs[t].bad_kernel == 0, "%s f32->e4m3 kernel: %lld bad blocks (sign %d)", dg_isa_name(kisa),
+                 jobs[t].bad_kernel, t);
+        TU_CHECK(jobs[t].bad_kernel_bf16 == 0, "%s f32->bf16 kernel: %lld bad blocks (sign %d)", dg_isa_name(kisa),
+                 jobs[t].bad_kernel_bf16, t);
     }
-    printf("exhaustive float32 -> e4m3 (scalar%s): done\n", avx ? " and avx512" : "");
+    printf("exhaustive float32 -> e4m3, bf16 (scalar%s%s): done\n", kisa != DG_ISA_GENERIC ? " and " : "",
+           kisa != DG_ISA_GENERIC ? dg_isa_name(kisa) : "");
 }
 
 /* ---- decoding and the small formats ------------------------------------------------------ */
@@ -416,13 +429,16 @@ static void run_cast_tests(dg_isa isa) {
         return;
     const char *name = dg_isa_name(isa);
     const dg_convert_kernels *k = dg_convert_kernels_for(dg_get_isa());
-    TU_CHECK(isa >= DG_ISA_AVX512 || k->f32_to_e4m3 == dg_f32_to_e4m3_generic, "[%s] generic kernels chosen", name);
+    TU_CHECK(isa >= DG_ISA_AVX2 || k->f32_to_e4m3 == dg_f32_to_e4m3_generic, "[%s] generic kernels chosen", name);
+#if DG_HAVE_AVX2_KERNELS
+    TU_CHECK(isa != DG_ISA_AVX2 || k->f32_to_e4m3 == dg_f32_to_e4m3_avx2, "[%s] AVX2 kernels chosen", name);
+#endif
     test_cast_runs(name);
     test_cast_strided(name);
     /* The ranges that matter: E4M3 rounds everything below 2^-10 to 0 and saturates above 2^9;
      * patterns in [2^-11, 2^9] with a stride coprime to 2 (the exhaustive sweep above already
-     * covered the AVX-512 kernel on every pattern), plus a stride over all. */
-    const uint32_t step = isa >= DG_ISA_AVX512 ? 3 : 7;
+     * covered the best run kernels on every pattern), plus a stride over all. */
+    const uint32_t step = isa >= DG_ISA_AVX2 ? 3 : 7;
     test_cast_range(name, 0x3a000000u, 0x44000000u, step);
     test_cast_range(name, 0xba000000u, 0xc4000000u, step * 3);
     test_cast_range(name, 0, 0xffffffffu, 4099);
@@ -476,6 +492,7 @@ int main(void) {
     test_exhaustive_e4m3();
     const dg_isa isa0 = dg_get_isa();
     run_cast_tests(DG_ISA_GENERIC);
+    run_cast_tests(DG_ISA_AVX2);
     run_cast_tests(DG_ISA_AVX512);
     TU_CHECK_OK(dg_set_isa(isa0));
     test_cast_errors();

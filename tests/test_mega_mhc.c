@@ -11,6 +11,8 @@
  *   - every argument's bad input: the right status, the argument named, nothing written.
  */
 #include "test_util.h"
+#include "formats/convert.h"
+#include "reference/ref_mhc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -379,7 +381,32 @@ static void check_bad(void) {
     margs_free(&e);
 }
 
+/* The FP8 step alone: the fast path's codes (run kernels, integer amax) against the reference's
+ * (scalar), on rows with zeros, signed zeros, huge and tiny values, infinities and NaNs (the
+ * amax of a group with a NaN falls back to the reference's loop). */
+static void check_quant_token(void) {
+    enum { H = 512, W = H / DG_MHC_SF_WORD };
+    static const uint16_t kSpecial[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x7f7f, 0x0001, 0x8001, 0x4380};
+    tu_rng r = {71};
+    uint16_t y[H];
+    for (int i = 0; i < H; ++i)
+        y[i] = dg_float_to_bf16((float)tu_normal(&r) * (i < 128 ? 1e-3f : 30.0f));
+    for (int k = 0; k < 24; ++k) /* specials sprinkled over every group but the last */
+        y[tu_randint(&r, 0, H - 33)] = kSpecial[k % (int)(sizeof kSpecial / sizeof kSpecial[0])];
+    uint8_t codes[2][H];
+    int32_t sf[2][W];
+    for (int v = 0; v < 2; ++v) {
+        dg_mhc_call c;
+        memset(&c, 0, sizeof c);
+        c.t = 1, c.h = H, c.y_fp8 = codes[v], c.sf = sf[v], c.sf_stride_t = W, c.sf_stride_w = 1;
+        dg_mhc_quant_token(&c, 0, y, v ? dg_convert_kernels_for(dg_get_isa()) : NULL);
+    }
+    TU_CHECK(memcmp(codes[0], codes[1], sizeof codes[0]) == 0, "quant_token: E4M3 codes differ");
+    TU_CHECK(memcmp(sf[0], sf[1], sizeof sf[0]) == 0, "quant_token: scale words differ");
+}
+
 int main(void) {
+    check_quant_token();
     dg_set_num_sms(3);
     check_shapes();
     check_invariance();

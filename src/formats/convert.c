@@ -18,6 +18,15 @@ static const dg_convert_kernels kGeneric = {
     .e4m3_to_bf16 = dg_e4m3_to_bf16_generic,
 };
 
+#if DG_HAVE_AVX2_KERNELS
+static const dg_convert_kernels kAvx2 = {
+    .f32_to_e4m3 = dg_f32_to_e4m3_avx2,
+    .f32_to_bf16 = dg_f32_to_bf16_avx2,
+    .e4m3_to_f32 = dg_e4m3_to_f32_avx2,
+    .e4m3_to_bf16 = dg_e4m3_to_bf16_avx2,
+};
+#endif
+
 #if DG_HAVE_AVX512_KERNELS
 static const dg_convert_kernels kAvx512 = {
     .f32_to_e4m3 = dg_f32_to_e4m3_avx512,
@@ -31,6 +40,10 @@ const dg_convert_kernels *dg_convert_kernels_for(dg_isa isa) {
 #if DG_HAVE_AVX512_KERNELS
     if (isa >= DG_ISA_AVX512)
         return &kAvx512;
+#endif
+#if DG_HAVE_AVX2_KERNELS
+    if (isa >= DG_ISA_AVX2)
+        return &kAvx2;
 #endif
     (void)isa;
     return &kGeneric;

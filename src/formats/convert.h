@@ -11,11 +11,14 @@
 
 #include "../core/internal.h"
 
-/* The AVX-512 kernels are compiled (with their own flags, see CMakeLists.txt) on x86-64 only. */
+/* The AVX2 and AVX-512 kernels are compiled (with their own flags, see CMakeLists.txt) on
+ * x86-64 only. */
 #if defined(__x86_64__) || defined(_M_X64)
 #define DG_HAVE_AVX512_KERNELS 1
+#define DG_HAVE_AVX2_KERNELS 1
 #else
 #define DG_HAVE_AVX512_KERNELS 0
+#define DG_HAVE_AVX2_KERNELS 0
 #endif
 
 /* Convert n contiguous elements; src and dst do not overlap. */
@@ -30,6 +33,12 @@ void dg_f32_to_e4m3_generic(const float *src, uint8_t *dst, size_t n);
 void dg_f32_to_bf16_generic(const float *src, uint16_t *dst, size_t n);
 void dg_e4m3_to_f32_generic(const uint8_t *src, float *dst, size_t n);
 void dg_e4m3_to_bf16_generic(const uint8_t *src, uint16_t *dst, size_t n);
+#if DG_HAVE_AVX2_KERNELS
+void dg_f32_to_e4m3_avx2(const float *src, uint8_t *dst, size_t n);
+void dg_f32_to_bf16_avx2(const float *src, uint16_t *dst, size_t n);
+void dg_e4m3_to_f32_avx2(const uint8_t *src, float *dst, size_t n);
+void dg_e4m3_to_bf16_avx2(const uint8_t *src, uint16_t *dst, size_t n);
+#endif
 #if DG_HAVE_AVX512_KERNELS
 void dg_f32_to_e4m3_avx512(const float *src, uint8_t *dst, size_t n);
 void dg_f32_to_bf16_avx512(const float *src, uint16_t *dst, size_t n);

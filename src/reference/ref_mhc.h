@@ -6,6 +6,7 @@
 #define DG_REFERENCE_REF_MHC_H
 
 #include "../core/internal.h"
+#include "../formats/convert.h"
 
 /* Partial sums of the RMSNorm's mean of squares (deepgemm.h: lane l takes h = l mod 8). */
 #define DG_MHC_LANES 8
@@ -46,8 +47,9 @@ static inline int64_t dg_mhc_shared_row(int64_t t, int64_t bm) {
  * post [hc], comb [hc * hc]. Scalar: a few hundred operations per token. */
 void dg_mhc_mix_token(const dg_mhc_call *c, const float *mix, float sqr, float *pre, float *post, float *comb);
 
-/* y_fp8 and its scale words for token t from its BF16 row y [h]. */
-void dg_mhc_quant_token(const dg_mhc_call *c, int64_t t, const uint16_t *y);
+/* y_fp8 and its scale words for token t from its BF16 row y [h]. The E4M3 codes come from the
+ * run kernels ck (the same bits: src/formats/convert.h), or from dg_float_to_e4m3 (ck NULL). */
+void dg_mhc_quant_token(const dg_mhc_call *c, int64_t t, const uint16_t *y, const dg_convert_kernels *ck);
 
 /* The whole call; DG_ERR_ALLOC (nothing written) when its scratch cannot be allocated. */
 dg_status dg_ref_mega_mhc(const dg_mhc_call *c);
