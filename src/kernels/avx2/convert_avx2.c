@@ -8,6 +8,7 @@
  * subnormal rounding, which uses an explicit round-to-nearest-even (independent of MXCSR).
  */
 #include "../../formats/convert.h"
+#include "bf16_avx2.h"
 
 #include <immintrin.h>
 
@@ -46,12 +47,6 @@ static inline void store_low_bytes(uint8_t *dst, __m256i v) {
     _mm_storel_epi64((__m128i *)dst, _mm256_castsi256_si128(b));
 }
 
-/* The low halves of the 8 lanes (values below 2^16), in order, as 8 uint16. */
-static inline void store_low_halves(uint16_t *dst, __m256i v) {
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08); /* qwords 0, 2 */
-    _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(packed));
-}
-
 void dg_f32_to_e4m3_avx2(const float *src, uint8_t *dst, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -60,21 +55,10 @@ void dg_f32_to_e4m3_avx2(const float *src, uint8_t *dst, size_t n) {
         dst[i] = dg_float_to_e4m3(src[i]);
 }
 
-/* Round to nearest even on the bits; NaN keeps its sign and upper payload, made quiet. */
-static inline __m256i bf16_from_f32x8(__m256 x) {
-    const __m256i u = _mm256_castps_si256(x);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
-    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
-    const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-    const __m256i is_nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(F32_INF));
-    return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
-
 void dg_f32_to_bf16_avx2(const float *src, uint16_t *dst, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        store_low_halves(dst + i, bf16_from_f32x8(_mm256_loadu_ps(src + i)));
+        dg_avx2_store_low_halves(dst + i, dg_avx2_bf16_from_f32x8(_mm256_loadu_ps(src + i)));
     for (; i < n; ++i)
         dst[i] = dg_float_to_bf16(src[i]);
 }
@@ -109,7 +93,7 @@ void dg_e4m3_to_f32_avx2(const uint8_t *src, float *dst, size_t n) {
 void dg_e4m3_to_bf16_avx2(const uint8_t *src, uint16_t *dst, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        store_low_halves(dst + i, _mm256_srli_epi32(f32_from_e4m3x8(load_e4m3x8(src + i)), 16));
+        dg_avx2_store_low_halves(dst + i, _mm256_srli_epi32(f32_from_e4m3x8(load_e4m3x8(src + i)), 16));
     for (; i < n; ++i)
         dst[i] = dg_float_to_bf16(dg_e4m3_to_float(src[i]));
 }
