@@ -461,6 +461,19 @@ DG_API dg_status dg_cublaslt_gemm_tt(const dg_tensor *a, const dg_tensor *b, con
                                      const dg_tensor *c);
 
 /*
+ * DeepGEMM 2.8's batched cuBLASLt calls (csrc/apis/gemm.hpp), one GEMM per batch as above:
+ *   dg_batched_syrk: D[g] = A[g] @ A[g]^T, A [G, M, K] (or [M, K]) and D [G, M, M] (or [M, M]);
+ *   dg_batched_symm: D[g] = A[g] @ B[g], A [G, M, M] (symmetric by contract: used as given),
+ *                    B [G, M, K] and D [G, M, K] (or all three 2-D).
+ * A and B have any strides; D has unit stride along its last dimension and A's dtype, which is
+ * BFLOAT16 (the dense engine: bitwise dg_cublaslt_gemm_nt per batch) or FLOAT32 (the reference
+ * kernel, as dg_cublaslt_gemm_nt). Every batch is checked before any is written; D must not
+ * overlap the inputs.
+ */
+DG_API dg_status dg_batched_syrk(const dg_tensor *a, const dg_tensor *d);
+DG_API dg_status dg_batched_symm(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d);
+
+/*
  * DeepGEMM 2.8's FP4 names. As in DeepGEMM (its Python module binds them to the same functions),
  * each is the FP8/FP4 function it names, with every argument, dtype combination and rule of it
  * (FP4 x FP4, FP8 x FP4, FP8 x FP8); only error messages carry the FP4 name.

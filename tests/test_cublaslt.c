@@ -408,7 +408,97 @@ static void test_fp4_aliases(void) {
     top_free(&x);
 }
 
+/* ---- batched_syrk / batched_symm ------------------------------------------------------- */
+
+/* Bitwise dg_cublaslt_gemm_nt per batch (the contract), 2-D and 3-D, strided inputs, both dtypes;
+ * then bad input: status, argument named, D untouched. */
+static void test_batched(void) {
+    tu_rng r = {17};
+    static const dg_dtype kDt[2] = {DG_BFLOAT16, DG_FLOAT32};
+    for (int t = 0; t < 2; ++t)
+        for (int nd = 2; nd <= 3; ++nd) {
+            const dg_dtype dt = kDt[t];
+            const int64_t G = nd == 3 ? 3 : 1, M = 13, K = 37, es = (int64_t)dg_dtype_size(dt);
+            /* A [G, M, K] stored MN-major per batch (strides (M*K, 1, M)): any strides are taken */
+            dg_tensor a = tu_alloc3(dt, G, K, M), s = tu_alloc3(dt, G, M, M), b = tu_alloc3(dt, G, M, K);
+            for (dg_tensor *x = &a; x; x = x == &a ? &s : x == &s ? &b : NULL)
+                for (int64_t e = 0; e < dg_tensor_numel(x); ++e) {
+                    const float v = (float)tu_normal(&r);
+                    if (dt == DG_FLOAT32)
+                        ((float *)x->data)[e] = v;
+                    else
+                        ((uint16_t *)x->data)[e] = dg_float_to_bf16(v);
+                }
+            dg_tensor av = dg_tensor_transpose(a, 1, 2); /* [G, M, K] */
+            dg_tensor d = tu_alloc3(dt, G, M, M), d2 = tu_alloc3(dt, G, M, K), w = tu_alloc2(dt, M, M),
+                      w2 = tu_alloc2(dt, M, K);
+            dg_tensor av_n = av, d_n = d, s_n = s, b_n = b, d2_n = d2;
+            if (nd == 2) { /* the 2-D forms: batch 0's views */
+                av_n = dg_tensor_2d(av.data, dt, M, K), av_n.strides[0] = av.strides[1], av_n.strides[1] = av.strides[2];
+                d_n = dg_tensor_2d(d.data, dt, M, M), s_n = dg_tensor_2d(s.data, dt, M, M);
+                b_n = dg_tensor_2d(b.data, dt, M, K), d2_n = dg_tensor_2d(d2.data, dt, M, K);
+            }
+            TU_CHECK_OK(dg_batched_syrk(&av_n, &d_n));
+            TU_CHECK_OK(dg_batched_symm(&s_n, &b_n, &d2_n));
+            for (int64_t g = 0; g < G; ++g) {
+                dg_tensor ag = dg_tensor_2d((char *)av.data + g * av.strides[0] * es, dt, M, K);
+                ag.strides[0] = av.strides[1], ag.strides[1] = av.strides[2];
+                TU_CHECK_OK(dg_cublaslt_gemm_nt(&ag, &ag, &w, NULL));
+                TU_CHECK(memcmp(w.data, (char *)d.data + g * M * M * es, (size_t)(M * M * es)) == 0,
+                         "batched_syrk %s %d-D batch %lld differs from cublaslt_gemm_nt", dg_dtype_name(dt), nd,
+                         (long long)g);
+                const dg_tensor sg = dg_tensor_2d((char *)s.data + g * M * M * es, dt, M, M);
+                const dg_tensor bg = dg_tensor_2d((char *)b.data + g * M * K * es, dt, M, K);
+                TU_CHECK_OK(dg_cublaslt_gemm_nn(&sg, &bg, &w2, NULL));
+                TU_CHECK(memcmp(w2.data, (char *)d2.data + g * M * K * es, (size_t)(M * K * es)) == 0,
+                         "batched_symm %s %d-D batch %lld differs from cublaslt_gemm_nn", dg_dtype_name(dt), nd,
+                         (long long)g);
+            }
+            tu_free(&a), tu_free(&s), tu_free(&b), tu_free(&d), tu_free(&d2), tu_free(&w), tu_free(&w2);
+        }
+    /* No batches: nothing to do. */
+    dg_tensor a0 = tu_alloc3(DG_BFLOAT16, 0, 4, 8), d0 = tu_alloc3(DG_BFLOAT16, 0, 4, 4);
+    TU_CHECK_OK(dg_batched_syrk(&a0, &d0));
+    tu_free(&a0), tu_free(&d0);
+
+    /* Bad input. */
+    dg_tensor a = tu_alloc3(DG_BFLOAT16, 2, 4, 8), d = tu_alloc3(DG_BFLOAT16, 2, 4, 4);
+    dg_tensor s = tu_alloc3(DG_BFLOAT16, 2, 4, 4), b = tu_alloc3(DG_BFLOAT16, 2, 4, 8), d2 = tu_alloc3(DG_BFLOAT16, 2, 4, 8);
+    tu_fill_bytes(&a, 0), tu_fill_bytes(&s, 0), tu_fill_bytes(&b, 0);
+    tu_fill_bytes(&d, 0x3c), tu_fill_bytes(&d2, 0x3c);
+    void *snap = tu_snapshot(&d), *snap2 = tu_snapshot(&d2);
+    dg_tensor df = d;
+    df.dtype = DG_FLOAT32;
+    df.strides[1] = 4, df.strides[0] = 16;
+    TU_CHECK_STATUS(dg_batched_syrk(&a, &df), DG_ERR_DTYPE);
+    TU_CHECK(names("dg_batched_syrk", "d"), "names d: %s", dg_last_error());
+    dg_tensor d1 = tu_alloc3(DG_BFLOAT16, 1, 4, 4);
+    TU_CHECK_STATUS(dg_batched_syrk(&a, &d1), DG_ERR_SHAPE);
+    dg_tensor dw = tu_alloc3(DG_BFLOAT16, 2, 4, 5);
+    TU_CHECK_STATUS(dg_batched_syrk(&a, &dw), DG_ERR_SHAPE);
+    dg_tensor a1 = dg_tensor_1d(a.data, DG_BFLOAT16, 8);
+    TU_CHECK_STATUS(dg_batched_syrk(&a1, &d), DG_ERR_SHAPE);
+    TU_CHECK_STATUS(dg_batched_syrk(NULL, &d), DG_ERR_NULL_POINTER);
+    dg_tensor a8 = a;
+    a8.dtype = DG_FLOAT8_E4M3;
+    TU_CHECK_STATUS(dg_batched_syrk(&a8, &d), DG_ERR_DTYPE);
+    dg_tensor alias = dg_tensor_3d(a.data, DG_BFLOAT16, 2, 4, 4); /* D over A's bytes */
+    TU_CHECK_STATUS(dg_batched_syrk(&a, &alias), DG_ERR_LAYOUT);
+    dg_tensor rect = tu_alloc3(DG_BFLOAT16, 2, 4, 8);
+    TU_CHECK_STATUS(dg_batched_symm(&rect, &b, &d2), DG_ERR_SHAPE);
+    TU_CHECK(names("dg_batched_symm", "a"), "names a: %s", dg_last_error());
+    dg_tensor b5 = tu_alloc3(DG_BFLOAT16, 2, 5, 8);
+    TU_CHECK_STATUS(dg_batched_symm(&s, &b5, &d2), DG_ERR_SHAPE);
+    dg_tensor bf = tu_alloc3(DG_FLOAT32, 2, 4, 8);
+    TU_CHECK_STATUS(dg_batched_symm(&s, &bf, &d2), DG_ERR_DTYPE);
+    TU_CHECK(tu_unchanged(&d, snap) && tu_unchanged(&d2, snap2), "bad batched calls leave d untouched");
+    free(snap), free(snap2);
+    tu_free(&a), tu_free(&d), tu_free(&s), tu_free(&b), tu_free(&d2), tu_free(&d1), tu_free(&dw), tu_free(&rect);
+    tu_free(&b5), tu_free(&bf);
+}
+
 int main(void) {
+    test_batched();
     test_exact_all_variants();
     test_random();
     test_same_as_bf16_gemm();

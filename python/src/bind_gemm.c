@@ -1,6 +1,6 @@
 /*
  * bind_gemm.c - dense GEMMs: bf16_gemm_*, fp8_fp4_gemm_* (fp8_gemm_* are aliases, as in
- * DeepGEMM), fp8_gemm_nt_skip_head_mid and the cuBLASLt GEMMs. The `_nt`
+ * DeepGEMM), fp8_gemm_nt_skip_head_mid, the cuBLASLt GEMMs and batched_syrk / batched_symm. The `_nt`
  * forms also take pre-packed weights (a PackedB from pack_b, bind_packed.c) as b.
  * Argument names, order and defaults are DeepGEMM's (csrc/apis/gemm.hpp, attention.hpp).
  */
@@ -186,6 +186,40 @@ DGP_CUBLASLT(nn)
 DGP_CUBLASLT(tn)
 DGP_CUBLASLT(tt)
 
+/* batched_syrk(a, d) and batched_symm(a, b, d): DeepGEMM 2.8's batched cuBLASLt calls. */
+static PyObject *py_batched_syrk(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"a", "d", NULL};
+    static const char *fn = "batched_syrk";
+    PyObject *a, *d;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:batched_syrk", kwlist, &a, &d))
+        return NULL;
+    dgp_tensor ta, td;
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_batched_syrk(&ta.t, &td.t));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_batched_symm(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"a", "b", "d", NULL};
+    static const char *fn = "batched_symm";
+    PyObject *a, *b, *d;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:batched_symm", kwlist, &a, &b, &d))
+        return NULL;
+    dgp_tensor ta, tb, td;
+    if (dgp_tensor_from(a, fn, "a", 0, &ta) || dgp_tensor_from(b, fn, "b", 0, &tb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_batched_symm(&ta.t, &tb.t, &td.t));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
 #define KW (PyCFunction)(void (*)(void))
 #define M(name, doc) {#name, KW py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 PyMethodDef dgp_gemm_methods[] = {
@@ -210,5 +244,7 @@ PyMethodDef dgp_gemm_methods[] = {
     M(cublaslt_gemm_nn, "cublaslt_gemm_nn(a, b, d, c=None): d = c + a @ b, b [K, N]"),
     M(cublaslt_gemm_tn, "cublaslt_gemm_tn(a, b, d, c=None): d = c + a.T @ b, a [K, M], b [K, N]"),
     M(cublaslt_gemm_tt, "cublaslt_gemm_tt(a, b, d, c=None): d = c + a.T @ b.T, a [K, M]"),
+    M(batched_syrk, "batched_syrk(a, d): d[g] = a[g] @ a[g].mT, a [(G,) M, K], d [(G,) M, M]; BF16 or float32, d a's dtype"),
+    M(batched_symm, "batched_symm(a, b, d): d[g] = a[g] @ b[g], a [(G,) M, M] symmetric, b and d [(G,) M, K]"),
     {NULL, NULL, 0, NULL},
 };

@@ -17,7 +17,10 @@ SHAPES = [(1, 1, 1), (7, 13, 33), (65, 40, 130)]
 def test_every_28_name_exists():
     for name in ['cublaslt_gemm_nt', 'cublaslt_gemm_nn', 'cublaslt_gemm_tn', 'cublaslt_gemm_tt',
                  'fp4_gemm_nt', 'm_grouped_fp4_gemm_nt_contiguous', 'm_grouped_fp4_gemm_nt_masked',
-                 'k_grouped_fp4_gemm_nt_contiguous', 'legacy']:
+                 'k_grouped_fp4_gemm_nt_contiguous', 'legacy', 'batched_syrk', 'batched_symm',
+                 'bf16_mega_gate', 'get_bf16_mega_gate_config', 'mega_mhc', 'get_mqa_logits_metadata',
+                 'get_sparse_mqa_logits_metadata', 'get_paged_sparse_mqa_logits_metadata',
+                 'fp8_fp4_sparse_mqa_logits', 'fp8_fp4_paged_sparse_mqa_logits']:
         assert hasattr(dg, name), name
     for name in ['m_grouped_bf16_gemm_nt_contiguous_tl', 'm_grouped_bf16_gemm_nn_contiguous_tl',
                  'a_fused_m_grouped_bf16_gemm_nt_contiguous_tl', 'a_fused_m_grouped_bf16_gemm_nn_contiguous_tl',
@@ -431,4 +434,46 @@ def test_alpha_bad_input():
     with pytest.raises(TypeError):  # as in DeepGEMM, the grouped GEMMs take no alpha
         dg.m_grouped_bf16_gemm_nt_masked(a.view(1, 4, 32), b.view(1, 8, 32), d.view(1, 4, 8),
                                          torch.tensor([4], dtype=torch.int32), 4, alpha=2.0)
+    assert torch.count_nonzero(d) == 0
+
+
+# ---- batched_syrk / batched_symm (DeepGEMM 2.8's batched cuBLASLt calls) -----------------------
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize('batched', [False, True])
+def test_batched_syrk_symm(dtype, batched):
+    g, m, k = 3, 21, 70
+    shape = (g,) if batched else ()
+    a = torch.randn(*shape, m, k).to(dtype)
+    d = torch.empty(*shape, m, m, dtype=dtype)
+    dg.batched_syrk(a, d)
+    ref = a.double() @ a.double().mT
+    assert calc_diff(d, ref) < (1e-5 if dtype == torch.bfloat16 else 1e-12)
+    # bitwise the per-batch cuBLASLt GEMM (the contract), MN-major a included
+    at = a.mT.contiguous().mT
+    d_t = torch.empty_like(d)
+    dg.batched_syrk(at, d_t)
+    assert torch.equal(d_t, d)
+    for i in range(g if batched else 1):
+        w = torch.empty(m, m, dtype=dtype)
+        ai = a[i] if batched else a
+        dg.cublaslt_gemm_nt(ai, ai, w)
+        assert torch.equal(w, d[i] if batched else d)
+    s = torch.randn(*shape, m, m)
+    s = (s + s.mT).to(dtype)
+    b = torch.randn(*shape, m, k).to(dtype)
+    d2 = torch.empty(*shape, m, k, dtype=dtype)
+    dg.batched_symm(s, b, d2)
+    assert calc_diff(d2, s.double() @ b.double()) < (1e-5 if dtype == torch.bfloat16 else 1e-12)
+
+
+def test_batched_bad_input():
+    a = torch.randn(2, 4, 8, dtype=torch.bfloat16)
+    d = torch.zeros(2, 4, 4, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="'d'"):
+        dg.batched_syrk(a, d.float())
+    with pytest.raises(ValueError, match='batches'):
+        dg.batched_syrk(a, torch.zeros(3, 4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match='square'):
+        dg.batched_symm(a, a, torch.zeros(2, 4, 8, dtype=torch.bfloat16))
     assert torch.count_nonzero(d) == 0

@@ -8,6 +8,9 @@
  * engine (src/engine/) exactly as dg_bf16_gemm_nt / the FP8 GEMMs do, FLOAT32 operands (which
  * the engine, built on BF16 panels, does not take) on the reference kernel.
  *
+ * batched_syrk / batched_symm: one `_nt` GEMM per batch on 2-D views, after checks of the whole
+ * batched tensors (so no batch is written when any is wrong).
+ *
  * The FP4 names are DeepGEMM's aliases of the fp8_fp4 functions: the very same calls, with the
  * alias's name in the error message.
  */
@@ -82,6 +85,85 @@ dg_status dg_cublaslt_gemm_tt(const dg_tensor *a, const dg_tensor *b, const dg_t
     dg_api_begin("dg_cublaslt_gemm_tt");
     dg_tensor at;
     return cublaslt_nt(dg_transposed_2d(a, &at), b, d, c);
+}
+
+/* ---- batched cuBLASLt calls ------------------------------------------------------------- */
+
+/* t (2-D or 3-D) as 3-D: a 2-D tensor is one batch. */
+static dg_status batched_view(const dg_tensor *t, const char *name, dg_tensor *out) {
+    DG_CHECK(t != NULL, DG_ERR_NULL_POINTER, "argument '%s' is NULL", name);
+    DG_CHECK(t->ndim == 2 || t->ndim == 3, DG_ERR_SHAPE, "argument '%s' must be 2-D or 3-D, got %d dimensions", name,
+             t->ndim);
+    DG_TRY(dg_check_tensor(t, name, t->ndim));
+    *out = *t;
+    if (t->ndim == 2) {
+        out->ndim = 3;
+        out->shape[0] = 1, out->shape[1] = t->shape[0], out->shape[2] = t->shape[1];
+        out->strides[0] = 0, out->strides[1] = t->strides[0], out->strides[2] = t->strides[1];
+    }
+    return DG_OK;
+}
+
+/* Batch g of a 3-D view, as 2-D. */
+static dg_tensor batch_of(const dg_tensor *t, int64_t g) {
+    dg_tensor v = dg_tensor_2d((char *)t->data + g * t->strides[0] * (int64_t)dg_dtype_size(t->dtype), t->dtype,
+                               t->shape[1], t->shape[2]);
+    v.strides[0] = t->strides[1], v.strides[1] = t->strides[2];
+    return v;
+}
+
+/* The checks every batch shares: dtypes, batch counts, D's layout and its distance from the
+ * inputs; then one GEMM per batch, D[g] = X[g] @ Y[g]^T (Y given as the `_nt` view). */
+static dg_status batched_run(const dg_tensor *x, const dg_tensor *y, const dg_tensor *d, const dg_tensor *a_in,
+                             const dg_tensor *b_in, const dg_tensor *d_in) {
+    static const dg_dtype kTypes[2] = {DG_BFLOAT16, DG_FLOAT32};
+    DG_TRY(dg_check_dtype_in(a_in, "a", kTypes, 2));
+    if (b_in)
+        DG_CHECK(b_in->dtype == a_in->dtype, DG_ERR_DTYPE, "arguments 'a' (%s) and 'b' (%s) must have the same dtype",
+                 dg_dtype_name(a_in->dtype), dg_dtype_name(b_in->dtype));
+    DG_CHECK(d_in->dtype == a_in->dtype, DG_ERR_DTYPE, "argument 'd' must have the dtype of 'a' (%s), got %s",
+             dg_dtype_name(a_in->dtype), dg_dtype_name(d_in->dtype));
+    DG_CHECK(x->shape[0] == d->shape[0] && y->shape[0] == d->shape[0], DG_ERR_SHAPE,
+             "arguments %s and 'd' disagree on the number of batches (%lld, %lld vs %lld)",
+             b_in ? "'a', 'b'" : "'a'", (long long)x->shape[0], (long long)y->shape[0], (long long)d->shape[0]);
+    DG_CHECK(x->shape[2] == y->shape[2], DG_ERR_SHAPE, "arguments 'a'%s disagree on the contracted extent (%lld vs %lld)",
+             b_in ? " and 'b'" : "", (long long)x->shape[2], (long long)y->shape[2]);
+    DG_CHECK(d->shape[1] == x->shape[1] && d->shape[2] == y->shape[1], DG_ERR_SHAPE,
+             "argument 'd' must be [%lld, %lld] per batch, got [%lld, %lld]", (long long)x->shape[1],
+             (long long)y->shape[1], (long long)d->shape[1], (long long)d->shape[2]);
+    DG_TRY(dg_check_last_dim_contiguous(d_in, "d"));
+    DG_TRY(dg_check_output(d_in, "d"));
+    DG_TRY(dg_check_no_overlap(d_in, "d", a_in, "a", false));
+    if (b_in)
+        DG_TRY(dg_check_no_overlap(d_in, "d", b_in, "b", false));
+    for (int64_t g = 0; g < d->shape[0]; ++g) {
+        const dg_tensor xg = batch_of(x, g), yg = batch_of(y, g), dg = batch_of(d, g);
+        DG_TRY(cublaslt_nt(&xg, &yg, &dg, NULL));
+    }
+    return DG_OK;
+}
+
+dg_status dg_batched_syrk(const dg_tensor *a, const dg_tensor *d) {
+    dg_api_begin("dg_batched_syrk");
+    dg_tensor a3, d3;
+    DG_TRY(batched_view(a, "a", &a3));
+    DG_TRY(batched_view(d, "d", &d3));
+    return batched_run(&a3, &a3, &d3, a, NULL, d);
+}
+
+dg_status dg_batched_symm(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d) {
+    dg_api_begin("dg_batched_symm");
+    dg_tensor a3, b3, d3;
+    DG_TRY(batched_view(a, "a", &a3));
+    DG_TRY(batched_view(b, "b", &b3));
+    DG_TRY(batched_view(d, "d", &d3));
+    DG_CHECK(a3.shape[1] == a3.shape[2], DG_ERR_SHAPE, "argument 'a' must be square per batch, got [%lld, %lld]",
+             (long long)a3.shape[1], (long long)a3.shape[2]);
+    /* D = A @ B: B [M, K] is the `_nt` operand B^T, i.e. B's transposed view [K, M] */
+    dg_tensor bt = b3;
+    bt.shape[1] = b3.shape[2], bt.shape[2] = b3.shape[1];
+    bt.strides[1] = b3.strides[2], bt.strides[2] = b3.strides[1];
+    return batched_run(&a3, &bt, &d3, a, b, d);
 }
 
 /* ---- FP4 aliases ------------------------------------------------------------------------ */
