@@ -470,6 +470,22 @@ DG_API dg_status dg_cublaslt_gemm_tt(const dg_tensor *a, const dg_tensor *b, con
  * kernel, as dg_cublaslt_gemm_nt). Every batch is checked before any is written; D must not
  * overlap the inputs.
  */
+/*
+ * DeepGEMM 2.8's cublaslt_nvfp4_gemm_nt: NVFP4 operands, D = C + A @ B^T.
+ *   a DG_FP4_E2M1X2 (or INT8) [M, K / 2] and b [N, K / 2], contiguous (K-major E2M1 pairs),
+ *   K % 32 == 0; sfa / sfb UINT8 (or INT8) contiguous, one UE4M3 scale (E4M3 bits, sign clear)
+ *   per 16 elements of a row, in cuBLASLt's VEC16 tiled layout: ceil(MN / 128) x ceil(K / 64)
+ *   tiles of 512 bytes, the scale of row r and 16-block c at byte
+ *   ((r / 128) * ceil(K / 64) + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4
+ *   (numel exactly ceil(MN / 128) * ceil(K / 64) * 512);
+ *   d [M, N] BFLOAT16 or FLOAT32 with unit stride along N; c optional as for the dense GEMMs.
+ * Each E2M1 value times its scale is exact in BF16 (at most 6 significant bits), so A and B are
+ * widened to BF16 and multiplied on the dense engine: bitwise dg_bf16_gemm_nt on the
+ * dequantized operands. (cuBLASLt's per-tensor global scale is not an argument of DeepGEMM's
+ * call; apply it to D, or use alpha on the dense GEMMs.)
+ */
+DG_API dg_status dg_cublaslt_nvfp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                           const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c);
 DG_API dg_status dg_batched_syrk(const dg_tensor *a, const dg_tensor *d);
 DG_API dg_status dg_batched_symm(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d);
 

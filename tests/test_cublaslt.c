@@ -497,7 +497,85 @@ static void test_batched(void) {
     tu_free(&b5), tu_free(&bf);
 }
 
+/* ---- NVFP4 ------------------------------------------------------------------------------ */
+
+/* Random NVFP4 operand [mn, k]: codes, VEC16 scales (deepgemm.h's byte formula, written here
+ * independently), and its exact BF16 values. */
+static void nvfp4_make(tu_rng *r, int64_t mn, int64_t k, dg_tensor *codes, dg_tensor *sf, dg_tensor *bf) {
+    const int64_t kt = (k + 63) / 64, nt = (mn + 127) / 128;
+    *codes = tu_alloc2(DG_INT8, mn, k / 2);
+    *sf = tu_alloc(DG_UINT8, 1, (int64_t[]){nt * kt * 512});
+    *bf = tu_alloc2(DG_BFLOAT16, mn, k);
+    tu_fill_bytes(sf, 0x7e); /* padding bytes: large scales, never read */
+    uint8_t *c = codes->data, *s = sf->data;
+    for (int64_t i = 0; i < mn; ++i)
+        for (int64_t b = 0; b < k / 16; ++b) {
+            const uint8_t code = (uint8_t)tu_randint(r, 1, 0x5f); /* UE4M3 incl. subnormals, below 2^4 */
+            const int64_t tile = (i / 128) * kt + b / 4, in_tile = (i % 32) * 16 + ((i % 128) / 32) * 4 + b % 4;
+            s[tile * 512 + in_tile] = code;
+            for (int64_t e = 0; e < 16; ++e) {
+                const int64_t kk = b * 16 + e;
+                const uint8_t v = (uint8_t)(tu_next(r) & 15);
+                uint8_t *byte = &c[i * (k / 2) + kk / 2];
+                *byte = kk & 1 ? (uint8_t)((*byte & 0x0f) | (v << 4)) : (uint8_t)((*byte & 0xf0) | v);
+                ((uint16_t *)bf->data)[i * k + kk] = dg_float_to_bf16(dg_e2m1_to_float(v) * dg_e4m3_to_float(code));
+            }
+        }
+}
+
+static void test_nvfp4(void) {
+    tu_rng r = {23};
+    static const int64_t kShapes[][3] = {{1, 7, 32}, {37, 130, 96}, {129, 40, 256}};
+    for (size_t q = 0; q < sizeof kShapes / sizeof kShapes[0]; ++q) {
+        const int64_t m = kShapes[q][0], n = kShapes[q][1], k = kShapes[q][2];
+        dg_tensor ac, as, ab, bc, bs, bb;
+        nvfp4_make(&r, m, k, &ac, &as, &ab);
+        nvfp4_make(&r, n, k, &bc, &bs, &bb);
+        for (int out = 0; out < 2; ++out)
+            for (int cm = 0; cm < 2; ++cm) {
+                const dg_dtype dt = out ? DG_FLOAT32 : DG_BFLOAT16;
+                dg_tensor d = tu_alloc2(dt, m, n), w = tu_alloc2(dt, m, n), c = tu_alloc2(dt, m, n);
+                tu_fill_bytes(&c, 0x3d);
+                TU_CHECK_OK(dg_cublaslt_nvfp4_gemm_nt(&ac, &as, &bc, &bs, &d, cm ? &c : NULL));
+                TU_CHECK_OK(dg_bf16_gemm_nt(&ab, &bb, &w, cm ? &c : NULL));
+                TU_CHECK(memcmp(d.data, w.data, dg_tensor_nbytes(&d)) == 0,
+                         "nvfp4 m=%lld n=%lld k=%lld out=%d c=%d: D differs from bf16_gemm_nt on the values",
+                         (long long)m, (long long)n, (long long)k, out, cm);
+                tu_free(&d), tu_free(&w), tu_free(&c);
+            }
+        tu_free(&ac), tu_free(&as), tu_free(&ab), tu_free(&bc), tu_free(&bs), tu_free(&bb);
+    }
+    /* Bad input, D untouched. */
+    dg_tensor ac, as, ab, bc, bs, bb;
+    nvfp4_make(&r, 4, 64, &ac, &as, &ab);
+    nvfp4_make(&r, 8, 64, &bc, &bs, &bb);
+    dg_tensor d = tu_alloc2(DG_BFLOAT16, 4, 8);
+    tu_fill_bytes(&d, 0x11);
+    void *snap = tu_snapshot(&d);
+    dg_tensor short_sf = as;
+    short_sf.shape[0] -= 1;
+    TU_CHECK_STATUS(dg_cublaslt_nvfp4_gemm_nt(&ac, &short_sf, &bc, &bs, &d, NULL), DG_ERR_SHAPE);
+    TU_CHECK(names("dg_cublaslt_nvfp4_gemm_nt", "sfa"), "names sfa: %s", dg_last_error());
+    dg_tensor k48 = dg_tensor_2d(ac.data, DG_INT8, 4, 24);
+    TU_CHECK_STATUS(dg_cublaslt_nvfp4_gemm_nt(&k48, &as, &bc, &bs, &d, NULL), DG_ERR_SHAPE);
+    dg_tensor a8 = ac;
+    a8.dtype = DG_FLOAT8_E4M3;
+    TU_CHECK_STATUS(dg_cublaslt_nvfp4_gemm_nt(&a8, &as, &bc, &bs, &d, NULL), DG_ERR_DTYPE);
+    TU_CHECK_STATUS(dg_cublaslt_nvfp4_gemm_nt(&ac, NULL, &bc, &bs, &d, NULL), DG_ERR_NULL_POINTER);
+    dg_tensor sf32 = as;
+    sf32.dtype = DG_FLOAT32, sf32.shape[0] /= 4;
+    TU_CHECK_STATUS(dg_cublaslt_nvfp4_gemm_nt(&ac, &sf32, &bc, &bs, &d, NULL), DG_ERR_DTYPE);
+    dg_tensor dn = tu_alloc2(DG_BFLOAT16, 4, 7);
+    TU_CHECK_STATUS(dg_cublaslt_nvfp4_gemm_nt(&ac, &as, &bc, &bs, &dn, NULL), DG_ERR_SHAPE);
+    dg_tensor over = dg_tensor_2d(as.data, DG_BFLOAT16, 4, 8); /* D over sfa's bytes */
+    TU_CHECK_STATUS(dg_cublaslt_nvfp4_gemm_nt(&ac, &as, &bc, &bs, &over, NULL), DG_ERR_LAYOUT);
+    TU_CHECK(tu_unchanged(&d, snap), "bad nvfp4 calls leave d untouched");
+    free(snap);
+    tu_free(&d), tu_free(&dn), tu_free(&ac), tu_free(&as), tu_free(&ab), tu_free(&bc), tu_free(&bs), tu_free(&bb);
+}
+
 int main(void) {
+    test_nvfp4();
     test_batched();
     test_exact_all_variants();
     test_random();

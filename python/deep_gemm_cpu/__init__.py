@@ -24,7 +24,7 @@ from ._C import (
     pack_b, PackedB,
     # cuBLASLt GEMMs: plain GEMMs on the CPU engine (BF16, unscaled FP8, float32 operands)
     cublaslt_gemm_nt, cublaslt_gemm_nn,
-    cublaslt_gemm_tn, cublaslt_gemm_tt, batched_syrk, batched_symm,
+    cublaslt_gemm_tn, cublaslt_gemm_tt, cublaslt_nvfp4_gemm_nt, batched_syrk, batched_symm,
     # FP8 FP4 GEMMs
     fp8_fp4_gemm_nt, fp8_fp4_gemm_nn,
     fp8_fp4_gemm_tn, fp8_fp4_gemm_tt,

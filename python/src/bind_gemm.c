@@ -1,6 +1,6 @@
 /*
  * bind_gemm.c - dense GEMMs: bf16_gemm_*, fp8_fp4_gemm_* (fp8_gemm_* are aliases, as in
- * DeepGEMM), fp8_gemm_nt_skip_head_mid, the cuBLASLt GEMMs and batched_syrk / batched_symm. The `_nt`
+ * DeepGEMM), fp8_gemm_nt_skip_head_mid, the cuBLASLt GEMMs (NVFP4 and batched_syrk / batched_symm too). The `_nt`
  * forms also take pre-packed weights (a PackedB from pack_b, bind_packed.c) as b.
  * Argument names, order and defaults are DeepGEMM's (csrc/apis/gemm.hpp, attention.hpp).
  */
@@ -186,6 +186,24 @@ DGP_CUBLASLT(nn)
 DGP_CUBLASLT(tn)
 DGP_CUBLASLT(tt)
 
+/* cublaslt_nvfp4_gemm_nt((a, sfa), (b, sfb), d, c=None): NVFP4 codes with VEC16 UE4M3 scales. */
+static PyObject *py_cublaslt_nvfp4_gemm_nt(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"a", "b", "d", "c", NULL};
+    static const char *fn = "cublaslt_nvfp4_gemm_nt";
+    PyObject *a, *b, *d, *c = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:cublaslt_nvfp4_gemm_nt", kwlist, &a, &b, &d, &c))
+        return NULL;
+    dgp_tensor ta, sfa, tb, sfb, td, tc;
+    if (dgp_pair_from(a, fn, "a", 0, &ta, &sfa) || dgp_pair_from(b, fn, "b", 0, &tb, &sfb) ||
+        dgp_tensor_from(d, fn, "d", DGP_WRITABLE, &td) || dgp_tensor_from(c, fn, "c", DGP_OPTIONAL, &tc))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_cublaslt_nvfp4_gemm_nt(&ta.t, &sfa.t, &tb.t, &sfb.t, &td.t, dgp_ptr(&tc)));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
 /* batched_syrk(a, d) and batched_symm(a, b, d): DeepGEMM 2.8's batched cuBLASLt calls. */
 static PyObject *py_batched_syrk(PyObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"a", "d", NULL};
@@ -244,6 +262,8 @@ PyMethodDef dgp_gemm_methods[] = {
     M(cublaslt_gemm_nn, "cublaslt_gemm_nn(a, b, d, c=None): d = c + a @ b, b [K, N]"),
     M(cublaslt_gemm_tn, "cublaslt_gemm_tn(a, b, d, c=None): d = c + a.T @ b, a [K, M], b [K, N]"),
     M(cublaslt_gemm_tt, "cublaslt_gemm_tt(a, b, d, c=None): d = c + a.T @ b.T, a [K, M]"),
+    M(cublaslt_nvfp4_gemm_nt, "cublaslt_nvfp4_gemm_nt(a, b, d, c=None): d = c + a @ b.T, a = (codes [M, K/2] int8, "
+                              "UE4M3 scales uint8 in cuBLASLt's VEC16 layout), b likewise [N, K/2]; K % 32 == 0"),
     M(batched_syrk, "batched_syrk(a, d): d[g] = a[g] @ a[g].mT, a [(G,) M, K], d [(G,) M, M]; BF16 or float32, d a's dtype"),
     M(batched_symm, "batched_symm(a, b, d): d[g] = a[g] @ b[g], a [(G,) M, M] symmetric, b and d [(G,) M, K]"),
     {NULL, NULL, 0, NULL},

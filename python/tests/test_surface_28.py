@@ -17,7 +17,7 @@ SHAPES = [(1, 1, 1), (7, 13, 33), (65, 40, 130)]
 def test_every_28_name_exists():
     for name in ['cublaslt_gemm_nt', 'cublaslt_gemm_nn', 'cublaslt_gemm_tn', 'cublaslt_gemm_tt',
                  'fp4_gemm_nt', 'm_grouped_fp4_gemm_nt_contiguous', 'm_grouped_fp4_gemm_nt_masked',
-                 'k_grouped_fp4_gemm_nt_contiguous', 'legacy', 'batched_syrk', 'batched_symm',
+                 'k_grouped_fp4_gemm_nt_contiguous', 'legacy', 'batched_syrk', 'batched_symm', 'cublaslt_nvfp4_gemm_nt',
                  'bf16_mega_gate', 'get_bf16_mega_gate_config', 'mega_mhc', 'get_mqa_logits_metadata',
                  'get_sparse_mqa_logits_metadata', 'get_paged_sparse_mqa_logits_metadata',
                  'fp8_fp4_sparse_mqa_logits', 'fp8_fp4_paged_sparse_mqa_logits']:
@@ -476,4 +476,49 @@ def test_batched_bad_input():
         dg.batched_syrk(a, torch.zeros(3, 4, 4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match='square'):
         dg.batched_symm(a, a, torch.zeros(2, 4, 8, dtype=torch.bfloat16))
+    assert torch.count_nonzero(d) == 0
+
+
+# ---- cublaslt_nvfp4_gemm_nt ----------------------------------------------------------------------
+
+def to_cublaslt_vec16_sf_layout(sf):
+    """As DeepGEMM 2.8's test helper: per-32 UE8M0 float scales -> per-16 UE4M3 bytes in
+    cuBLASLt's VEC16 tiled layout [ceil(mn / 128), ceil(k / 64), 32, 4, 4]."""
+    exp = (sf.view(torch.int32) >> 23) - 127
+    ue4m3 = torch.where(exp >= -6, (exp + 7) << 3, 1 << (exp + 9)).to(torch.uint8).repeat_interleave(2, dim=1)
+    mn, sf_k = ue4m3.shape
+    tiles_mn, tiles_k = (mn + 127) // 128, (sf_k + 3) // 4
+    padded = torch.zeros((tiles_mn * 128, tiles_k * 4), dtype=torch.uint8)
+    padded[:mn, :sf_k] = ue4m3
+    return padded.view(tiles_mn, 4, 32, tiles_k, 4).permute(0, 3, 2, 1, 4).contiguous()
+
+
+@pytest.mark.parametrize('m,n,k', [(1, 7, 32), (37, 150, 96), (130, 64, 256)])
+@pytest.mark.parametrize('accumulate', [False, True])
+def test_cublaslt_nvfp4(m, n, k, accumulate):
+    a, b = torch.randn(m, k), torch.randn(n, k)
+    qa = per_token_cast_to_fp4(a, use_ue8m0=True, gran_k=32)
+    qb = per_token_cast_to_fp4(b, use_ue8m0=True, gran_k=32)
+    c = torch.randn(m, n) * 8 if accumulate else None
+    d = c.clone() if accumulate else torch.empty(m, n)
+    dg.cublaslt_nvfp4_gemm_nt((qa[0], to_cublaslt_vec16_sf_layout(qa[1])),
+                              (qb[0], to_cublaslt_vec16_sf_layout(qb[1])), d, c=d if accumulate else None)
+    from deep_gemm_cpu.utils import cast_back_from_fp4
+    xa, xb = cast_back_from_fp4(qa[0], qa[1], gran_k=32), cast_back_from_fp4(qb[0], qb[1], gran_k=32)
+    ref = xa.double() @ xb.double().t() + (c.double() if accumulate else 0)
+    assert calc_diff(d, ref) < 1e-10
+    w = c.clone() if accumulate else torch.empty(m, n)
+    dg.bf16_gemm_nt(xa.bfloat16(), xb.bfloat16(), w, c=w if accumulate else None)
+    assert torch.equal(d, w)  # the contract: the BF16 engine on the exact values
+
+
+def test_cublaslt_nvfp4_bad_input():
+    qa = per_token_cast_to_fp4(torch.randn(4, 48), use_ue8m0=True, gran_k=16)
+    d = torch.zeros(4, 4)
+    sf = torch.zeros(512, dtype=torch.uint8)
+    with pytest.raises(ValueError, match='multiple of 32'):
+        dg.cublaslt_nvfp4_gemm_nt((qa[0], sf), (qa[0], sf), d)
+    q64 = per_token_cast_to_fp4(torch.randn(4, 64), use_ue8m0=True, gran_k=32)[0]
+    with pytest.raises(ValueError, match='VEC16'):
+        dg.cublaslt_nvfp4_gemm_nt((q64, sf[:100]), (q64, sf), d)
     assert torch.count_nonzero(d) == 0

@@ -166,6 +166,85 @@ dg_status dg_batched_symm(const dg_tensor *a, const dg_tensor *b, const dg_tenso
     return batched_run(&a3, &bt, &d3, a, b, d);
 }
 
+/* ---- NVFP4 ------------------------------------------------------------------------------ */
+
+/* Byte offset of the VEC16 scale of row r, 16-block c (deepgemm.h), kt = ceil(K / 64). */
+static int64_t vec16_offset(int64_t r, int64_t c, int64_t kt) {
+    return ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+}
+
+/* One NVFP4 operand: the codes [mn, K / 2] and the VEC16 scales. */
+static dg_status check_nvfp4(const dg_tensor *x, const char *name, const dg_tensor *sf, const char *sf_name,
+                             int64_t *mn, int64_t *k) {
+    static const dg_dtype kCodes[2] = {DG_FP4_E2M1X2, DG_INT8};
+    /* bytes: UINT8 as DeepGEMM's tests pass them, or INT8 (which Python hands over as the FP4 dtype) */
+    static const dg_dtype kSf[3] = {DG_UINT8, DG_INT8, DG_FP4_E2M1X2};
+    DG_TRY(dg_check_tensor(x, name, 2));
+    DG_TRY(dg_check_dtype_in(x, name, kCodes, 2));
+    DG_TRY(dg_check_contiguous(x, name));
+    *mn = x->shape[0];
+    *k = 2 * x->shape[1]; /* shape entries are below 2^62 (dg_check_tensor) */
+    DG_CHECK(*k % 32 == 0, DG_ERR_SHAPE, "argument '%s': K (%lld) must be a multiple of 32 for NVFP4", name,
+             (long long)*k);
+    DG_CHECK(sf != NULL, DG_ERR_NULL_POINTER, "argument '%s' is NULL", sf_name);
+    DG_TRY(dg_check_tensor(sf, sf_name, sf->ndim));
+    DG_TRY(dg_check_dtype_in(sf, sf_name, kSf, 3));
+    DG_TRY(dg_check_contiguous(sf, sf_name));
+    const int64_t want = dg_ceil_div(*mn, 128) * dg_ceil_div(*k, 64) * 512;
+    DG_CHECK(dg_tensor_numel(sf) == want, DG_ERR_SHAPE,
+             "argument '%s' must hold ceil(%lld / 128) * ceil(%lld / 64) * 512 = %lld UE4M3 bytes (cuBLASLt's VEC16 "
+             "layout), has %lld",
+             sf_name, (long long)*mn, (long long)*k, (long long)want, (long long)dg_tensor_numel(sf));
+    return DG_OK;
+}
+
+/* Rows of an NVFP4 operand as BF16 [mn, k] (exact: deepgemm.h). */
+static void widen_nvfp4(const dg_tensor *x, const dg_tensor *sf, int64_t mn, int64_t k, uint16_t *out) {
+    const uint8_t *codes = x->data, *scales = sf->data;
+    const int64_t kt = dg_ceil_div(k, 64);
+#pragma omp parallel for schedule(static) num_threads(dg_num_threads())
+    for (int64_t r = 0; r < mn; ++r)
+        for (int64_t c = 0; c < k / 16; ++c) {
+            const float s = dg_e4m3_to_float((uint8_t)(scales[vec16_offset(r, c, kt)] & 0x7f)); /* unsigned */
+            for (int64_t e = 0; e < 16; ++e) {
+                const int64_t kk = c * 16 + e;
+                const uint8_t byte = codes[r * (k / 2) + kk / 2];
+                out[r * k + kk] = dg_float_to_bf16(dg_e2m1_to_float(kk & 1 ? byte >> 4 : byte & 15) * s);
+            }
+        }
+}
+
+dg_status dg_cublaslt_nvfp4_gemm_nt(const dg_tensor *a, const dg_tensor *sfa, const dg_tensor *b,
+                                    const dg_tensor *sfb, const dg_tensor *d, const dg_tensor *c) {
+    dg_api_begin("dg_cublaslt_nvfp4_gemm_nt");
+    int64_t m, n, k, k2;
+    DG_TRY(check_nvfp4(a, "a", sfa, "sfa", &m, &k));
+    DG_TRY(check_nvfp4(b, "b", sfb, "sfb", &n, &k2));
+    DG_CHECK(k == k2, DG_ERR_SHAPE, "arguments 'a' and 'b' disagree on K (%lld vs %lld)", (long long)k, (long long)k2);
+    DG_TRY(check_d(d, DG_BFLOAT16, m, n));
+    DG_TRY(dg_check_c_like_d(c, d));
+    const dg_tensor *in[4] = {a, sfa, b, sfb};
+    const char *names[4] = {"a", "sfa", "b", "sfb"};
+    for (int i = 0; i < 4; ++i)
+        DG_TRY(dg_check_no_overlap(d, "d", in[i], names[i], false));
+    if (m == 0 || n == 0)
+        return DG_OK;
+    int64_t elems;
+    DG_CHECK(dg_mul_ok(m + n, k, &elems) && (uint64_t)elems <= SIZE_MAX / 2, DG_ERR_OVERFLOW,
+             "arguments 'a' and 'b': widening [%lld + %lld, %lld] to BF16 overflows", (long long)m, (long long)n,
+             (long long)k);
+    uint16_t *wa = dg_malloc((size_t)elems * 2 + 2);
+    DG_CHECK(wa != NULL, DG_ERR_ALLOC, "out of memory for the BF16 copies of 'a' and 'b' ([%lld + %lld, %lld])",
+             (long long)m, (long long)n, (long long)k);
+    uint16_t *wb = wa + m * k;
+    widen_nvfp4(a, sfa, m, k, wa);
+    widen_nvfp4(b, sfb, n, k, wb);
+    const dg_tensor ta = dg_tensor_2d(wa, DG_BFLOAT16, m, k), tb = dg_tensor_2d(wb, DG_BFLOAT16, n, k);
+    const dg_status st = cublaslt_nt(&ta, &tb, d, c);
+    dg_free(wa);
+    return st;
+}
+
 /* ---- FP4 aliases ------------------------------------------------------------------------ */
 
 /* After a failed call of `from`, the same message under the alias's name `to`. */
