@@ -97,6 +97,9 @@ from .mega import (
     get_block_m_for_mega_moe,
     get_token_alignment_for_mega_moe,
     get_ring_limit_for_mega_moe,
+    SM90SymmBuffer,
+    get_symm_buffer_for_sm90_mega_moe,
+    transform_weights_for_mega_moe_sm90,
     get_symm_buffer_size_for_mega_moe,
 )
 

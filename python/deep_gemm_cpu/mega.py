@@ -333,3 +333,15 @@ fp8_mega_moe = _missing('fp8_mega_moe', 'the SM90 FP8 x FP8 mega MoE (block-128 
 fp4_fp4_mega_moe = _missing('fp4_fp4_mega_moe', 'the NVFP4 mega MoE has no CPU kernel yet; fp8_fp4_mega_moe and '
                             'bf16_mega_moe are implemented')
 get_ring_limit_for_mega_moe = _missing('get_ring_limit_for_mega_moe', 'the CPU kernel has no ring buffer')
+# DeepGEMM 2.8's SM90 (Hopper) mega MoE names: the FP8 x FP8 mega MoE's buffer and weight layout.
+_SM90_WHY = ('the SM90 FP8 x FP8 mega MoE has no CPU kernel yet; get_symm_buffer_for_mega_moe, '
+             'transform_weights_for_mega_moe and fp8_fp4_mega_moe / bf16_mega_moe are implemented')
+get_symm_buffer_for_sm90_mega_moe = _missing('get_symm_buffer_for_sm90_mega_moe', _SM90_WHY)
+transform_weights_for_mega_moe_sm90 = _missing('transform_weights_for_mega_moe_sm90', _SM90_WHY)
+
+
+class SM90SymmBuffer:
+    """DeepGEMM 2.8's SM90 symmetric buffer: not available on CPU (see fp8_mega_moe)."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f'deep_gemm_cpu.SM90SymmBuffer is not implemented: {_SM90_WHY}')
