@@ -20,6 +20,7 @@
 #include "../reference/ref_mqa.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -79,11 +80,31 @@ typedef struct mqa_scratch {
     uint32_t *sf;
     int64_t *cols; /* sparse: the logits column of each panel row */
     int64_t unit;  /* whose q is in qf; -1: none */
+    struct sparse_ref *refs;     /* sparse: the item's (query, block) pairs, refs_cap of them */
+    struct sparse_block *blocks; /* sparse: its distinct blocks, refs_cap at most */
+    int32_t *tok_blk, *tok_o;    /* sparse: per panel row, its block and its token in the block */
 } mqa_scratch;
+
+/* A query's block in a sparse item: the block's first token in the cache (the key: queries
+ * that select the same block share it) and where its logits go. */
+typedef struct sparse_ref {
+    int64_t key;
+    int32_t slot;  /* the query's slot in the item (query row - the item's first) */
+    int32_t j;     /* its block index: logits columns j * sbkv + o */
+    int32_t start; /* the block's first token (the query's token numbering) */
+} sparse_ref;
+
+/* A distinct block of a sparse item: its refs [r0, r1) and the mask of their query slots. */
+typedef struct sparse_block {
+    uint32_t mask;
+    int32_t r0, r1;
+    int64_t key;
+} sparse_block;
 
 typedef struct mqa_ctx {
     const dg_mqa_kernel *kern;
     int64_t h, d, row_bytes, tokens_per_unit, q_floats; /* q_floats: per token, the tile's layout */
+    int64_t refs_cap;                                    /* sparse: refs per thread (0 otherwise) */
     int fp4;
     size_t scratch_bytes;
     char *scratch;
@@ -118,6 +139,10 @@ static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
     TAKE(pf, const uint8_t *, 3 * nw);
     TAKE(sf, uint32_t, ptrs);
     TAKE(cols, int64_t, nw);
+    TAKE(refs, struct sparse_ref, c->refs_cap);
+    TAKE(blocks, struct sparse_block, c->refs_cap);
+    TAKE(tok_blk, int32_t, nw);
+    TAKE(tok_o, int32_t, nw);
 #undef TAKE
     if (base)
         s->unit = -1;
@@ -493,51 +518,155 @@ dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
 
 /* ---- sparse blocks -------------------------------------------------------------------------- */
 
-#define SPARSE_CHUNK_TOKENS 768 /* tokens of blocks per item */
+/*
+ * A sparse item is a group of up to qb consecutive query rows: the rows of one request select
+ * overlapping KV blocks. Its (query, block) pairs are grouped by block (sorted on the block's
+ * first token in the cache), and the blocks by the set of queries that select them, so a panel
+ * holds blocks of one query set: it is packed once and every query of the set runs the tile on
+ * it and uses all of it (a block only one query selects goes with that query's other such
+ * blocks, as each row's own blocks did before grouping). Every logit is still one tile call's
+ * lane for that (query, token), so the bits are the dense kernels' whatever the grouping.
+ */
 
-/* The panel's n gathered tokens: tile, then each logit to its column (store_run's arithmetic). */
-static void flush_sparse(const mqa_ctx *c, mqa_scratch *s, const dg_tensor *t, int64_t i, int n) {
+/* Row bytes and 4-byte scale of token `o` of the block whose metadata is slot (dg_sparse_token
+ * without the range check: only called for tokens some query of the item sees). */
+static void sparse_row(const dg_sparse_mqa_problem *p, const int32_t *slot, int64_t o, const uint8_t **row,
+                       const uint8_t **sf) {
+    const int64_t t = (int64_t)slot[0] + o, row_bytes = p->fp4 ? p->d / 2 : p->d;
+    if (!p->paged) {
+        *row = (const uint8_t *)p->kv->data + t * row_bytes;
+        *sf = (const uint8_t *)p->kv_sf->data + t * 4;
+        return;
+    }
+    const uint8_t *base = p->cache + (int64_t)slot[1] * p->page_stride;
+    const int64_t tok = t % p->page_kv;
+    *row = base + tok * row_bytes;
+    *sf = base + p->page_kv * row_bytes + tok * 4;
+}
+
+static int cmp_ref(const void *x, const void *y) {
+    const sparse_ref *a = x, *b = y;
+    return a->key < b->key ? -1 : a->key > b->key;
+}
+
+static int cmp_block(const void *x, const void *y) {
+    const sparse_block *a = x, *b = y;
+    if (a->mask != b->mask)
+        return a->mask < b->mask ? -1 : 1;
+    return a->key < b->key ? -1 : a->key > b->key;
+}
+
+/* Does ref r's query see token o of its block? */
+static int ref_sees(const dg_sparse_mqa_problem *p, int64_t i0, const sparse_ref *r, int64_t o) {
+    const int64_t t = (int64_t)r->start + o, i = i0 + r->slot;
+    return t >= p->rows[i * 2] && t < p->rows[i * 2 + 1];
+}
+
+/* The panel's n rows (blocks of one query set): packed once, then per query of the set the
+ * tile and its logits. */
+static void flush_group(const mqa_ctx *c, mqa_scratch *s, int64_t i0, uint32_t mask, int n) {
     if (n == 0)
         return;
+    const dg_sparse_mqa_problem *p = c->problem;
+    const dg_tensor *t = p->logits;
     pack(c->kern, s, n, c->d, c->fp4);
-    tile(c, s, 0, NULL, 0);
     const float post = c->fp4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
-    for (int k = 0; k < n; ++k) {
-        const float v = c->fp4 ? s->sum[k] * post : s->sum[k] * post * s->kscale[k];
-        if (t->dtype == DG_FLOAT32)
-            ((float *)t->data)[i * t->strides[0] + s->cols[k]] = v;
-        else
-            ((uint16_t *)t->data)[i * t->strides[0] + s->cols[k]] = dg_float_to_bf16(v);
+    for (int q = 0; mask >> q; ++q) {
+        if (!((mask >> q) & 1u))
+            continue;
+        tile(c, s, q, NULL, 0);
+        for (int k = 0; k < n; ++k) {
+            const sparse_block *b = &s->blocks[s->tok_blk[k]];
+            for (int32_t r = b->r0; r < b->r1; ++r) { /* a query may select a block twice */
+                const sparse_ref *ref = &s->refs[r];
+                if (ref->slot != q || !ref_sees(p, i0, ref, s->tok_o[k]))
+                    continue;
+                const float v = c->fp4 ? s->sum[k] * post : s->sum[k] * post * s->kscale[k];
+                const int64_t at = (i0 + q) * t->strides[0] + (int64_t)ref->j * p->sbkv + s->tok_o[k];
+                if (t->dtype == DG_FLOAT32)
+                    ((float *)t->data)[at] = v;
+                else
+                    ((uint16_t *)t->data)[at] = dg_float_to_bf16(v);
+            }
+        }
     }
 }
 
 static void run_sparse_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it) {
     const dg_sparse_mqa_problem *p = c->problem;
-    const int64_t i = it->unit;
-    if (s->unit != i) {
-        load_token(c, s, p->q, p->q_sf, p->weights, i, 0);
-        s->unit = i;
+    const int64_t i0 = it->unit, i1 = i0 + c->tokens_per_unit < p->s ? i0 + c->tokens_per_unit : p->s;
+    const int nw = c->kern->nw;
+    if (s->unit != i0) {
+        for (int64_t i = i0; i < i1; ++i)
+            load_token(c, s, p->q, p->q_sf, p->weights, i, i - i0);
+        s->unit = i0;
     }
+    /* Every column starts masked; the visible tokens of the blocks overwrite theirs. */
+    int64_t nref = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+        fill_neg_inf(p->logits, i, 0, p->nmsb * p->sbkv);
+        const int64_t lo = p->rows[i * 2], hi = p->rows[i * 2 + 1];
+        for (int64_t j = 0; j < p->nmsb; ++j) {
+            const int32_t *slot = p->slots + (i * p->nmsb + j) * 2;
+            if (slot[0] == DG_SPARSE_NO_BLOCK || (int64_t)slot[0] + p->sbkv <= lo || slot[0] >= hi)
+                continue; /* no token of the block in the row's range */
+            /* the block's first token in the cache: paged, its page and offset */
+            const int64_t key = p->paged ? (int64_t)slot[1] * p->page_kv + slot[0] % p->page_kv : slot[0];
+            s->refs[nref++] = (sparse_ref){key, (int32_t)(i - i0), (int32_t)j, slot[0]};
+        }
+    }
+    qsort(s->refs, (size_t)nref, sizeof *s->refs, cmp_ref);
+    int64_t nblk = 0;
+    for (int64_t r0 = 0; r0 < nref;) {
+        int64_t r1 = r0;
+        uint32_t mask = 0;
+        for (; r1 < nref && s->refs[r1].key == s->refs[r0].key; ++r1)
+            mask |= 1u << s->refs[r1].slot;
+        s->blocks[nblk++] = (sparse_block){mask, (int32_t)r0, (int32_t)r1, s->refs[r0].key};
+        r0 = r1;
+    }
+    /* Little sharing (random selections): the query sets fragment into partial panels, which
+     * costs more than packing a block once per query saves; then every query keeps its own
+     * blocks (one block per pair, the panels of each query full). Measured on Zen 3 (H = 32,
+     * D = 128, 8 queries per item): 4 queries of a request selecting the same blocks ran 1.29x
+     * faster grouped, independent random selections (25% overlap) 0.89x. */
+    if (2 * nref < 3 * nblk) {
+        nblk = 0;
+        for (int64_t r = 0; r < nref; ++r)
+            s->blocks[nblk++] = (sparse_block){1u << s->refs[r].slot, (int32_t)r, (int32_t)(r + 1), s->refs[r].key};
+    }
+    qsort(s->blocks, (size_t)nblk, sizeof *s->blocks, cmp_block);
     int n = 0;
-    for (int64_t j = it->r0; j < it->r1; ++j)
-        for (int64_t o = 0; o < p->sbkv; ++o) {
-            const uint8_t *row, *sf;
-            const int64_t col = j * p->sbkv + o;
-            if (!dg_sparse_token(p, i, j, o, &row, &sf)) {
-                fill_neg_inf(p->logits, i, col, 1);
+    uint32_t mask = 0;
+    for (int64_t b = 0; b < nblk; ++b) {
+        const sparse_block *blk = &s->blocks[b];
+        if (blk->mask != mask) {
+            flush_group(c, s, i0, mask, n);
+            n = 0;
+            mask = blk->mask;
+        }
+        for (int64_t o = 0; o < p->sbkv; ++o) { /* the block's tokens some of its queries see */
+            int64_t seen = -1;
+            for (int64_t r = blk->r0; r < blk->r1 && seen < 0; ++r)
+                if (ref_sees(p, i0, &s->refs[r], o))
+                    seen = r;
+            if (seen < 0)
                 continue;
-            }
+            const sparse_ref *ref = &s->refs[seen];
+            const uint8_t *row, *sf;
+            sparse_row(p, p->slots + ((i0 + ref->slot) * p->nmsb + ref->j) * 2, o, &row, &sf);
             s->rows[n] = row;
             memcpy(&s->sf[n], sf, 4);
             if (!c->fp4)
                 memcpy(&s->kscale[n], sf, 4);
-            s->cols[n] = col;
-            if (++n == c->kern->nw) {
-                flush_sparse(c, s, p->logits, i, n);
+            s->tok_blk[n] = (int32_t)b, s->tok_o[n] = (int32_t)o;
+            if (++n == nw) {
+                flush_group(c, s, i0, mask, n);
                 n = 0;
             }
         }
-    flush_sparse(c, s, p->logits, i, n);
+    }
+    flush_group(c, s, i0, mask, n);
 }
 
 dg_status dg_sparse_mqa_logits_fast(const dg_sparse_mqa_problem *p) {
@@ -548,33 +677,34 @@ dg_status dg_sparse_mqa_logits_fast(const dg_sparse_mqa_problem *p) {
             p->fp4 ? "FP4" : "FP8", p->fp4 && c.kern->tile4 ? ", integer dot products" : "",
             p->paged ? ", paged" : "", (long long)p->s, (long long)p->h, (long long)p->d, (long long)p->nmsb,
             (long long)p->sbkv);
-    const int64_t per_item = SPARSE_CHUNK_TOKENS / p->sbkv > 0 ? SPARSE_CHUNK_TOKENS / p->sbkv : 1;
-    const int64_t chunks = dg_ceil_div(p->nmsb, per_item);
-    int64_t n;
-    DG_CHECK(dg_mul_ok(p->s, chunks, &n) && n < ((int64_t)1 << 32), DG_ERR_OVERFLOW,
-             "too many sparse MQA work items");
+    /* Query groups of qb rows (at most 32: the query sets are 32-bit masks). */
+    const int64_t qb0 = c.kern->qb > 0 ? c.kern->qb : MQA_QB, qb = qb0 < 32 ? qb0 : 32;
+    c.tokens_per_unit = qb;
+    c.refs_cap = qb * p->nmsb;
+    const int64_t n = dg_ceil_div(p->s, qb);
+    DG_CHECK(n < ((int64_t)1 << 32) && p->nmsb <= INT32_MAX / qb, DG_ERR_OVERFLOW, "too many sparse MQA work items");
     if (n == 0)
         return DG_OK;
     c.nitems = n;
     c.items = dg_malloc((size_t)n * sizeof(mqa_item));
     DG_CHECK(c.items != NULL, DG_ERR_ALLOC, "no memory for %lld sparse MQA work items", (long long)n);
     double pairs = 0, cum = 0;
-    for (int64_t i = 0, k = 0; i < p->s; ++i) {
-        const int64_t lo = p->rows[i * 2], hi = p->rows[i * 2 + 1];
-        for (int64_t j0 = 0; j0 < p->nmsb; j0 += per_item, ++k) {
-            const int64_t j1 = j0 + per_item < p->nmsb ? j0 + per_item : p->nmsb;
-            double cost = 0.05 * (double)(j1 - j0) * (double)p->sbkv; /* the -inf of masked columns */
-            for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t k = 0; k < n; ++k) {
+        const int64_t i0 = k * qb, i1 = i0 + qb < p->s ? i0 + qb : p->s;
+        double cost = 0.05 * (double)(i1 - i0) * (double)(p->nmsb * p->sbkv); /* the -inf fill */
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t lo = p->rows[i * 2], hi = p->rows[i * 2 + 1];
+            for (int64_t j = 0; j < p->nmsb; ++j) {
                 const int64_t a = p->slots[(i * p->nmsb + j) * 2];
                 if (a == DG_SPARSE_NO_BLOCK)
                     continue;
                 const int64_t lo2 = a > lo ? a : lo, hi2 = a + p->sbkv < hi ? a + p->sbkv : hi;
-                cost += hi2 > lo2 ? 1.25 * (double)(hi2 - lo2) : 0.0; /* tile plus its share of packing */
+                cost += hi2 > lo2 ? 1.25 * (double)(hi2 - lo2) : 0.0; /* tile plus a share of packing */
                 pairs += hi2 > lo2 ? (double)(hi2 - lo2) : 0.0;
             }
-            cum += cost;
-            c.items[k] = (mqa_item){i, j0, j1, cum};
         }
+        cum += cost;
+        c.items[k] = (mqa_item){i0, 0, p->nmsb, cum};
     }
     const dg_status st = run_all(&c, 2.0 * pairs * (double)p->h * (double)p->d);
     dg_free(c.items);
