@@ -18,7 +18,9 @@ shapes kept) and the attention head count (32) reduced by default so that a run 
   sequence) or ``get_paged_mqa_logits_metadata`` + ``fp8_paged_mqa_logits`` over a paged FP8
   KV cache (decoding: 8K context), then ``torch.topk``. The sparse attention core itself
   (FlashMLA's, not DeepGEMM's) is not run: the absorbed query stands in for its output;
-- MoE: the router as ``bf16_gemm_nt`` (float32 logits), sigmoid + ``torch.topk``, the shared
+- MoE: the router and its top-k as ``bf16_mega_gate`` (sigmoid scores, weights normalised over
+  the top-k and scaled; with ``--experts`` outside its limits, ``bf16_gemm_nt`` logits then
+  sigmoid + ``torch.topk``), the shared
   expert and the routed experts as FP8 x FP4 grouped GEMMs (``m_grouped_fp8_fp4_gemm_nt_contiguous``
   for prefill, ``_masked`` for decoding; activations FP8 1x128 UE8M0, weights FP4 with 1x32
   UE8M0 scales) with SwiGLU in torch between gate/up and down.
@@ -389,6 +391,20 @@ def hc_post(X, y, post, res):
     return torch.baddbmm(post.unsqueeze(2) * y.float().unsqueeze(1), res, X.float()).to(BF16)
 
 
+ROUTER = 'router + top-k (bf16_mega_gate)'
+
+
+def gate_fits(c):
+    """bf16_mega_gate's limits (deepgemm.h): hidden % 256, experts % 4 and <= 512, top-k <= 32."""
+    return c['hidden'] % 256 == 0 and c['experts'] % 4 == 0 and c['experts'] <= 512 and c['topk'] <= 32
+
+
+def route_dense(route, experts):
+    """(idx, weights) [T, k] as dense [T, experts] weights."""
+    idx, w = route
+    return torch.zeros(idx.shape[0], experts).scatter_(1, idx.long(), w.float())
+
+
 def routing(logits, topk, scale):
     scores = logits.sigmoid()
     w, idx = scores.topk(topk, dim=-1)
@@ -546,9 +562,17 @@ class OursLayer:
         with rec('glue (torch: norms, mHC mixing)'):
             pre, post, res = hc_split(mix, sq, hc * H, hc)
             x = rmsnorm(hc_pre(X, pre))
-        r_logits = self.bf16_linear(rec, 'router (bf16_gemm_nt)', x, W.gate)
-        with rec('router top-k (torch)'):
-            idx, wts = routing(r_logits, c['topk'], c['route_scale'])
+        if gate_fits(c):
+            E, wb = W.gate.shape[0], wbytes(W.gate)
+            with rec(ROUTER, flops=2.0 * T * H * E, nbytes=wb + 2 * T * H + 12 * T * c['topk'], weight_bytes=wb,
+                     kind='bf16'):
+                idx, wts = dg.bf16_mega_gate(x, W.gate, c['topk'], False, 0, c['route_scale'], 0,
+                                             scoring_func='sigmoid')
+            r_logits = None
+        else:
+            r_logits = self.bf16_linear(rec, 'router (bf16_gemm_nt)', x, W.gate)
+            with rec('router top-k (torch)'):
+                idx, wts = routing(r_logits, c['topk'], c['route_scale'])
         x4 = self.quant(rec, x, ue8m0=True)
         y_moe = self.moe(rec, x4, idx, wts, decode)
         with rec('glue (torch: norms, mHC mixing)'):
@@ -775,10 +799,15 @@ class TorchLayer:
         with rec('glue (torch: norms, mHC mixing)'):
             pre, post, res = hc_split(mix, sq, hc * H, hc)
             x = rmsnorm(hc_pre(X, pre))
-        with rec('router (bf16_gemm_nt)', flops=2.0 * T * H * c['experts']):
-            r_logits = F.linear(x, W.gate).float()
-        with rec('router top-k (torch)'):
-            own = routing(r_logits, c['topk'], c['route_scale'])
+        if gate_fits(c):  # the same work as ours, under our row's name
+            with rec(ROUTER, flops=2.0 * T * H * c['experts']):
+                r_logits = F.linear(x, W.gate).float()
+                own = routing(r_logits, c['topk'], c['route_scale'])
+        else:
+            with rec('router (bf16_gemm_nt)', flops=2.0 * T * H * c['experts']):
+                r_logits = F.linear(x, W.gate).float()
+            with rec('router top-k (torch)'):
+                own = routing(r_logits, c['topk'], c['route_scale'])
         idx, wts = route if route is not None else own
         y_moe = self.moe(rec, x, idx, wts, decode)
         with rec('glue (torch: norms, mHC mixing)'):
@@ -986,9 +1015,19 @@ def run_phase(cfg, W, ours, torch_layer, phase, n, args, lim, g):
     res['diff'] = dict(out=_diff(out_o['out'][sel], out_t['out']), y_attn=_diff(out_o['y_attn'][sel], out_t['y_attn']),
                        y_moe=_diff(out_o['y_moe'][sel], out_t['y_moe']),
                        indexer_logits=_diff(o_idx, out_t['idx_logits']),
-                       router_logits=_diff(out_o['router_logits'][sel], out_t['router_logits']))
+                       route_weights=_route_diff(out_o['route'], out_t['route'], sel))
     res['routing_agreement'] = agree
     return res
+
+
+def _route_diff(ours, theirs, sel):
+    """calc_diff of the routing weights (dense [T, experts]) on the rows where both picked the
+    same experts (near-ties may pick differently; routing_agreement counts those)."""
+    oi = (ours[0][sel], ours[1][sel])
+    e = int(max(oi[0].max().item(), theirs[0].max().item())) + 1 if oi[0].numel() else 1
+    wo, wt = route_dense(oi, e), route_dense(theirs, e)
+    same = ((wo > 0) == (wt > 0)).all(dim=1)
+    return _diff(wo[same], wt[same]) if bool(same.any()) else 0.0
 
 
 # ---- output -----------------------------------------------------------------------------------------
@@ -1015,7 +1054,7 @@ def print_phase(cfg, res):
               f' | ours/torch {res["ours_over_torch"]:.2f}x ({res["ours_over_torch_with_dequant"]:.2f}x with dequant)')
         d = res['diff']
         print(f'calc_diff vs torch: layer out {d["out"]:.1e}, attention out {d["y_attn"]:.1e}, MoE out '
-              f'{d["y_moe"]:.1e}, indexer logits {d["indexer_logits"]:.1e}, router logits {d["router_logits"]:.1e}'
+              f'{d["y_moe"]:.1e}, indexer logits {d["indexer_logits"]:.1e}, routing weights {d["route_weights"]:.1e}'
               f' | torch\'s own top-k agrees on {100 * res["routing_agreement"]:.1f}% of picks')
     print(f'  {"kernel":<58} {"ms":>9} {"share":>6} {"GFLOPS":>7} {"GB/s":>6} {"limit":>5} {"%lim":>5}'
           f' {"torch ms":>9} {"(deq)":>7} {"o/t":>6}  path')

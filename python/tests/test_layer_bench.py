@@ -7,7 +7,8 @@ Thresholds (calc_diff of our outputs against torch's, which runs BF16 activation
 same weights, so the differences are our FP8 activation casts): DeepGEMM's 0.01 for FP8 x FP4
 GEMMs on the MoE output and the layer output (dominated by the MoE); the attention output passes
 three FP8 GEMMs in sequence (q_a, q_b, o), each within DeepGEMM's FP8 threshold 1e-3, so 3e-3;
-the router logits carry the attention output's difference (3e-3); the indexer logits, FP8 q and
+the routing weights (on tokens whose experts agree) carry the attention output's difference
+(3e-3); the indexer logits, FP8 q and
 k against float32 ones, DeepGEMM's FP4-or-looser 0.01."""
 import json
 
@@ -20,11 +21,11 @@ import pytest
 
 from conftest import calc_diff, fp4_dequant, fp8_dequant_blocks
 
-LIMITS = dict(out=1e-2, y_moe=1e-2, y_attn=3e-3, router_logits=3e-3, indexer_logits=1e-2)
+LIMITS = dict(out=1e-2, y_moe=1e-2, y_attn=3e-3, route_weights=3e-3, indexer_logits=1e-2)
 DG_ROWS = {  # rows served by deep_gemm_cpu calls that report a path
     'prefill': ['q_a+kv_a proj (fp8_gemm_nt)', 'q_b proj (fp8_gemm_nt)', 'o proj (fp8_gemm_nt)',
                 'indexer q proj (fp8_gemm_nt)', 'indexer k proj (fp8_gemm_nt)',
-                'indexer weights proj (bf16_gemm_nt)', 'router (bf16_gemm_nt)',
+                'indexer weights proj (bf16_gemm_nt)', lb.ROUTER,
                 'mhc prenorm (tf32_hc_prenorm_gemm)', 'indexer logits (fp8_mqa_logits)',
                 'act quant (per_token_cast_to_fp8)',
                 'routed experts gate/up (m_grouped_fp8_fp4 contiguous)',
@@ -37,7 +38,7 @@ DG_ROWS = {  # rows served by deep_gemm_cpu calls that report a path
                'shared expert gate/up (m_grouped_fp8_fp4 masked)',
                'shared expert down (m_grouped_fp8_fp4 masked)'],
 }
-ENTRY = {'fp8_gemm_nt': 'dg_fp8_fp4_gemm_nt', 'bf16_gemm_nt': 'dg_bf16_gemm_nt',
+ENTRY = {'fp8_gemm_nt': 'dg_fp8_fp4_gemm_nt', 'bf16_gemm_nt': 'dg_bf16_gemm_nt', 'bf16_mega_gate': 'dg_bf16_mega_gate',
          'tf32_hc_prenorm_gemm': 'dg_tf32_hc_prenorm_gemm', 'fp8_mqa_logits': 'dg_fp8_mqa_logits',
          'fp8_paged_mqa_logits': 'dg_fp8_paged_mqa_logits', 'per_token_cast_to_fp8': 'dg_per_token_cast_to_fp8',
          'm_grouped_fp8_fp4 contiguous': 'dg_m_grouped_fp8_fp4_gemm_nt_contiguous',
@@ -73,7 +74,7 @@ def test_quick_run(tmp_path, capsys):
             assert 0.5 < sum(r['share'] for r in rows.values()) <= 1.0 + 1e-9
             assert 0 < o['weighted_lim_pct'] and o['weight_bytes'] > 0
             for name in DG_ROWS['prefill' if p['phase'] == 'prefill' else 'decode'] + \
-                    ['q_b proj (fp8_gemm_nt)', 'router (bf16_gemm_nt)']:
+                    ['q_b proj (fp8_gemm_nt)', lb.ROUTER]:
                 r = rows[name]
                 assert r['seconds'] > 0 and r['calls'] >= 1, name
                 assert r['paths'], name   # the library named the path it took
