@@ -69,11 +69,6 @@ PyObject *dgp_raise(dg_status st) {
     return NULL;
 }
 
-PyObject *dgp_not_implemented(const char *fn, const char *why) {
-    PyErr_Format(PyExc_NotImplementedError, "deep_gemm_cpu.%s is not implemented: %s", fn, why);
-    return NULL;
-}
-
 /* A sequence of Python ints into int64s; -1 with an exception otherwise. */
 static int dgp_int64_seq(PyObject *seq, const char *fn, const char *arg, const char *what, int64_t *vals,
                          int *n) {

@@ -88,8 +88,6 @@ void dgp_packed_end(PyObject *obj);
 /* Adds the type PackedB to the module. */
 int dgp_packed_add_type(PyObject *m);
 
-/* Raised for DeepGEMM functions this library does not implement. */
-PyObject *dgp_not_implemented(const char *fn, const char *why);
 
 /* Method tables of the binding files, NULL-terminated. */
 extern PyMethodDef dgp_gemm_methods[];

@@ -124,3 +124,31 @@ dg_status dg_resolve_recipe(const dg_gemm_options *opt, const dg_tensor *sfa, co
              gran_b[0], gran_b[1]);
     return DG_OK;
 }
+
+void dg_operand_scale_row(const dg_operand *op, int64_t i, int64_t step, int64_t count, float mult, float *out,
+                          int64_t ostride) {
+    const int64_t valid = step > 0 ? dg_ceil_div(op->k, step) : 0, n = valid < count ? valid : count;
+    for (int64_t q = n; q < count; ++q)
+        out[q * ostride] = 1.0f;
+    const dg_tensor *t = op->sf;
+    if (!t || n == 0) {
+        for (int64_t q = 0; q < n; ++q)
+            out[q * ostride] = mult;
+        return;
+    }
+    if (op->gran_k % step && step % op->gran_k) {
+        for (int64_t q = 0; q < n; ++q)
+            out[q * ostride] = mult * dg_operand_scale(op, 0, i, q * step);
+        return;
+    }
+    /* scale block sk covers `rep` steps (step divides gran_k), or each step skips `skip` blocks */
+    const int64_t rep = op->gran_k % step == 0 ? op->gran_k / step : 1, skip = rep == 1 ? step / op->gran_k : 1;
+    const int64_t s1 = t->strides[op->grouped ? 2 : 1];
+    const char *row = (const char *)t->data + (i / op->gran_mn) * t->strides[op->grouped ? 1 : 0] * 4;
+    for (int64_t q = 0, sk = 0; q < n; sk += skip) {
+        const float v = !op->sf_packed ? ((const float *)row)[sk * s1]
+                                       : dg_ue8m0_to_float((uint8_t)(((const uint32_t *)row)[(sk >> 2) * s1] >> (8 * (sk & 3))));
+        for (int64_t r = 0; r < rep && q < n; ++r, ++q)
+            out[q * ostride] = mult * v;
+    }
+}

@@ -88,6 +88,16 @@ static inline float dg_operand_scale(const dg_operand *op, int64_t g, int64_t i,
     return dg_ue8m0_to_float((uint8_t)(word >> (8 * (sk % 4))));
 }
 
+/*
+ * out[q * ostride] = mult * scale(0, i, q * step) for the q < count with q * step < K, and 1
+ * past K: a row of dg_operand_scale at a block step, for the kernels' per-row scale tables.
+ * When step divides gran_k or gran_k divides step (every engine block plan), the row is
+ * located once and walked without divisions; per element, dg_operand_scale's index divisions
+ * cost more than an FP4 block's kernel work. Other steps take dg_operand_scale per element.
+ */
+void dg_operand_scale_row(const dg_operand *op, int64_t i, int64_t step, int64_t count, float mult, float *out,
+                          int64_t ostride);
+
 static inline float dg_operand_get(const dg_operand *op, int64_t g, int64_t i, int64_t kk) {
     return dg_operand_raw(op, g, i, kk) * dg_operand_scale(op, g, i, kk);
 }

@@ -134,20 +134,6 @@ static const uint8_t *row_ptr(const dg_operand *op, int64_t i) {
     return (const uint8_t *)op->data->data + i * op->data->strides[0];
 }
 
-/* out[kb * ostride] = mult * scale(i, kb * gblk) for kb < nkb (dg_operand_scale, without its
- * per-call index work: this runs M * K / 32 times). */
-static void scale_row(const dg_operand *op, int64_t i, int gblk, int64_t nkb, float mult, float *out, int ostride) {
-    const dg_tensor *t = op->sf;
-    const int64_t per = op->gran_k / gblk, s1 = t->strides[1];
-    const void *row = (const char *)t->data + (i / op->gran_mn) * t->strides[0] * 4;
-    for (int64_t sk = 0, kb = 0; kb < nkb; ++sk) {
-        const float v = !op->sf_packed ? ((const float *)row)[sk * s1]
-                                       : dg_ue8m0_to_float((uint8_t)(((const uint32_t *)row)[(sk >> 2) * s1] >> (8 * (sk & 3))));
-        for (int64_t q = 0; q < per && kb < nkb; ++q, ++kb)
-            out[kb * ostride] = mult * v;
-    }
-}
-
 /* A panel p: [step][32 rows][32] (+ bias), sa4. */
 static void pack_a_panel(const dg_operand *op, const f4_packed *pk, int64_t p, int bias, int8_t *dst, float *sa4) {
     const int64_t i0 = p * DG_F4_MR, rows = pk->mn - i0 < DG_F4_MR ? pk->mn - i0 : DG_F4_MR;
@@ -169,7 +155,7 @@ static void pack_a_panel(const dg_operand *op, const f4_packed *pk, int64_t p, i
                 o[q] = (int8_t)(o[q] + bias);
         }
         if (i < pk->mn)
-            scale_row(op, i, pk->gblk, pk->nkb, 0.25f, sa4 + r, DG_F4_MR);
+            dg_operand_scale_row(op, i, pk->gblk, pk->nkb, 0.25f, sa4 + r, DG_F4_MR);
         else
             for (int64_t kb = 0; kb < pk->nkb; ++kb)
                 sa4[kb * DG_F4_MR + r] = 0.0f;
@@ -182,7 +168,7 @@ static void pack_b_panel(const dg_operand *op, const f4_packed *pk, int64_t p, i
     const int64_t kp = pk->steps * DG_F4_KS, j0 = p * DG_F4_NR, rows = pk->mn - j0 < DG_F4_NR ? pk->mn - j0 : DG_F4_NR;
     for (int r = 0; r < DG_F4_NR; ++r)
         if (r < rows)
-            scale_row(op, j0 + r, pk->gblk, pk->nkb, 1.0f, sb + r, DG_F4_NR);
+            dg_operand_scale_row(op, j0 + r, pk->gblk, pk->nkb, 1.0f, sb + r, DG_F4_NR);
         else
             for (int64_t kb = 0; kb < pk->nkb; ++kb)
                 sb[kb * DG_F4_NR + r] = 0.0f;

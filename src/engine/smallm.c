@@ -236,39 +236,6 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     return DG_OK;
 }
 
-/*
- * out[q * 32] = B's scale of row n at k = q * step for q < count (1 past K), as dg_operand_scale
- * gives it. Row n's scale row is located once and, when step is a multiple of gran_k, walked
- * without divisions: per element dg_operand_scale's divisions and UE8M0 call cost more than the
- * decode kernel's work on the block's weights (measured: FP4 with 1x32 scales, K = 2048, the
- * scales took 3x the kernel's time).
- */
-static void b_row_scales(const dg_operand *b, int64_t n, int64_t step, int64_t count, float *out) {
-    const dg_tensor *s = b->sf;
-    if (step % b->gran_k) {
-        for (int64_t q = 0; q < count; ++q)
-            out[q * 32] = q * step < b->k ? dg_operand_scale(b, 0, n, q * step) : 1.0f;
-        return;
-    }
-    const int64_t per = step / b->gran_k, valid = dg_ceil_div(b->k, step);
-    const int64_t row = (n / b->gran_mn) * s->strides[0], cs = s->strides[1];
-    for (int64_t q = 0; q < count; ++q) {
-        if (q >= valid) {
-            out[q * 32] = 1.0f;
-            continue;
-        }
-        const int64_t sk = q * per;
-        if (!b->sf_packed) {
-            out[q * 32] = ((const float *)s->data)[row + sk * cs];
-            continue;
-        }
-        const uint32_t word = ((const uint32_t *)s->data)[row + (sk / 4) * cs];
-        const uint32_t e = (word >> (8 * (sk % 4))) & 0xffu;
-        const union { uint32_t u; float f; } v = {e << 23};
-        out[q * 32] = e ? v.f : dg_ue8m0_to_float(0); /* e = 0: the float32 subnormal 2^-127 */
-    }
-}
-
 /* Columns [n0, n0 + cols) (cols <= DG_DECODE_ROWS) through the decode kernel into out [m][32]; false when
  * the block must take the exact path instead. sb, fm: per-thread scratch. */
 static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_operand *b, const dg_scale_plan *plan,
@@ -277,7 +244,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     const bool scaled_b = !plan->fold_b && b->sf;
     for (int r = 0; r < DG_DECODE_ROWS; ++r) {
         if (scaled_b && r < cols) {
-            b_row_scales(b, n0 + r, plan->gblk, dp->a.nkb, sb + r);
+            dg_operand_scale_row(b, n0 + r, plan->gblk, dp->a.nkb, 1.0f, sb + r, 32);
         } else {
             for (int64_t kb = 0; kb < dp->a.nkb; ++kb)
                 sb[kb * 32 + r] = 1.0f;
@@ -285,7 +252,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     }
     for (int r = 0; r < DG_DECODE_ROWS && dp->nkbf; ++r) {
         if (r < cols) {
-            b_row_scales(b, n0 + r, dp->fblk, dp->nkbf, fm + r);
+            dg_operand_scale_row(b, n0 + r, dp->fblk, dp->nkbf, 1.0f, fm + r, 32);
         } else {
             for (int64_t q = 0; q < dp->nkbf; ++q)
                 fm[q * 32 + r] = 1.0f;

@@ -78,7 +78,6 @@ typedef struct mqa_scratch {
     float *tmp, *panel, *sum, *qf, *qtmp, *w, *kscale;
     const uint8_t **rows, **pf; /* pf: cache lines for the tile to prefetch (3 per row at most) */
     uint32_t *sf;
-    int64_t *cols; /* sparse: the logits column of each panel row */
     int64_t unit;  /* whose q is in qf; -1: none */
     struct sparse_ref *refs;     /* sparse: the item's (query, block) pairs, refs_cap of them */
     struct sparse_block *blocks; /* sparse: its distinct blocks, refs_cap at most */
@@ -138,7 +137,6 @@ static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
     TAKE(rows, const uint8_t *, ptrs);
     TAKE(pf, const uint8_t *, 3 * nw);
     TAKE(sf, uint32_t, ptrs);
-    TAKE(cols, int64_t, nw);
     TAKE(refs, struct sparse_ref, c->refs_cap);
     TAKE(blocks, struct sparse_block, c->refs_cap);
     TAKE(tok_blk, int32_t, nw);
@@ -528,22 +526,6 @@ dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
  * lane for that (query, token), so the bits are the dense kernels' whatever the grouping.
  */
 
-/* Row bytes and 4-byte scale of token `o` of the block whose metadata is slot (dg_sparse_token
- * without the range check: only called for tokens some query of the item sees). */
-static void sparse_row(const dg_sparse_mqa_problem *p, const int32_t *slot, int64_t o, const uint8_t **row,
-                       const uint8_t **sf) {
-    const int64_t t = (int64_t)slot[0] + o, row_bytes = p->fp4 ? p->d / 2 : p->d;
-    if (!p->paged) {
-        *row = (const uint8_t *)p->kv->data + t * row_bytes;
-        *sf = (const uint8_t *)p->kv_sf->data + t * 4;
-        return;
-    }
-    const uint8_t *base = p->cache + (int64_t)slot[1] * p->page_stride;
-    const int64_t tok = t % p->page_kv;
-    *row = base + tok * row_bytes;
-    *sf = base + p->page_kv * row_bytes + tok * 4;
-}
-
 static int cmp_ref(const void *x, const void *y) {
     const sparse_ref *a = x, *b = y;
     return a->key < b->key ? -1 : a->key > b->key;
@@ -654,7 +636,7 @@ static void run_sparse_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it
                 continue;
             const sparse_ref *ref = &s->refs[seen];
             const uint8_t *row, *sf;
-            sparse_row(p, p->slots + ((i0 + ref->slot) * p->nmsb + ref->j) * 2, o, &row, &sf);
+            dg_sparse_token_at(p, p->slots + ((i0 + ref->slot) * p->nmsb + ref->j) * 2, o, &row, &sf);
             s->rows[n] = row;
             memcpy(&s->sf[n], sf, 4);
             if (!c->fp4)

@@ -183,17 +183,22 @@ int dg_sparse_token(const dg_sparse_mqa_problem *p, int64_t i, int64_t j, int64_
     const int64_t t = (int64_t)slot[0] + o;
     if (t < p->rows[i * 2] || t >= p->rows[i * 2 + 1])
         return 0;
-    const int64_t row_bytes = p->fp4 ? p->d / 2 : p->d;
+    dg_sparse_token_at(p, slot, o, row, sf);
+    return 1;
+}
+
+void dg_sparse_token_at(const dg_sparse_mqa_problem *p, const int32_t *slot, int64_t o, const uint8_t **row,
+                        const uint8_t **sf) {
+    const int64_t t = (int64_t)slot[0] + o, row_bytes = p->fp4 ? p->d / 2 : p->d;
     if (!p->paged) {
         *row = (const uint8_t *)p->kv->data + t * row_bytes;
         *sf = (const uint8_t *)p->kv_sf->data + t * 4;
-        return 1;
+        return;
     }
     const uint8_t *base = p->cache + (int64_t)slot[1] * p->page_stride;
     const int64_t tok = t % p->page_kv;
     *row = base + tok * row_bytes;
     *sf = base + p->page_kv * row_bytes + tok * 4;
-    return 1;
 }
 
 dg_status dg_ref_sparse_mqa_logits(const dg_sparse_mqa_problem *p) {

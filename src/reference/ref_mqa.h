@@ -81,6 +81,11 @@ typedef struct dg_sparse_mqa_problem {
 int dg_sparse_token(const dg_sparse_mqa_problem *p, int64_t i, int64_t j, int64_t o, const uint8_t **row,
                     const uint8_t **sf);
 
+/* The same for the block whose metadata is `slot` (a non-empty one), without the row's range
+ * check: for callers that know some row sees the token (the fast path's shared blocks). */
+void dg_sparse_token_at(const dg_sparse_mqa_problem *p, const int32_t *slot, int64_t o, const uint8_t **row,
+                        const uint8_t **sf);
+
 dg_status dg_ref_sparse_mqa_logits(const dg_sparse_mqa_problem *p);
 
 #endif /* DG_REFERENCE_REF_MQA_H */
