@@ -320,6 +320,12 @@ DG_API dg_status dg_calc_diff(const dg_tensor *x, const dg_tensor *y, double *ou
  * (K-major or MN-major). D (and C) are [M, N], BF16 or FLOAT32, with unit stride along N.
  * C is optional (NULL), has D's dtype, and may be the very same view as D (accumulate in
  * place); otherwise C must not overlap D. With K = 0, D = C (or 0).
+ * Accumulation (every GEMM family on the BF16 engine: dense, grouped, pre-packed, einsum,
+ * FP8 and FP4 widened to BF16): K is cut into blocks of 128 (or of the scale block when that is
+ * shorter); each block is a float32 FMA chain from 0, the blocks' sums are added in order
+ * (times the block's scales, if any), then D = round(C + sum). Short chains keep the rounding
+ * error several times below one chain over K (README, "Accuracy"); the block is a constant,
+ * so a row's bits depend on neither M, the thread count nor the CPU within an ISA level.
  */
 DG_API dg_status dg_bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c);
 DG_API dg_status dg_bf16_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c);
@@ -1092,11 +1098,12 @@ DG_API dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64
  * overlapping outputs), DG_ERR_VALUE (limits, scoring_func, contents), DG_ERR_ALLOC (nothing
  * written, except that with T > block_tokens earlier chunks of tokens may be).
  *
- * Numerics: logits follow the BF16 engine's float32 chain (see dg_bf16_gemm_nt; products of
- * BF16 values are exact): acc = 0; for each k pair p: acc = fma(x[2p+1], w[2p+1], acc);
- * acc = fma(x[2p], w[2p], acc); logit = 0.0f + acc. The reference backend computes exactly this
- * chain in scalar code, so the fast path (the engine's GEMM over chunks of tokens, then the
- * gate per token) gives the same bits as the reference at the generic and AVX2 levels (tested)
+ * Numerics: logits follow the BF16 engine's order (see dg_bf16_gemm_nt; products of BF16
+ * values are exact): per block of 128 k, acc = 0; for each k pair p of the block:
+ * acc = fma(x[2p+1], w[2p+1], acc); acc = fma(x[2p], w[2p], acc); then total += acc over the
+ * blocks in order; logit = 0.0f + total. The reference backend computes exactly this in
+ * scalar code, so the fast path (the engine's GEMM over chunks of tokens, then the gate per
+ * token) gives the same bits as the reference at the generic and AVX2 levels (tested)
  * and on AVX-512; where the engine runs VDPBF16PS (denormal products flushed) or AMX tiles
  * (their own summation), logits may differ in the last bits and so weights, and the choice
  * between near-tied experts. expf, log1pf and sqrtf are the C library's. Any thread count and

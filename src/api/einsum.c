@@ -11,9 +11,10 @@
  *     MN-major or a slice of a wider tensor); threads take whole (head, tile) units, so many
  *     small per-head GEMMs keep both cores busy. 'bmk,bnk->mn' is one GEMM whose K runs over
  *     (b, k): the operands are not one strided [M, b*k] view (b's stride is M*K, not K), so it
- *     is S = b segments of one float32 chain per element, in increasing b then k - exactly
+ *     is S = b segments of one accumulation per element, in increasing b then k - exactly
  *     the order a single GEMM over K' = b*k would use (each segment padded with zeros to
- *     even k, or to 32 on AMX), rounded once: D = round(C + chain). No per-b rounding.
+ *     even k, or to 32 on AMX; float32 chains over blocks of DG_ACC_BLOCK of K' added in
+ *     order, engine.h), rounded once: D = round(C + total). No per-b rounding.
  *   - fp8_einsum also runs on dg_engine_bgemm, with 2-D operands per group (E4M3 widened to
  *     BF16 while packing; power-of-two scales folded, others applied per K block exactly as
  *     dg_engine_gemm does); when the engine declines the scales, the reference runs.

@@ -4,7 +4,8 @@
  *   units = groups x MC-row tiles x NC-column tiles       [OpenMP, one thread per unit]
  *     the unit's K: segment 0's k (padded to kp), then segment 1's, ...; in blocks of KC:
  *       pack the unit's A rows and B rows of the block into thread-local panels
- *       for jr over NR panels:  for ir over MR panels:  microkernel (ZERO first, then ACC)
+ *       for jr over NR panels:  for ir over MR panels:  microkernel per accumulation block
+ *                                                        (engine.h: the block's epilogue)
  *     D = round(C + tile buffer)
  * Unlike gemm.c, which packs each operand once and shares the panels, every unit packs its
  * own panels: the per-group GEMMs are small (or, for segments, the operand is streamed once),
@@ -25,6 +26,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+/* Unit scales for the accumulation blocks of BF16 views (no scales): MR, NR <= 32. */
+#define ONES8 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f
+static const float kOnes[32] = {ONES8, ONES8, ONES8, ONES8};
 
 /* K block on AMX: longer than the configuration's KC (tuned for the dense loops) since each
  * unit re-packs its panels and re-loads its C tiles per block; a multiple of 32. */
@@ -192,16 +197,15 @@ static void run_unit_ops(const bjob *j, int64_t g, int64_t m0, int64_t rows, int
     const dg_engine_cfg *cfg = j->cfg;
     const int mr = cfg->mr, nr = cfg->nr, gblk = plan->gblk;
     const int64_t mpan = dg_ceil_div(rows, mr), npan = dg_ceil_div(cols, nr), ldc = j->nc;
-    const int64_t step = gblk ? gblk * (j->kcb / gblk > 0 ? j->kcb / gblk : 1) : j->kcb;
-    if (gblk || j->kp == 0)
-        memset(cbuf, 0, (size_t)(mpan * mr * ldc) * sizeof(float));
+    const int64_t step = gblk * (j->kcb / gblk > 0 ? j->kcb / gblk : 1);
+    memset(cbuf, 0, (size_t)(mpan * mr * ldc) * sizeof(float));
     for (int64_t k0 = 0; k0 < j->kp; k0 += step) {
         const int64_t kc = j->kp - k0 < step ? j->kp - k0 : step;
         pack_op_rows(j, a, plan->fold_a, m0, rows, mr, j->fa, k0, kc, stage, apack);
         pack_op_rows(j, b, plan->fold_b, n0, cols, nr, j->fb, k0, kc, stage, bpack);
         /* The chunk's scales once (not per microkernel call): A's [mpan][nb][MR] at scales,
          * then B's [npan][nb][NR]. */
-        const int64_t nb = gblk ? dg_ceil_div(kc, gblk) : 0, calls = npan * mpan;
+        const int64_t nb = dg_ceil_div(kc, gblk), calls = npan * mpan;
         pf_cursor pf = {k0 + kc, k0 + kc + step < j->kp ? k0 + kc + step : j->kp, mpan + npan, 0};
         float *sbs = scales + mpan * nb * mr;
         for (int64_t ir = 0; ir < mpan; ++ir)
@@ -214,8 +218,6 @@ static void run_unit_ops(const bjob *j, int64_t g, int64_t m0, int64_t rows, int
             for (int64_t ir = 0; ir < mpan; ++ir) {
                 const char *ap = apack + (size_t)(ir * kc * mr) * j->es, *bp = bpack + (size_t)(jr * kc * nr) * j->es;
                 float *ct = cbuf + ir * mr * ldc + jr * nr;
-                if (!gblk)
-                    cfg->ukr(kc, ap, bp, ct, ldc, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL, NULL);
                 for (int64_t kb = 0; kb < nb; ++kb) {
                     const int64_t kb0 = kb * gblk, kb1 = kb0 + gblk < kc ? kb0 + gblk : kc;
                     cfg->ukr(kb1 - kb0, ap + (size_t)(kb0 * mr) * j->es, bp + (size_t)(kb0 * nr) * j->es, ct, ldc,
@@ -331,7 +333,7 @@ static void store_rows(const bjob *j, const dg_tensor *d, const dg_tensor *c, in
  * each padded to kp (position q: segment q / kp, k q % kp), into the unit's A and B panels.
  * kc and kp are multiples of the format's k step (2, or 32 for AMX), so each segment's piece
  * starts a whole step of the panels and one microkernel call covers several segments with
- * the order of one call per segment (the chain, or the tile accumulation, just continues). */
+ * the order of one call per segment (an accumulation block may span two segments). */
 static void pack_chunk(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t n0, int64_t cols, int64_t q0,
                        int64_t kc, char *apack, char *bpack) {
     const dg_bgemm *p = j->p;
@@ -364,7 +366,7 @@ static void run_unit(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t
         cfg->ukr_begin();
     if (p->ops)
         run_unit_ops(j, g, m0, rows, n0, cols, apack, bpack, cbuf, stage, scales);
-    else if (ktot == 0)
+    else
         memset(cbuf, 0, (size_t)(mpan * mr * ldc) * sizeof(float));
     for (int64_t q0 = 0; q0 < ktot; q0 += j->kcb) {
         const int64_t kc = ktot - q0 < j->kcb ? ktot - q0 : j->kcb;
@@ -373,8 +375,12 @@ static void run_unit(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t
             prefetch_out(&dv, p->c ? &cv : NULL, j->stream, m0, rows, n0, cols);
         for (int64_t jr = 0; jr < npan; ++jr)
             for (int64_t ir = 0; ir < mpan; ++ir)
-                cfg->ukr(kc, apack + (size_t)(ir * kc * mr) * j->es, bpack + (size_t)(jr * kc * nr) * j->es,
-                         cbuf + ir * mr * ldc + jr * nr, ldc, q0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL, NULL);
+                for (int64_t b0 = 0; b0 < kc; b0 += DG_ACC_BLOCK) { /* kcb is a multiple of the block */
+                    const int64_t len = kc - b0 < DG_ACC_BLOCK ? kc - b0 : DG_ACC_BLOCK;
+                    cfg->ukr(len, apack + (size_t)((ir * kc + b0) * mr) * j->es,
+                             bpack + (size_t)((jr * kc + b0) * nr) * j->es, cbuf + ir * mr * ldc + jr * nr, ldc,
+                             DG_UKR_SCALE, kOnes, kOnes);
+                }
     }
     store_rows(j, &dv, p->c ? &cv : NULL, m0, rows, n0, cols, cbuf);
 }

@@ -11,14 +11,16 @@
  * Outputs: element (g, i, j) of D at d->data + g * dg + i * d->strides[0] + j (d is the 2-D
  * [M, N] view of group 0 with unit stride along N; C likewise with cg, or NULL, or D itself).
  *
- * Accumulation order (engine.h's contract, extended over segments): every D element is one
- * float32 chain, started at 0, over the k pairs of segment 0 (K padded to even with zeros),
- * then those of segment 1, ..., then D = round(C + chain). On an AMX configuration the same
- * with the tile kernel's steps: each segment's K padded to 32 with zeros, one TDPBF16PS
- * accumulation per k step of 32 (engine.h). With S = 1 this is exactly the order of
+ * Accumulation order (engine.h's contract, extended over segments): the segments' K, each
+ * padded to even with zeros, run one after the other as one K' = S * Kp; K' is cut into
+ * accumulation blocks of DG_ACC_BLOCK (a block may span two segments), each block a float32
+ * chain from 0 over its k pairs, added in increasing order to the total; then
+ * D = round(C + total). On an AMX configuration the same with the tile kernel's steps: each
+ * segment's K padded to 32 with zeros, one TDPBF16PS accumulation per k step of 32 within a
+ * block (engine.h). With S = 1 this is exactly the order of
  * dg_engine_gemm on the same configuration (dg_engine_config_for: the fallback's order for
  * groups whose scale blocks are not whole tile steps). Threads take whole output tiles of
- * whole groups and never split the chain, so the bits depend on neither the tiling nor the
+ * whole groups and never split K, so the bits depend on neither the tiling nor the
  * thread count.
  * Parallelism covers groups and tiles together: many small per-group GEMMs keep every thread
  * busy (each thread packs the panels of its own tiles).

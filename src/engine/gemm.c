@@ -3,10 +3,10 @@
  *
  *   pack A once (MR-row panels), pack B once (NR-row panels)          [parallel over panels]
  *   for each MC x NC output tile (OpenMP, one thread per tile, K never split):
- *     for k0 in steps of KC (or of the scale block gblk):
+ *     for k0 in steps of KC (whole accumulation blocks of gblk):
  *       for jr over NR panels of the tile:           B micro-panel KC x NR stays in L1
  *         for ir over MR panels of the tile:         A block MC x KC stays in L2
- *           microkernel -> float32 tile buffer
+ *           microkernel per block of gblk -> float32 tile buffer (the block's epilogue)
  *     D = round(C + tile buffer)
  * Loop bounds are plain parameters; a JIT can make (M, N, K, MC, NC, KC, MR, NR) constants.
  */
@@ -24,6 +24,7 @@ typedef struct tile_job {
     const dg_packed *pa, *pb;
     const dg_tensor *d, *c;
     int64_t m, n;
+    int gblk;       /* the accumulation block (engine.h) */
     int64_t mc, nc; /* the tile actually used: the configuration's, halved for small problems */
 } tile_job;
 
@@ -76,10 +77,9 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
     const dg_packed *pa = j->pa, *pb = j->pb;
     const int64_t mpan = dg_ceil_div(rows, cfg->mr), npan = dg_ceil_div(cols, cfg->nr);
     const int64_t pa0 = m0 / cfg->mr, pb0 = n0 / cfg->nr, kp = pa->kp;
-    const int gblk = pa->gblk ? pa->gblk : pb->gblk;
-    const int64_t step = gblk ? gblk * (cfg->kc / gblk > 0 ? cfg->kc / gblk : 1) : cfg->kc;
-    if (gblk || kp == 0)
-        memset(buf, 0, (size_t)(mpan * cfg->mr * ldc) * sizeof(float));
+    const int gblk = j->gblk;
+    const int64_t step = gblk * (cfg->kc / gblk > 0 ? cfg->kc / gblk : 1);
+    memset(buf, 0, (size_t)(mpan * cfg->mr * ldc) * sizeof(float));
     if (cfg->ukr_begin)
         cfg->ukr_begin();
     for (int64_t k0 = 0; k0 < kp; k0 += step) {
@@ -89,11 +89,6 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
         for (int64_t jr = 0; jr < npan; ++jr)
             for (int64_t ir = 0; ir < mpan; ++ir) {
                 float *ct = buf + ir * cfg->mr * ldc + jr * cfg->nr;
-                if (!gblk) {
-                    cfg->ukr(k1 - k0, panel_at(pa, pa0 + ir, k0), panel_at(pb, pb0 + jr, k0), ct, ldc,
-                             k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL, NULL);
-                    continue;
-                }
                 for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
                     const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
                     cfg->ukr(kb1 - kb0, panel_at(pa, pa0 + ir, kb0), panel_at(pb, pb0 + jr, kb0), ct, ldc,
@@ -156,9 +151,9 @@ static dg_status run_tiles(tile_job *j) {
 }
 
 /* The tile loop over operands packed by the caller (prepack.c: a pre-packed B). */
-dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, const dg_packed *pb,
+dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, const dg_packed *pb, int gblk,
                                const dg_tensor *d, const dg_tensor *c) {
-    tile_job j = {cfg, pa, pb, d, c, pa->mn, pb->mn, 0, 0};
+    tile_job j = {cfg, pa, pb, d, c, pa->mn, pb->mn, gblk, 0, 0};
     return run_tiles(&j);
 }
 
@@ -179,14 +174,14 @@ dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tens
     if (dg_engine_small_applies(cfg, a, b))
         return dg_engine_gemm_small(cfg, a, b, &plan, d, c);
     DG_PATH("%s large-M kernel (%dx%d tiles, A %s, B %s%s)%s | first: m=%lld n=%lld k=%lld", cfg->name, cfg->mr,
-            cfg->nr, dg_dtype_name(a->data->dtype), dg_dtype_name(b->data->dtype), plan.gblk ? ", scales per K block" : "",
+            cfg->nr, dg_dtype_name(a->data->dtype), dg_dtype_name(b->data->dtype), !plan.fold_a || !plan.fold_b ? ", scales per K block" : "",
             a->mn <= dg_engine_small_m_max(cfg) ? " [small-M path: none at this level]" : "", (long long)a->mn,
             (long long)b->mn, (long long)a->k);
     dg_packed pa, pb;
     DG_TRY(dg_engine_pack(a, plan.fold_a, plan.gblk, dg_engine_fmt_a(cfg), cfg->mr, cfg, &pa));
     dg_status st = dg_engine_pack(b, plan.fold_b, plan.gblk, cfg->fmt, cfg->nr, cfg, &pb);
     if (st == DG_OK) {
-        tile_job j = {cfg, &pa, &pb, d, c, a->mn, b->mn, 0, 0};
+        tile_job j = {cfg, &pa, &pb, d, c, a->mn, b->mn, plan.gblk, 0, 0};
         st = run_tiles(&j);
         dg_engine_packed_free(&pb);
     }

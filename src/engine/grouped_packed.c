@@ -147,14 +147,10 @@ static void slice_panels(const struct dg_packed_b *gb, int64_t p0, int64_t np, s
     out->pk.mn = out->n = cols < np * pk->r ? cols : np * pk->r;
 }
 
-static int gcd(int x, int y) { return y ? gcd(y, x % y) : x; }
-
 /* Whether dg_engine_gemm_prepacked takes A with this group's B (its scale block checks, made
  * here so that a refusal comes before anything is written). */
 static bool takes(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *gb) {
-    int gblk = !a->sf || a->sf_packed ? 0 : a->gran_k;
-    if (gb->pk.scales)
-        gblk = gblk ? gcd(gblk, gb->pk.gblk) : gb->pk.gblk;
+    const int gblk = dg_engine_k_block(!a->sf || a->sf_packed ? 0 : a->gran_k, gb->pk.scales ? gb->pk.gblk : 0);
     return gblk % 2 == 0 && (!cfg->amx || gblk % 32 == 0);
 }
 

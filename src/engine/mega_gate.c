@@ -7,8 +7,8 @@
  * tokens are ranked in parallel (OpenMP), each by one thread with a one-pass top-k.
  * Determinism: the engine's per-element chain depends on neither M nor the thread count
  * (engine.h), and a token's gate reads only its own logits row, so a token's outputs are the
- * same for any T, chunk position and thread count; the chain is the reference's, so the bits
- * are the reference's (deepgemm.h, "Numerics", for the ISA caveats).
+ * same for any T, chunk position and thread count; the order (chains per accumulation block,
+ * engine.h) is the reference's, so the bits are the reference's (deepgemm.h, "Numerics", for the ISA caveats).
  */
 #include "mega_gate.h"
 

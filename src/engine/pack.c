@@ -68,12 +68,17 @@ bool dg_engine_plan_scales(const dg_operand *a, const dg_operand *b, dg_scale_pl
         return false;
     plan->fold_a = !a->sf || a->sf_packed;
     plan->fold_b = !b->sf || b->sf_packed || all_scales_pow2(b);
-    plan->gblk = 0;
-    if (!plan->fold_a)
-        plan->gblk = a->gran_k;
-    if (!plan->fold_b)
-        plan->gblk = plan->gblk ? gcd(plan->gblk, b->gran_k) : b->gran_k;
+    plan->gblk = dg_engine_k_block(plan->fold_a ? 0 : a->gran_k, plan->fold_b ? 0 : b->gran_k);
     return plan->gblk % 2 == 0; /* K blocks must hold whole k pairs */
+}
+
+int dg_engine_k_block(int gran_a, int gran_b) {
+    int blk = DG_ACC_BLOCK;
+    if (gran_a > 0)
+        blk = gcd(blk, gran_a);
+    if (gran_b > 0)
+        blk = gcd(blk, gran_b);
+    return blk;
 }
 
 /* ---- one logical row as BF16 ----------------------------------------------------------- */

@@ -235,18 +235,12 @@ static void pp_block(const pp_job *j, int64_t jb, float *bbuf, float *cbuf) {
     const dg_packed *pa = j->pa, *pb = j->pb;
     const int nr = pb->r, mr = j->mr, gblk = j->gblk;
     const int64_t kp = pa->kp;
-    if (gblk || kp == 0)
-        memset(cbuf, 0, (size_t)(pa->panels * mr * nr) * sizeof(float));
+    memset(cbuf, 0, (size_t)(pa->panels * mr * nr) * sizeof(float));
     for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
         const int64_t kc = kp - k0 < j->slice ? kp - k0 : j->slice;
         const float *bs = slice_b(j, jb, k0, kc, bbuf);
         for (int64_t ir = 0; ir < pa->panels; ++ir) {
             const float *ap = (const float *)pa->data + ir * kp * mr;
-            if (!gblk) {
-                j->ukr(kc, ap + k0 * mr, bs, cbuf + ir * mr * nr, nr, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL,
-                       NULL);
-                continue;
-            }
             for (int64_t kb0 = k0; kb0 < k0 + kc; kb0 += gblk) { /* one scale epilogue per block */
                 const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
                 const float *sbp = pb->scales ? pb->scales + (jb * pb->nkb + kb0 / gblk) * nr : j->ones;
@@ -278,17 +272,12 @@ static void pp_run(const dg_packed *pa, const uint16_t *bp, int64_t k0, int64_t 
 static void pp_block_amx(const dg_packed *pa, const dg_packed *pb, int gblk, int64_t jb, int64_t pf, float *acc,
                          float *total, const float *ones) {
     const int mt = (int)pa->panels;
-    const int64_t kp = pa->kp, slice = gblk ? gblk * (PP_AMX_KC / gblk > 0 ? PP_AMX_KC / gblk : 1) : PP_AMX_KC;
+    const int64_t kp = pa->kp, slice = gblk * (PP_AMX_KC / gblk > 0 ? PP_AMX_KC / gblk : 1);
     const uint16_t *bp = (const uint16_t *)pb->data + jb * kp * 32;
-    if (gblk || kp == 0)
-        memset(total, 0, (size_t)mt * 512 * sizeof(float));
+    memset(total, 0, (size_t)mt * 512 * sizeof(float));
     dg_amx_small_begin();
     for (int64_t k0 = 0; k0 < kp; k0 += slice) {
         const int64_t k1 = kp - k0 < slice ? kp : k0 + slice;
-        if (!gblk) {
-            pp_run(pa, bp, k0, k1, pf, total, k0 > 0);
-            continue;
-        }
         for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
             const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1, kb = kb0 / gblk;
             pp_run(pa, bp, kb0, kb1, pf, acc, 0);
@@ -396,8 +385,7 @@ static dg_status pp_small(const dg_engine_cfg *cfg, const dg_operand *a, int fol
     int mr;
     const int which = dg_engine_small_kernel(cfg, a->mn, &mr);
     pp_job j = {cfg, NULL, pb, cfg->ukr_small[which], mr, gblk, PP_SMALL_KC, NULL};
-    if (gblk)
-        j.slice = gblk * (PP_SMALL_KC / gblk > 0 ? PP_SMALL_KC / gblk : 1);
+    j.slice = gblk * (PP_SMALL_KC / gblk > 0 ? PP_SMALL_KC / gblk : 1);
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, fold_a, gblk, DG_PACK_F32, j.mr, cfg, &pa));
     j.pa = &pa;
@@ -493,9 +481,7 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
         return st4;
     /* The scale plan dg_engine_plan_scales makes for this pair (B's part fixed at packing). */
     const int fold_a = !a->sf || a->sf_packed;
-    int gblk = fold_a ? 0 : a->gran_k;
-    if (b->pk.scales)
-        gblk = gblk ? gcd(gblk, b->pk.gblk) : b->pk.gblk;
+    const int gblk = dg_engine_k_block(fold_a ? 0 : a->gran_k, b->pk.scales ? b->pk.gblk : 0);
     DG_CHECK(gblk % 2 == 0, DG_ERR_UNSUPPORTED,
              "scale blocks of odd length (gran_k %d) are outside the engine; use the unpacked GEMM", gblk);
     DG_CHECK(!cfg->amx || gblk % 32 == 0, DG_ERR_UNSUPPORTED,
@@ -516,7 +502,7 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
         if (st == DG_OK)
             st = dg_engine_pack(a, fold_a, gblk, dg_engine_fmt_a(cfg), cfg->mr, cfg, &pa);
         if (st == DG_OK) {
-            st = dg_engine_run_packed(cfg, &pa, &wide, d, c);
+            st = dg_engine_run_packed(cfg, &pa, &wide, gblk, d, c);
             dg_engine_packed_free(&pa);
         }
         if (wide.data != pb.data)

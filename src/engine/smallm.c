@@ -109,14 +109,13 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
     const int nr = j->cfg->nr, mr = j->mr, gblk = j->plan->gblk;
     const int64_t kp = pa->kp, per = pa->panels * mr * nr, nblk = dg_ceil_div(cols, nr);
     const bool scaled_b = !j->plan->fold_b && j->b->sf;
-    if (gblk || kp == 0)
-        memset(cbuf, 0, (size_t)(nblk * per) * sizeof(float));
+    memset(cbuf, 0, (size_t)(nblk * per) * sizeof(float));
     for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
         const int64_t kc = kp - k0 < j->slice ? kp - k0 : j->slice;
         for (int64_t bi = 0; bi < nblk; ++bi)
             stage_b(j, n0 + bi * nr, cols - bi * nr < nr ? cols - bi * nr : nr, k0, kc, stage,
                     bbuf + bi * (j->slice + 8) * nr);
-        const int64_t nq = gblk ? dg_ceil_div(kc, gblk) : 0; /* scale blocks in this slice */
+        const int64_t nq = dg_ceil_div(kc, gblk); /* K blocks in this slice */
         for (int64_t bi = 0; bi < nblk && scaled_b; ++bi) { /* B's scales once per slice, not per panel */
             const int64_t c0 = n0 + bi * nr, bc = cols - bi * nr < nr ? cols - bi * nr : nr;
             for (int64_t q = 0; q < nq; ++q)
@@ -128,10 +127,6 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
             for (int64_t bi = 0; bi < nblk; ++bi) {
                 const float *bb = bbuf + bi * (j->slice + 8) * nr;
                 float *cb = cbuf + bi * per + ir * mr * nr;
-                if (!gblk) {
-                    j->ukr(kc, ap + k0 * mr, bb, cb, nr, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, NULL, NULL);
-                    continue;
-                }
                 for (int64_t q = 0, kb0 = k0; kb0 < k0 + kc; ++q, kb0 += gblk) { /* one scale epilogue per block */
                     const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
                     const float *sbp = scaled_b ? sb + (bi * nq + q) * nr : j->ones;
@@ -397,8 +392,7 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
     const dg_packed *pa = j->pa;
     const int mt = (int)pa->panels, gblk = j->plan->gblk;
     const int64_t kp = pa->kp, n = j->b->mn, per = mt * 256;
-    if (gblk || kp == 0)
-        memset(total, 0, (size_t)(nblk * per) * sizeof(float));
+    memset(total, 0, (size_t)(nblk * per) * sizeof(float));
     dg_amx_small_begin();
     for (int64_t k0 = 0; k0 < kp; k0 += j->chunk) {
         const int64_t k1 = kp - k0 < j->chunk ? kp : k0 + j->chunk;
@@ -415,10 +409,6 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
                 src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
             }
             float *tot = total + bi * per;
-            if (!gblk) {
-                amx_steps(j, codes, src, ld, pf, k0, k0, (k1 - k0) / 32, tot, k0 > 0, buf);
-                continue;
-            }
             for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
                 const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
                 amx_steps(j, codes, src, ld, pf, k0, kb0, (kb1 - kb0) / 32, acc, 0, buf);
@@ -455,7 +445,7 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
      * stays in L1 between widening and the tile loads. */
     int64_t want = j.bf16_kmajor || j.e4m3_fused ? AMX_KC_MAX : AMX_KC_WIDE;
     want = want < pa.kp ? want : pa.kp > 32 ? pa.kp : 32;
-    j.chunk = plan->gblk ? plan->gblk * (want / plan->gblk > 0 ? want / plan->gblk : 1) : want;
+    j.chunk = plan->gblk * (want / plan->gblk > 0 ? want / plan->gblk : 1);
     j.e2m1_kmajor = b->fp4_dim == 1 && bt->strides[1] == 1 && j.chunk <= AMX_KC_WIDE &&
                     (!(plan->fold_b && b->sf) || (b->gran_k % 32 == 0 && j.chunk % b->gran_k == 0));
     const int nt = dg_num_threads();
@@ -509,8 +499,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     int mr;
     const int which = dg_engine_small_kernel(cfg, a->mn, &mr);
     small_job j = {cfg, b, plan, NULL, cfg->ukr_small[which], mr, SMALL_KC, NULL};
-    if (plan->gblk)
-        j.slice = plan->gblk * (SMALL_KC / plan->gblk > 0 ? SMALL_KC / plan->gblk : 1);
+    j.slice = plan->gblk * (SMALL_KC / plan->gblk > 0 ? SMALL_KC / plan->gblk : 1);
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_F32, j.mr, cfg, &pa));
     j.pa = &pa;
@@ -523,7 +512,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         return dst;
     }
     if (!decode) /* the runtime JIT's instance for these k extents, where it serves (jit_ukr.c) */
-        j.ukr = dg_engine_jit_small_ukr(cfg, j.ukr, j.mr, plan->gblk ? plan->gblk : j.slice, pa.kp, a->mn, b->mn,
+        j.ukr = dg_engine_jit_small_ukr(cfg, j.ukr, j.mr, plan->gblk, pa.kp, a->mn, b->mn,
                                         b->k);
     const int nr = cfg->nr;
     /* Work items: DG_DECODE_ROWS columns for the decode kernel (whole NR blocks for its fallback), else one
@@ -544,7 +533,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
     const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + 32 * DG_DECODE_MAX_M : 0;
-    const int64_t sbn = nb * (plan->gblk ? dg_ceil_div(j.slice, plan->gblk) : 1) * nr + 8; /* B scales of a slice */
+    const int64_t sbn = nb * dg_ceil_div(j.slice, plan->gblk) * nr + 8; /* B scales of a slice */
     const int64_t per_thread =
         dg_align(nb * (j.slice * nr + 8 * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));

@@ -1,6 +1,7 @@
 /* ref_mega_gate.c - the per-token gate of dg_bf16_mega_gate and its reference backend
  * (see ref_mega_gate.h; semantics in deepgemm.h, "mega-gate"). */
 #include "ref_mega_gate.h"
+#include "../engine/engine.h" /* DG_ACC_BLOCK: the engine's accumulation order is this reference's */
 
 #include <math.h>
 
@@ -165,14 +166,20 @@ void dg_gate_token(const dg_gate_problem *p, int64_t t, const float *logits, flo
 }
 
 float dg_ref_gate_logit(const uint16_t *x, const uint16_t *w, int64_t hidden) {
-    /* NOTES: the product of two BF16 values is exact in float32, so fmaf(a, b, acc) is one
-     * rounding of acc + a * b, as in the engine's kernels; pairs run high element first */
-    float acc = 0.0f;
-    for (int64_t k = 0; k + 1 < hidden; k += 2) {
-        acc = fmaf(dg_bf16_to_float(x[k + 1]), dg_bf16_to_float(w[k + 1]), acc);
-        acc = fmaf(dg_bf16_to_float(x[k]), dg_bf16_to_float(w[k]), acc);
+    /* NOTES: the engine's order (engine.h): a float32 chain from 0 per accumulation block of
+     * DG_ACC_BLOCK k, the blocks' sums added in order. The product of two BF16 values is exact
+     * in float32, so fmaf(a, b, acc) is one rounding of acc + a * b, as in the engine's
+     * kernels; pairs run high element first. */
+    float total = 0.0f;
+    for (int64_t k0 = 0; k0 + 1 < hidden; k0 += DG_ACC_BLOCK) {
+        float acc = 0.0f;
+        for (int64_t k = k0; k + 1 < hidden && k < k0 + DG_ACC_BLOCK; k += 2) {
+            acc = fmaf(dg_bf16_to_float(x[k + 1]), dg_bf16_to_float(w[k + 1]), acc);
+            acc = fmaf(dg_bf16_to_float(x[k]), dg_bf16_to_float(w[k]), acc);
+        }
+        total += acc;
     }
-    return 0.0f + acc;
+    return 0.0f + total;
 }
 
 void dg_ref_mega_gate(const dg_gate_problem *p) {

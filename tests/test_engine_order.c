@@ -1,0 +1,180 @@
+/*
+ * test_engine_order.c - the engine's accumulation order (src/engine/engine.h, "Accumulation
+ * order") pinned against a scalar model of it, bitwise, on every path a BF16 GEMM can take:
+ * the decode kernels (M <= 8), the small-M kernels, the large-M loop, pre-packed B (small and
+ * large M), the m-grouped masked GEMM, and einsum on the batched engine ('bhr,hdr->bhd', and
+ * 'bmk,bnk->mn' whose K runs over the batch). The model: K padded to even, cut into blocks of
+ * DG_ACC_BLOCK; per block a float32 FMA chain from 0 over the k pairs (high element first);
+ * the blocks' sums added in order. The model's result also differs from one chain over all
+ * of K on these inputs (checked), so the test fails if a path falls back to the long chain.
+ * Runs on every kernel variant of this CPU except AMX, whose tile unit sums in its own way
+ * (engine.h); VDPBF16PS gives the same bits here (no denormal products in these inputs).
+ */
+#include "test_util.h"
+
+#include "common/engine_variants.h"
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* BF16 values of mixed magnitudes (2^-6 .. 2^6), so partial sums round often. */
+static void fill_bf16(tu_rng *r, dg_tensor *t) {
+    uint16_t *p = t->data;
+    const int64_t n = dg_tensor_numel(t);
+    for (int64_t i = 0; i < n; ++i)
+        p[i] = dg_float_to_bf16((float)(tu_normal(r) * ldexp(1.0, (int)tu_randint(r, -6, 6))));
+}
+
+/* x, y: k BF16 values at strides sx, sy. blocked: the engine's order; else one chain. */
+static float model_dot(const uint16_t *x, int64_t sx, const uint16_t *y, int64_t sy, int64_t k, int blocked) {
+    const int64_t kp = k + (k & 1), blk = blocked ? DG_ACC_BLOCK : kp;
+    float total = 0.0f;
+    for (int64_t k0 = 0; k0 < kp; k0 += blk) {
+        float acc = 0.0f;
+        for (int64_t kk = k0; kk < k0 + blk && kk < kp; kk += 2) {
+            const float x1 = kk + 1 < k ? dg_bf16_to_float(x[(kk + 1) * sx]) : 0.0f;
+            const float y1 = kk + 1 < k ? dg_bf16_to_float(y[(kk + 1) * sy]) : 0.0f;
+            acc = fmaf(x1, y1, acc);
+            acc = fmaf(dg_bf16_to_float(x[kk * sx]), dg_bf16_to_float(y[kk * sy]), acc);
+        }
+        total = blocked ? total + acc : acc;
+    }
+    return total;
+}
+
+/* D [m, n] float32 against the model for A [m, k], B [n, k] (row strides lda, ldb). */
+static void expect_model(const char *what, const float *d, int64_t ldd, const uint16_t *a, int64_t lda,
+                         const uint16_t *b, int64_t ldb, int64_t m, int64_t n, int64_t k, const char *kernel,
+                         int *chain_differs) {
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            const float want = model_dot(a + i * lda, 1, b + j * ldb, 1, k, 1);
+            if (memcmp(&want, &d[i * ldd + j], 4) != 0 && bad++ == 0)
+                first = i * n + j;
+            if (model_dot(a + i * lda, 1, b + j * ldb, 1, k, 0) != want)
+                *chain_differs = 1;
+        }
+    TU_CHECK(bad == 0, "%s (%s): %lld of %lld elements differ from the blocked-order model (first at %lld)", what,
+             kernel, (long long)bad, (long long)(m * n), (long long)first);
+}
+
+static void dense_paths(const char *kernel, int *chain_differs) {
+    tu_rng r = {7};
+    const int64_t n = 45, k = 1001; /* 7 whole blocks, a tail, odd K */
+    static const int64_t kMs[] = {1, 3, 17, 300};
+    dg_tensor b = tu_alloc2(DG_BFLOAT16, n, k);
+    fill_bf16(&r, &b);
+    dg_packed_b *pb = NULL;
+    TU_CHECK_OK(dg_pack_b(&b, NULL, NULL, &pb));
+    for (size_t q = 0; q < sizeof kMs / sizeof kMs[0]; ++q) {
+        const int64_t m = kMs[q];
+        dg_tensor a = tu_alloc2(DG_BFLOAT16, m, k), d = tu_alloc2(DG_FLOAT32, m, n);
+        fill_bf16(&r, &a);
+        char what[64];
+        TU_CHECK_OK(dg_bf16_gemm_nt(&a, &b, &d, NULL));
+        snprintf(what, sizeof what, "bf16_gemm_nt M=%lld", (long long)m);
+        expect_model(what, d.data, n, a.data, k, b.data, k, m, n, k, kernel, chain_differs);
+        TU_CHECK_OK(dg_bf16_gemm_nt_packed(&a, pb, &d, NULL));
+        snprintf(what, sizeof what, "bf16_gemm_nt_packed M=%lld", (long long)m);
+        expect_model(what, d.data, n, a.data, k, b.data, k, m, n, k, kernel, chain_differs);
+        tu_free(&a);
+        tu_free(&d);
+    }
+    dg_packed_b_free(pb);
+    tu_free(&b);
+}
+
+static void grouped_masked(const char *kernel, int *chain_differs) {
+    tu_rng r = {8};
+    const int64_t g = 3, mmax = 40, n = 33, k = 520;
+    static const int32_t kRows[] = {1, 0, 37};
+    dg_tensor a = tu_alloc3(DG_BFLOAT16, g, mmax, k), b = tu_alloc3(DG_BFLOAT16, g, n, k);
+    dg_tensor d = tu_alloc3(DG_FLOAT32, g, mmax, n), mask = tu_alloc(DG_INT32, 1, &g);
+    fill_bf16(&r, &a);
+    fill_bf16(&r, &b);
+    memcpy(mask.data, kRows, sizeof kRows);
+    TU_CHECK_OK(dg_m_grouped_bf16_gemm_nt_masked(&a, &b, &d, &mask, 40, NULL));
+    for (int64_t q = 0; q < g; ++q)
+        expect_model("m_grouped_bf16_gemm_nt_masked", (const float *)d.data + q * mmax * n, n,
+                     (const uint16_t *)a.data + q * mmax * k, k, (const uint16_t *)b.data + q * n * k, k, kRows[q], n,
+                     k, kernel, chain_differs);
+    tu_free(&a);
+    tu_free(&b);
+    tu_free(&d);
+    tu_free(&mask);
+}
+
+static void einsum_paths(const char *kernel, int *chain_differs) {
+    tu_rng r = {9};
+    { /* 'bhr,hdr->bhd' (BF16 out): per head a GEMM over r on strided views */
+        const int64_t bb = 5, h = 3, rr = 700, dd = 19;
+        dg_tensor x = tu_alloc3(DG_BFLOAT16, bb, h, rr), y = tu_alloc3(DG_BFLOAT16, h, dd, rr);
+        dg_tensor z = tu_alloc3(DG_BFLOAT16, bb, h, dd);
+        fill_bf16(&r, &x);
+        fill_bf16(&r, &y);
+        TU_CHECK_OK(dg_einsum("bhr,hdr->bhd", &x, &y, &z, NULL));
+        const uint16_t *xp = x.data, *yp = y.data;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < bb; ++i)
+            for (int64_t hh = 0; hh < h; ++hh)
+                for (int64_t j = 0; j < dd; ++j) {
+                    const uint16_t want = dg_float_to_bf16(model_dot(xp + (i * h + hh) * rr, 1, yp + (hh * dd + j) * rr,
+                                                                     1, rr, 1));
+                    bad += ((const uint16_t *)z.data)[(i * h + hh) * dd + j] != want;
+                }
+        TU_CHECK(bad == 0, "einsum bhr,hdr->bhd (%s): %lld elements differ from the model", kernel, (long long)bad);
+        tu_free(&x);
+        tu_free(&y);
+        tu_free(&z);
+    }
+    { /* 'bmk,bnk->mn': K' = the batch's segments of k (each padded to even) one after the other */
+        const int64_t s = 9, m = 7, n = 10, k = 51, kp = k + 1;
+        dg_tensor a = tu_alloc3(DG_BFLOAT16, s, m, k), b = tu_alloc3(DG_BFLOAT16, s, n, k);
+        dg_tensor d = tu_alloc2(DG_FLOAT32, m, n);
+        fill_bf16(&r, &a);
+        fill_bf16(&r, &b);
+        TU_CHECK_OK(dg_einsum("bmk,bnk->mn", &a, &b, &d, NULL));
+        /* The concatenated, zero-padded rows, then the dense model over K' = s * kp. */
+        uint16_t *ca = calloc((size_t)(m * s * kp), 2), *cb = calloc((size_t)(n * s * kp), 2);
+        TU_CHECK(ca && cb, "out of memory");
+        for (int64_t q = 0; q < s && ca && cb; ++q)
+            for (int64_t kk = 0; kk < k; ++kk) {
+                for (int64_t i = 0; i < m; ++i)
+                    ca[i * s * kp + q * kp + kk] = ((const uint16_t *)a.data)[(q * m + i) * k + kk];
+                for (int64_t j = 0; j < n; ++j)
+                    cb[j * s * kp + q * kp + kk] = ((const uint16_t *)b.data)[(q * n + j) * k + kk];
+            }
+        if (ca && cb)
+            expect_model("einsum bmk,bnk->mn", d.data, n, ca, s * kp, cb, s * kp, m, n, s * kp, kernel, chain_differs);
+        free(ca);
+        free(cb);
+        tu_free(&a);
+        tu_free(&b);
+        tu_free(&d);
+    }
+}
+
+int main(void) {
+    const dg_isa best = dg_get_isa();
+    int chain_differs = 0;
+    for (int v = 0; v < tu_engine_variants(best); ++v) {
+        const dg_isa isa = tu_engine_variant_set(v);
+        if (isa == DG_ISA_AMX)
+            continue; /* the tile unit's own summation (engine.h) */
+        const char *kernel = dg_engine_config(isa)->name;
+        for (int decode = 1; decode >= 0; --decode) { /* decode kernels on, then M <= 8 on small-M */
+            dg_engine_set_decode(decode);
+            dense_paths(kernel, &chain_differs);
+        }
+        dg_engine_set_decode(1);
+        grouped_masked(kernel, &chain_differs);
+        einsum_paths(kernel, &chain_differs);
+    }
+    tu_engine_variants_done(best);
+    TU_CHECK(chain_differs, "the inputs never tell the blocked order from one chain: the test could not fail");
+    return tu_finish();
+}
