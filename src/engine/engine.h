@@ -100,9 +100,10 @@ typedef enum dg_ukr_mode { DG_UKR_ZERO = 0, DG_UKR_ACC = 1, DG_UKR_SCALE = 2 } d
  * caches; every cache block (KC, slices, AMX chunks) is a multiple of it. DeepGEMM's FP8
  * kernels promote their tensor-core sums to float32 every 128 k as well. */
 #define DG_ACC_BLOCK 128
-/* The K block of an operand pair: DG_ACC_BLOCK cut down to a divisor of each unfolded scale
- * block (gran 0: that operand has none); odd when a scale block is odd (the engine declines). */
-int dg_engine_k_block(int gran_a, int gran_b);
+/* The K block of an operand pair with K = k: DG_ACC_BLOCK cut down to a divisor of each
+ * unfolded scale block shorter than K (gran 0: that operand has none; a block covering all of
+ * K constrains nothing); odd when such a scale block is odd (the engine declines). */
+int dg_engine_k_block(int gran_a, int gran_b, int64_t k);
 
 typedef void (*dg_ukr_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                           const float *sa, const float *sb);

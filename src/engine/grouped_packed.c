@@ -61,7 +61,8 @@ dg_status dg_engine_prepack_b_grouped(const dg_operand *b, struct dg_packed_b *o
     const size_t dstride = up64(panel_bytes(&one.pk));
     size_t sstride = 0;
     if (b->sf)
-        sstride = up64((size_t)(one.pk.panels * dg_ceil_div(b->k, b->gran_k) * one.pk.r) * sizeof(float));
+        sstride = up64((size_t)(one.pk.panels * dg_ceil_div(b->k, dg_engine_k_block(0, b->gran_k, b->k)) * one.pk.r) *
+                       sizeof(float)); /* kept scales are per accumulation block (pk.gblk) */
     if (sstride < up64(scale_bytes(&one.pk)))
         sstride = up64(scale_bytes(&one.pk));
     const size_t table = (size_t)G * (dstride + sstride);
@@ -150,7 +151,7 @@ static void slice_panels(const struct dg_packed_b *gb, int64_t p0, int64_t np, s
 /* Whether dg_engine_gemm_prepacked takes A with this group's B (its scale block checks, made
  * here so that a refusal comes before anything is written). */
 static bool takes(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *gb) {
-    const int gblk = dg_engine_k_block(!a->sf || a->sf_packed ? 0 : a->gran_k, gb->pk.scales ? gb->pk.gblk : 0);
+    const int gblk = dg_engine_k_block(!a->sf || a->sf_packed ? 0 : a->gran_k, gb->pk.scales ? gb->pk.gblk : 0, a->k);
     return gblk % 2 == 0 && (!cfg->amx || gblk % 32 == 0);
 }
 

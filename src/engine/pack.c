@@ -68,15 +68,15 @@ bool dg_engine_plan_scales(const dg_operand *a, const dg_operand *b, dg_scale_pl
         return false;
     plan->fold_a = !a->sf || a->sf_packed;
     plan->fold_b = !b->sf || b->sf_packed || all_scales_pow2(b);
-    plan->gblk = dg_engine_k_block(plan->fold_a ? 0 : a->gran_k, plan->fold_b ? 0 : b->gran_k);
+    plan->gblk = dg_engine_k_block(plan->fold_a ? 0 : a->gran_k, plan->fold_b ? 0 : b->gran_k, b->k);
     return plan->gblk % 2 == 0; /* K blocks must hold whole k pairs */
 }
 
-int dg_engine_k_block(int gran_a, int gran_b) {
+int dg_engine_k_block(int gran_a, int gran_b, int64_t k) {
     int blk = DG_ACC_BLOCK;
-    if (gran_a > 0)
+    if (gran_a > 0 && gran_a < k) /* a scale block covering all of K constrains nothing */
         blk = gcd(blk, gran_a);
-    if (gran_b > 0)
+    if (gran_b > 0 && gran_b < k)
         blk = gcd(blk, gran_b);
     return blk;
 }

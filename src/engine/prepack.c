@@ -481,7 +481,7 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
         return st4;
     /* The scale plan dg_engine_plan_scales makes for this pair (B's part fixed at packing). */
     const int fold_a = !a->sf || a->sf_packed;
-    const int gblk = dg_engine_k_block(fold_a ? 0 : a->gran_k, b->pk.scales ? b->pk.gblk : 0);
+    const int gblk = dg_engine_k_block(fold_a ? 0 : a->gran_k, b->pk.scales ? b->pk.gblk : 0, b->k);
     DG_CHECK(gblk % 2 == 0, DG_ERR_UNSUPPORTED,
              "scale blocks of odd length (gran_k %d) are outside the engine; use the unpacked GEMM", gblk);
     DG_CHECK(!cfg->amx || gblk % 32 == 0, DG_ERR_UNSUPPORTED,

@@ -20,7 +20,8 @@ struct dg_packed_b {
     int gran_b[2];            /* B's resolved recipe (gran_mn, gran_k); 0 for BF16 */
     int fold_b;               /* B's scales are folded into the panel values */
     int64_t n, k;             /* logical B [N, K] */
-    dg_packed pk;             /* NR-row panels; pk.gblk = gran_b[1] when scales are kept */
+    dg_packed pk;             /* NR-row panels; pk.gblk = dg_engine_k_block(0, gran_b[1], k)
+                               * when scales are kept */
     /* FP4 B only: its E2M1 codes K-major [n][ceil(k / 2)] and its scales as float32
      * [n][ceil(k / gran_b[1])], in the block fp4_mem (dg_free): an FP4 A then runs the integer
      * path of fp4x4.h on them, as the unpacked call does (bitwise the same D), and so does a
