@@ -541,6 +541,10 @@ static void test_bad_fp4_and_utils(void) {
     EXPECT_FAIL(dg_calc_diff(&c1, &c2, &d), DG_ERR_SHAPE, f, "y");
     EXPECT_FAIL(dg_calc_diff(&c1, &c1, NULL), DG_ERR_NULL_POINTER, f, "out");
     EXPECT_FAIL(dg_calc_diff(&out, &c1, &d), DG_ERR_DTYPE, f, "x");
+    /* a broadcast view claiming 2^55 rows spans one row but would be read for years (fuzz_quant) */
+    dg_tensor cb = dg_tensor_2d(xb, DG_FLOAT32, (int64_t)1 << 55, 33);
+    cb.strides[0] = 0;
+    EXPECT_FAIL(dg_calc_diff(&cb, &cb, &d), DG_ERR_OVERFLOW, f, "x");
     TU_CHECK(d == 7, "calc_diff output untouched");
 
     f = "dg_ceil_to_ue8m0_tensor";

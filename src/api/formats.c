@@ -120,6 +120,7 @@ dg_status dg_calc_diff(const dg_tensor *x, const dg_tensor *y, double *out) {
     DG_TRY(qa_check_real_input(x, "x", -1));
     DG_TRY(qa_check_real_input(y, "y", -1));
     DG_TRY(check_same_shape(x, "x", y, "y"));
+    DG_TRY(dg_check_logical_size(x, "x"));
     DG_CHECK(out != NULL, DG_ERR_NULL_POINTER, "argument 'out' is NULL");
     *out = ref_calc_diff(x, y);
     return DG_OK;

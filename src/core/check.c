@@ -44,6 +44,18 @@ dg_status dg_check_result_span(const dg_tensor *want, const char *name) {
     return DG_OK;
 }
 
+dg_status dg_check_logical_size(const dg_tensor *t, const char *name) {
+    int64_t n = 1;
+    bool ok = true;
+    for (int i = 0; i < t->ndim && ok; ++i)
+        ok = dg_mul_ok(n, t->shape[i], &n);
+    ok = ok && dg_mul_ok(n, (int64_t)dg_dtype_size(t->dtype), &n);
+    DG_CHECK(ok && n <= DG_MAX_SPAN_BYTES, DG_ERR_OVERFLOW,
+             "argument '%s': its elements would fill more than 2^56 bytes stored densely (a broadcast view "
+             "this large cannot be reduced in any reasonable time)", name);
+    return DG_OK;
+}
+
 dg_status dg_check_tensor_dtype(const dg_tensor *t, const char *name, int ndim, dg_dtype want) {
     DG_TRY(dg_check_tensor(t, name, ndim));
     DG_CHECK(t->dtype == want, DG_ERR_DTYPE, "argument '%s' must be %s, got %s", name, dg_dtype_name(want),

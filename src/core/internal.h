@@ -66,6 +66,10 @@ bool dg_tensor_span(const dg_tensor *t, int64_t *lo, int64_t *hi);
 /* A descriptor the library computes for a result (query forms): its span must fit in int64 and
  * in DG_MAX_SPAN_BYTES. `name` is the argument whose extents make it too large. */
 dg_status dg_check_result_span(const dg_tensor *want, const char *name);
+/* An input read element by element (a reduction with no output to bound the work, such as
+ * calc_diff): a broadcast view (stride 0) may claim far more elements than it spans, and a call
+ * over more elements than any dense tensor could hold (2^56 bytes) would run for years. */
+dg_status dg_check_logical_size(const dg_tensor *t, const char *name);
 bool dg_tensors_same_view(const dg_tensor *a, const dg_tensor *b);
 
 /* Element address of a tensor with up to 4 indices (unused trailing indices are ignored). */
