@@ -262,8 +262,9 @@ DG_API dg_status dg_cast(const dg_tensor *src, const dg_tensor *dst);
  * packed FP4) and must not overlap inputs or each other. Query form: when out or out_sf has
  * data == NULL, those descriptors are filled in (row-major) and nothing else is done.
  *
- * per_token:  x [M, K] -> out E4M3 [M, K], out_sf FLOAT32 [M, ceil(K/gran_k)], or with
- *             use_packed_ue8m0 INT32 [M, S/4] (needs use_ue8m0 and S = ceil(K/gran_k) % 4 == 0).
+ * per_token:  x [M, K] -> out E4M3 [M, K], out_sf FLOAT32 [M, S], S = ceil(K/gran_k), or with
+ *             use_packed_ue8m0 (needs use_ue8m0) INT32 [M, ceil(S/4)] with the missing scales of
+ *             the last word set to 1.0 (byte 127), as DeepGEMM pads (MXFP8 with gran_k 32).
  */
 DG_API dg_status dg_per_token_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k, int use_packed_ue8m0,
                                           dg_tensor *out, dg_tensor *out_sf);
@@ -294,6 +295,11 @@ DG_API dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int
  * out FLOAT32 (or BFLOAT16) [M, N] = value(code) * sf; code 8 (-0) gives +0 * sf. */
 DG_API dg_status dg_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, int gran_k,
                                        int use_packed_ue8m0, dg_tensor *out);
+/* Dequantize FP8 (DeepGEMM 2.8's cast_back_from_fp8): x FLOAT8_E4M3 [M, N], any strides; sf as
+ * in dg_cast_back_from_fp4 for N -> out FLOAT32 (or BFLOAT16) [M, N] = e4m3(x) * sf of its
+ * group of gran_k (MXFP8: gran_k = 32 with packed UE8M0). */
+DG_API dg_status dg_cast_back_from_fp8(const dg_tensor *x, const dg_tensor *sf, int gran_k, int use_packed_ue8m0,
+                                       dg_tensor *out);
 /* Element-wise dg_ceil_to_ue8m0: x FLOAT32/BFLOAT16 -> out FLOAT32 of x's shape (out may be the
  * same view as a FLOAT32 x). */
 DG_API dg_status dg_ceil_to_ue8m0_tensor(const dg_tensor *x, const dg_tensor *out);
@@ -682,14 +688,18 @@ DG_API dg_status dg_k_grouped_fp4_gemm_nt_contiguous(const dg_tensor *a, const d
  * scale per row, applied (as DeepGEMM's kernels do) to the head sum:
  *   logits[i, j] = kv_sf[j] * sum_h relu(q[i, h, :] . kv_raw[j, :]) * weights[i, h]
  * (equal to relu(q . (kv * kv_sf)) for the non-negative scales the quantizer makes).
- * FP4: q and kv are packed E2M1 with one UE8M0 scale per 32 elements of the head dim, packed
- * four to an int32 (byte g scales elements [32g, 32g + 32)), folded into the dot product.
+ * FP4 (MXFP4): q and kv are packed E2M1 with one UE8M0 scale per 32 elements of the head dim,
+ * packed four to an int32 (byte g scales elements [32g, 32g + 32)), folded into the dot product.
+ * MXFP8 (DeepGEMM 2.8): q and kv are E4M3 with the same packed per-32 UE8M0 scales, folded the
+ * same way (no float32 kv scale). Which one a call is follows from q_sf and q's dtype.
  *
  * dg_fp8_fp4_mqa_logits(q, q_sf, kv, kv_sf, weights, ks, ke, clean_logits, max_seqlen_k, logits)
  *   q        FP8: FLOAT8_E4M3 [S, H, D], q_sf NULL.  FP4: FP4_E2M1X2 [S, H, D/2] with
- *            q_sf INT32 [S, H] (D a multiple of 32, at most 128). Contiguous.
+ *            q_sf INT32 [S, H].  MXFP8: FLOAT8_E4M3 [S, H, D] with q_sf INT32 [S, H]. With q_sf,
+ *            D is a multiple of 32, at most 128 (one int32 of scales). Contiguous.
  *   kv, kv_sf  FP8: FLOAT8_E4M3 [SK, D] and FLOAT32 [SK].  FP4: FP4_E2M1X2 [SK, D/2] and
- *            INT32 [SK] packed UE8M0. Contiguous. (FP8 or FP4 must match q's.)
+ *            INT32 [SK] packed UE8M0.  MXFP8: FLOAT8_E4M3 [SK, D] and INT32 [SK] packed UE8M0.
+ *            Contiguous. (The format must match q's.)
  *   weights  FLOAT32 [S, H], or BFLOAT16 when logits are BFLOAT16; unit stride along H.
  *   ks, ke   INT32 [S] (DeepGEMM's cu_seq_len_k_start/end), 0 <= ks[i] <= ke[i] <= SK.
  *   clean_logits  DeepGEMM's default is 1: entries outside [ks[i], ke[i]) become -inf; with 0
@@ -717,11 +727,12 @@ DG_API dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf
 /*
  * Paged decoding. A batch of B sequences with next_n query tokens each; query row
  * r = b * next_n + t. The KV cache is paged in blocks of block_kv tokens:
- *   kv_cache  UINT8 [num_blocks, block_kv, 1, D + 4] (FP8) or [num_blocks, block_kv, 1, D/2 + 4]
- *             (FP4); strides[1] = last extent, strides[3] = 1, strides[0] a multiple of 4 and
- *             >= block_kv * (last extent). Each block starts with block_kv rows of D E4M3 bytes
- *             (FP4: D/2 packed bytes), followed by block_kv float32 scales (FP4: block_kv int32
- *             packed UE8M0, one per token): the [block_kv, 1, D + 4] shape is only a view.
+ *   kv_cache  UINT8 [num_blocks, block_kv, 1, D + 4] (FP8, MXFP8) or [num_blocks, block_kv, 1,
+ *             D/2 + 4] (FP4); strides[1] = last extent, strides[3] = 1, strides[0] a multiple of 4
+ *             and >= block_kv * (last extent). Each block starts with block_kv rows of D E4M3
+ *             bytes (FP4: D/2 packed bytes), followed by block_kv float32 scales (FP4, MXFP8:
+ *             block_kv int32 packed UE8M0, one per token): the [block_kv, 1, D + 4] shape is only
+ *             a view.
  *   block_table  INT32 [B, max_blocks], unit stride along blocks: logical block k of sequence b
  *             is cache block block_table[b, k] (entries past a sequence's length are not read).
  *   context_lens  INT32 [B]: token t of sequence b sees positions p < ctx[b] with
@@ -732,7 +743,8 @@ DG_API dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf
  *             DeepGEMM schedules together; within a run the last token's context must be the
  *             largest and the block_table rows must agree on the blocks each token reads.
  *   q         FP8: FLOAT8_E4M3 [B, next_n, H, D], q_sf NULL. FP4: FP4_E2M1X2 [B, next_n, H, D/2]
- *             and q_sf INT32 [B, next_n, H]. Contiguous.
+ *             and q_sf INT32 [B, next_n, H]. MXFP8: FLOAT8_E4M3 [B, next_n, H, D] and q_sf INT32
+ *             [B, next_n, H] (the cache's scales are then packed UE8M0). Contiguous.
  *   weights   FLOAT32 [B * next_n, H] (BFLOAT16 when logits are BFLOAT16), unit stride along H
  *             (contiguous for FP8).
  *   schedule_meta  INT32 [dg_get_num_sms() + 1, 2] from dg_get_paged_mqa_logits_metadata; it is
@@ -808,10 +820,10 @@ DG_API dg_status dg_fp8_fp4_mqa_logits_scheduled(const dg_tensor *q, const dg_te
  *       leaves them unspecified). Query form: row stride align(N * sparse_block_kv, 1024 / elem).
  *   weights  [S, H] with unit stride along H: BFLOAT16 (DeepGEMM's only choice), or FLOAT32 with
  *       FLOAT32 logits.
- *   q/kv formats: MXFP4 as dg_fp8_fp4_mqa_logits (q FP4_E2M1X2 + q_sf INT32), or FP8 without q
- *       scale (q_sf NULL; kv float32 per-row scales) as a CPU extra. DeepGEMM's MXFP8 (E4M3 q and
- *       kv with per-32 UE8M0 scales) is not implemented on CPU: DG_ERR_UNSUPPORTED. Any H, D the
- *       dense kernels take (DeepGEMM: H = 32, D = 128).
+ *   q/kv formats: MXFP4 or MXFP8 as dg_fp8_fp4_mqa_logits (q FP4_E2M1X2 or FLOAT8_E4M3 with
+ *       q_sf INT32, kv_sf INT32), DeepGEMM's two, or FP8 without q scale (q_sf NULL; kv float32
+ *       per-row scales) as a CPU extra. Any H, D the dense kernels take (DeepGEMM: H = 32,
+ *       D = 128).
  *
  * dg_get_sparse_mqa_logits_metadata(ks, ke, num_kv_tokens, sparse_kv_block_indices, qk_dtype,
  *     sparse_block_kv, use_unaligned_ks, metadata): ks, ke INT32 [S] contiguous with

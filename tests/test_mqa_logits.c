@@ -13,7 +13,7 @@
 /* One problem: original floats, quantized tensors, and the dequantized copies. */
 typedef struct mqa_case {
     int64_t s, sk, h, d;
-    int fp4, bf16_weights;
+    int fp4, mx, bf16_weights; /* fp4: MXFP4 (packed E2M1); mx: per-32 UE8M0 scales (MXFP4, MXFP8) */
     float *q, *kv, *w;      /* unquantized [S*H*D], [SK*D], [S*H] (w already rounded if BF16) */
     float *qd, *kvd;        /* dequantized, kv including its scale */
     dg_tensor tq, tqsf, tkv, tkvsf, tw, tks, tke;
@@ -55,10 +55,32 @@ static void quant_fp4_rows(const float *x, int64_t rows, int64_t d, uint8_t *out
     }
 }
 
-static void make_case(mqa_case *c, tu_rng *rng, int64_t s, int64_t sk, int64_t h, int64_t d, int fp4,
+/* Per-32 MXFP8 cast as DeepGEMM's per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32,
+ * use_packed_ue8m0=True): scale = ceil_to_ue8m0(amax / 448), one packed int32 per row. */
+static void quant_mxfp8_rows(const float *x, int64_t rows, int64_t d, uint8_t *out, int32_t *sf, float *deq) {
+    for (int64_t r = 0; r < rows; ++r) {
+        uint32_t word = 0x7f7f7f7fu;
+        for (int64_t g = 0; g < d / 32; ++g) {
+            float amax = 1e-4f;
+            for (int64_t k = g * 32; k < g * 32 + 32; ++k)
+                amax = fmaxf(amax, fabsf(x[r * d + k]));
+            const float scale = dg_ceil_to_ue8m0(amax / 448.0f);
+            word = (word & ~(0xffu << (8 * g))) | ((uint32_t)dg_float_to_ue8m0(amax / 448.0f) << (8 * g));
+            for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
+                out[r * d + k] = dg_float_to_e4m3(x[r * d + k] * (1.0f / scale));
+                deq[r * d + k] = dg_e4m3_to_float(out[r * d + k]) * scale;
+            }
+        }
+        sf[r] = (int32_t)word;
+    }
+}
+
+/* fmt: 0 FP8 (float kv scales), 1 MXFP4, 2 MXFP8. */
+static void make_case(mqa_case *c, tu_rng *rng, int64_t s, int64_t sk, int64_t h, int64_t d, int fmt,
                       int bf16_weights) {
     memset(c, 0, sizeof *c);
-    c->s = s, c->sk = sk, c->h = h, c->d = d, c->fp4 = fp4, c->bf16_weights = bf16_weights;
+    const int fp4 = fmt == 1;
+    c->s = s, c->sk = sk, c->h = h, c->d = d, c->fp4 = fp4, c->mx = fmt != 0, c->bf16_weights = bf16_weights;
     c->q = malloc(sizeof(float) * (size_t)(s * h * d + 1));
     c->kv = malloc(sizeof(float) * (size_t)(sk * d + 1));
     c->w = malloc(sizeof(float) * (size_t)(s * h + 1));
@@ -71,11 +93,15 @@ static void make_case(mqa_case *c, tu_rng *rng, int64_t s, int64_t sk, int64_t h
     c->tq = tu_alloc3(fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, s, h, db);
     c->tkv = tu_alloc2(fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, sk, db);
     const int64_t sk1[1] = {sk}, s1[1] = {s};
-    c->tkvsf = tu_alloc(fp4 ? DG_INT32 : DG_FLOAT32, 1, sk1);
+    c->tkvsf = tu_alloc(c->mx ? DG_INT32 : DG_FLOAT32, 1, sk1);
     if (fp4) {
         c->tqsf = tu_alloc2(DG_INT32, s, h);
         quant_fp4_rows(c->q, s * h, d, c->tq.data, c->tqsf.data, c->qd);
         quant_fp4_rows(c->kv, sk, d, c->tkv.data, c->tkvsf.data, c->kvd);
+    } else if (c->mx) {
+        c->tqsf = tu_alloc2(DG_INT32, s, h);
+        quant_mxfp8_rows(c->q, s * h, d, c->tq.data, c->tqsf.data, c->qd);
+        quant_mxfp8_rows(c->kv, sk, d, c->tkv.data, c->tkvsf.data, c->kvd);
     } else {
         for (int64_t i = 0; i < s * h * d; ++i) {
             ((uint8_t *)c->tq.data)[i] = dg_float_to_e4m3(c->q[i]);
@@ -135,7 +161,7 @@ static double naive(const mqa_case *c, const float *q, const float *kv, int64_t 
 }
 
 static dg_status run(const mqa_case *c, int clean, int max_k, dg_tensor *out) {
-    return dg_fp8_fp4_mqa_logits(&c->tq, c->fp4 ? &c->tqsf : NULL, &c->tkv, &c->tkvsf, &c->tw, &c->tks, &c->tke,
+    return dg_fp8_fp4_mqa_logits(&c->tq, c->mx ? &c->tqsf : NULL, &c->tkv, &c->tkvsf, &c->tw, &c->tks, &c->tke,
                                  clean, max_k, out);
 }
 
@@ -226,10 +252,10 @@ static void check_case(mqa_case *c, dg_dtype logits_dt, const char *tag) {
 }
 
 /* DeepGEMM's accuracy check on one case: calc_diff against unquantized math (masked to 0). */
-static void check_accuracy(int fp4, int bf16) {
-    tu_rng rng = {fp4 * 7 + bf16 + 100};
+static void check_accuracy(int fmt, int bf16) {
+    tu_rng rng = {fmt * 7 + bf16 + 100};
     mqa_case c;
-    make_case(&c, &rng, 32, 128, 8, fp4 ? 128 : 64, fp4, bf16);
+    make_case(&c, &rng, 32, 128, 8, fmt ? 128 : 64, fmt, bf16);
     random_ranges(&c, &rng);
     dg_tensor out = dg_tensor_2d(calloc((size_t)(c.s * c.sk), 4), bf16 ? DG_BFLOAT16 : DG_FLOAT32, c.s, c.sk);
     TU_CHECK_OK(run(&c, 1, 0, &out));
@@ -244,8 +270,8 @@ static void check_accuracy(int fp4, int bf16) {
         }
     const double diff = tu_calc_diff(got, ref, (size_t)(c.s * c.sk));
     const double sdiff = tu_calc_diff(got, sim, (size_t)(c.s * c.sk));
-    TU_CHECK(diff < (fp4 ? 0.02 : 1e-3), "fp4=%d bf16=%d: calc_diff vs unquantized %g", fp4, bf16, diff);
-    TU_CHECK(sdiff < (bf16 ? 3e-5 : 5e-6), "fp4=%d bf16=%d: calc_diff vs dequantized %g", fp4, bf16, sdiff);
+    TU_CHECK(diff < (fmt ? 0.02 : 1e-3), "fmt=%d bf16=%d: calc_diff vs unquantized %g", fmt, bf16, diff);
+    TU_CHECK(sdiff < (bf16 ? 3e-5 : 5e-6), "fmt=%d bf16=%d: calc_diff vs dequantized %g", fmt, bf16, sdiff);
     TU_CHECK(diff > 0, "the quantized result is not the unquantized one (the check can fail)");
     free(got), free(ref), free(sim), free(out.data);
     free_case(&c);
@@ -302,12 +328,14 @@ static void causal_ranges(mqa_case *c) {
  * than one prefill block, random (empty, edge-touching) and causal ranges, compressed logits.
  */
 static void test_fast_vs_reference(void) {
-    static const struct { int64_t s, sk, h, d; int fp4, bf16, causal, compressed; dg_dtype out; } cases[] = {
+    static const struct { int64_t s, sk, h, d; int fmt, bf16, causal, compressed; dg_dtype out; } cases[] = {
         {24, 800, 20, 64, 0, 0, 0, 0, DG_FLOAT32},  {9, 130, 70, 128, 0, 1, 1, 0, DG_BFLOAT16},
         {17, 820, 17, 32, 0, 0, 1, 1, DG_FLOAT32},  {13, 790, 33, 128, 1, 0, 0, 0, DG_FLOAT32},
         {11, 300, 5, 64, 1, 1, 0, 1, DG_BFLOAT16},  {6, 50, 3, 40, 0, 0, 0, 0, DG_FLOAT32},
         {19, 260, 48, 100, 0, 0, 1, 0, DG_FLOAT32}, {7, 140, 1, 1, 0, 1, 0, 1, DG_BFLOAT16},
-        {40, 900, 16, 96, 0, 0, 0, 0, DG_FLOAT32},
+        {40, 900, 16, 96, 0, 0, 0, 0, DG_FLOAT32},  {13, 790, 33, 128, 2, 0, 0, 0, DG_FLOAT32},
+        {11, 300, 5, 64, 2, 1, 0, 1, DG_BFLOAT16},  {9, 130, 7, 96, 2, 0, 1, 0, DG_FLOAT32},
+        {1, 40, 1, 32, 2, 0, 0, 0, DG_FLOAT32},
     };
     const dg_isa saved_isa = dg_get_isa();
     const int saved_sms = dg_get_num_sms();
@@ -315,7 +343,7 @@ static void test_fast_vs_reference(void) {
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
         tu_rng rng = {k + 501};
         mqa_case c;
-        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fp4, cases[k].bf16);
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fmt, cases[k].bf16);
         if (cases[k].causal)
             causal_ranges(&c);
         else
@@ -335,9 +363,9 @@ static void test_fast_vs_reference(void) {
             if (dg_set_isa((dg_isa)isa) != DG_OK)
                 continue;
             char tag[160];
-            snprintf(tag, sizeof tag, "fast %s: S=%lld SK=%lld H=%lld D=%lld fp4=%d bf16w=%d causal=%d max_k=%d",
+            snprintf(tag, sizeof tag, "fast %s: S=%lld SK=%lld H=%lld D=%lld fmt=%d bf16w=%d causal=%d max_k=%d",
                      dg_isa_name((dg_isa)isa), (long long)c.s, (long long)c.sk, (long long)c.h, (long long)c.d,
-                     c.fp4, c.bf16_weights, cases[k].causal, max_k);
+                     cases[k].fmt, c.bf16_weights, cases[k].causal, max_k);
             for (int r = 0; r < 3; ++r) {
                 out[r] = tu_alloc2(cases[k].out, c.s, width);
                 tu_fill_bytes(&out[r], 0x5a);
@@ -366,15 +394,16 @@ static void test_fast_vs_reference(void) {
  * counts and head dims (d tails inside a k step of 32) included.
  */
 static void test_position_invariance(void) {
-    static const struct { int64_t s, sk, h, d; int fp4; } cases[] = {
+    static const struct { int64_t s, sk, h, d; int fmt; } cases[] = {
         {20, 300, 20, 64, 0}, {9, 150, 48, 100, 0}, {5, 90, 3, 33, 0}, {6, 120, 5, 64, 1}, {40, 200, 16, 1, 0},
+        {7, 130, 9, 96, 2},
     };
     const dg_isa saved_isa = dg_get_isa();
     const int64_t off = 7, fill = 3;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
         tu_rng rng = {k + 901};
         mqa_case a;
-        make_case(&a, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fp4, 0);
+        make_case(&a, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fmt, 0);
         random_ranges(&a, &rng);
         const int64_t s = a.s, sk = a.sk, h = a.h, sb = s + fill, skb = sk + off;
         const int64_t qrow = a.fp4 ? h * a.d / 2 : h * a.d, kvrow = a.fp4 ? a.d / 2 : a.d;
@@ -384,7 +413,7 @@ static void test_position_invariance(void) {
         b.tkv = tu_alloc2(a.tkv.dtype, skb, a.tkv.shape[1]);
         const int64_t skb1[1] = {skb}, sb1[1] = {sb};
         b.tkvsf = tu_alloc(a.tkvsf.dtype, 1, skb1);
-        b.tqsf = a.fp4 ? tu_alloc2(DG_INT32, sb, h) : (dg_tensor){0};
+        b.tqsf = a.mx ? tu_alloc2(DG_INT32, sb, h) : (dg_tensor){0};
         b.tw = tu_alloc2(DG_FLOAT32, sb, h);
         b.tks = tu_alloc(DG_INT32, 1, sb1);
         b.tke = tu_alloc(DG_INT32, 1, sb1);
@@ -398,7 +427,7 @@ static void test_position_invariance(void) {
             const int64_t src = i < fill ? 0 : s - 1 - (i - fill);
             memcpy((uint8_t *)b.tq.data + i * qrow, (uint8_t *)a.tq.data + src * qrow, (size_t)qrow);
             memcpy((float *)b.tw.data + i * h, (float *)a.tw.data + src * h, (size_t)h * sizeof(float));
-            if (a.fp4)
+            if (a.mx)
                 memcpy((int32_t *)b.tqsf.data + i * h, (int32_t *)a.tqsf.data + src * h, (size_t)h * 4);
             ((int32_t *)b.tks.data)[i] = i < fill ? 0 : ((int32_t *)a.tks.data)[src] + (int32_t)off;
             ((int32_t *)b.tke.data)[i] = i < fill ? (int32_t)skb : ((int32_t *)a.tke.data)[src] + (int32_t)off;
@@ -414,8 +443,9 @@ static void test_position_invariance(void) {
                 for (int64_t j = ((int32_t *)a.tks.data)[i]; j < ((int32_t *)a.tke.data)[i]; ++j)
                     bad += memcmp((float *)oa.data + i * oa.strides[0] + j,
                                   (float *)ob.data + (fill + s - 1 - i) * ob.strides[0] + j + off, 4) != 0;
-            TU_CHECK(bad == 0, "%s: S=%lld SK=%lld H=%lld D=%lld fp4=%d: %d logits change with the positions",
-                     dg_isa_name((dg_isa)isa), (long long)s, (long long)sk, (long long)h, (long long)a.d, a.fp4, bad);
+            TU_CHECK(bad == 0, "%s: S=%lld SK=%lld H=%lld D=%lld fmt=%d: %d logits change with the positions",
+                     dg_isa_name((dg_isa)isa), (long long)s, (long long)sk, (long long)h, (long long)a.d,
+                     cases[k].fmt, bad);
             tu_free(&oa), tu_free(&ob);
         }
         dg_set_isa(saved_isa);
@@ -464,11 +494,13 @@ static void test_query_strides(void) {
 
 static void test_bad_inputs(void) {
     tu_rng rng = {2};
-    mqa_case c, f;
+    mqa_case c, f, x;
     make_case(&c, &rng, 6, 40, 2, 32, 0, 0);
     make_case(&f, &rng, 6, 40, 2, 64, 1, 0);
+    make_case(&x, &rng, 6, 40, 2, 64, 2, 0); /* MXFP8 */
     random_ranges(&c, &rng);
     random_ranges(&f, &rng);
+    random_ranges(&x, &rng);
     dg_tensor out = tu_alloc2(DG_FLOAT32, 6, 40);
     const size_t bytes = dg_tensor_nbytes(&out);
     memset(out.data, 0x33, bytes);
@@ -557,27 +589,45 @@ static void test_bad_inputs(void) {
     EXPECT_BAD(dg_fp8_fp4_mqa_logits(&t, &f.tqsf, &f.tkv, &f.tkvsf, &f.tw, &f.tks, &f.tke, 1, 0, &out), DG_ERR_SHAPE,
                "'q'");
     TU_CHECK_OK(dg_fp8_fp4_mqa_logits(&f.tq, &f.tqsf, &f.tkv, &f.tkvsf, &f.tw, &f.tks, &f.tke, 1, 0, &out));
+    /* MXFP8 problems: E4M3 q and kv with packed per-32 UE8M0 words; nothing written on failure. */
+    memset(out.data, 0x33, bytes);
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&x.tq, &x.tqsf, &x.tkv, &c.tkvsf, &x.tw, &x.tks, &x.tke, 1, 0, &out),
+               DG_ERR_DTYPE, "'kv_sf'"); /* float32 kv scales with MXFP8 q */
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&x.tq, &x.tqsf, &f.tkv, &x.tkvsf, &x.tw, &x.tks, &x.tke, 1, 0, &out),
+               DG_ERR_DTYPE, "'kv'"); /* FP4 kv with MXFP8 q */
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&x.tq, NULL, &x.tkv, &x.tkvsf, &x.tw, &x.tks, &x.tke, 1, 0, &out),
+               DG_ERR_DTYPE, "'kv_sf'"); /* no q_sf: plain FP8 wants float32 kv scales */
+    t = dg_tensor_3d(x.tq.data, DG_FLOAT8_E4M3, 6, 2, 48); /* D = 48: not whole scale groups */
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&t, &x.tqsf, &x.tkv, &x.tkvsf, &x.tw, &x.tks, &x.tke, 1, 0, &out),
+               DG_ERR_SHAPE, "'q'");
+    t = dg_tensor_3d(x.tq.data, DG_BFLOAT16, 6, 2, 32);
+    EXPECT_BAD(dg_fp8_fp4_mqa_logits(&t, &x.tqsf, &x.tkv, &x.tkvsf, &x.tw, &x.tks, &x.tke, 1, 0, &out),
+               DG_ERR_DTYPE, "'q'");
+    TU_CHECK(tu_unchanged(&out, snap), "MXFP8 failures leave the output untouched");
+    TU_CHECK_OK(dg_fp8_fp4_mqa_logits(&x.tq, &x.tqsf, &x.tkv, &x.tkvsf, &x.tw, &x.tks, &x.tke, 1, 0, &out));
     free(snap);
     tu_free(&out), tu_free(&small), tu_free(&wb);
-    free_case(&c), free_case(&f);
+    free_case(&c), free_case(&f), free_case(&x);
 }
 
 int main(void) {
-    static const struct { int64_t s, sk, h, d; int fp4, bf16; dg_dtype out; } cases[] = {
+    static const struct { int64_t s, sk, h, d; int fmt, bf16; dg_dtype out; } cases[] = {
         {24, 100, 4, 32, 0, 0, DG_FLOAT32},  {17, 130, 8, 64, 0, 0, DG_FLOAT32},
         {9, 70, 2, 128, 0, 0, DG_FLOAT32},   {12, 64, 4, 64, 0, 1, DG_BFLOAT16},
         {10, 50, 3, 32, 0, 0, DG_BFLOAT16},  {11, 90, 4, 64, 1, 0, DG_FLOAT32},
         {8, 77, 2, 128, 1, 1, DG_BFLOAT16},  {1, 1, 1, 32, 0, 0, DG_FLOAT32},
-        {6, 33, 2, 32, 1, 0, DG_FLOAT32},
+        {6, 33, 2, 32, 1, 0, DG_FLOAT32},    {11, 90, 4, 64, 2, 0, DG_FLOAT32},
+        {8, 77, 2, 128, 2, 1, DG_BFLOAT16},  {6, 33, 3, 32, 2, 0, DG_FLOAT32},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
         tu_rng rng = {k + 11};
         mqa_case c;
-        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fp4, cases[k].bf16);
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fmt, cases[k].bf16);
         random_ranges(&c, &rng);
         char tag[96];
-        snprintf(tag, sizeof tag, "S=%lld SK=%lld H=%lld D=%lld fp4=%d bf16w=%d out=%s", (long long)c.s,
-                 (long long)c.sk, (long long)c.h, (long long)c.d, c.fp4, c.bf16_weights, dg_dtype_name(cases[k].out));
+        snprintf(tag, sizeof tag, "S=%lld SK=%lld H=%lld D=%lld fmt=%d bf16w=%d out=%s", (long long)c.s,
+                 (long long)c.sk, (long long)c.h, (long long)c.d, cases[k].fmt, c.bf16_weights,
+                 dg_dtype_name(cases[k].out));
         check_case(&c, cases[k].out, tag);
         free_case(&c);
     }
@@ -585,6 +635,8 @@ int main(void) {
     check_accuracy(0, 1);
     check_accuracy(1, 0);
     check_accuracy(1, 1);
+    check_accuracy(2, 0);
+    check_accuracy(2, 1);
     test_query_strides();
     test_bad_inputs();
     test_fast_vs_reference();

@@ -12,7 +12,7 @@
 
 typedef struct paged_case {
     int64_t b, n, h, d, bk, nblocks, max_blocks, max_ctx, pad;
-    int fp4, bf16, lens_2d;
+    int fp4, mx, bf16, lens_2d; /* fp4: MXFP4; mx: per-32 UE8M0 words (MXFP4, MXFP8) */
     int32_t *ctx;        /* [B] or [B, N] */
     float *qd, *w, *kvd; /* dequantized q [B*N*H*D], weights [B*N*H], cache [nblocks*bk*D] */
     float *qo, *kvo;     /* unquantized */
@@ -20,11 +20,34 @@ typedef struct paged_case {
     int has_idx;
 } paged_case;
 
-/* One token's row: FP8 with a float per-token scale (amax / 448, as DeepGEMM's test) or FP4
- * with per-32 UE8M0 scales packed into an int32. Writes values and scale into the block. */
+/* d E4M3 codes of x with per-32 UE8M0 scales (MXFP8, DeepGEMM's per_token_cast_to_fp8 with
+ * use_ue8m0, gran_k = 32): the packed word of scales; deq gets the dequantized values. */
+static uint32_t mxfp8_row(const float *x, int64_t d, uint8_t *out, float *deq) {
+    uint32_t word = 0x7f7f7f7fu;
+    for (int64_t g = 0; g < d / 32; ++g) {
+        float amax = 1e-4f;
+        for (int64_t k = g * 32; k < g * 32 + 32; ++k)
+            amax = fmaxf(amax, fabsf(x[k]));
+        const float sf = dg_ceil_to_ue8m0(amax / 448.0f);
+        word = (word & ~(0xffu << (8 * g))) | ((uint32_t)dg_float_to_ue8m0(amax / 448.0f) << (8 * g));
+        for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
+            out[k] = dg_float_to_e4m3(x[k] * (1.0f / sf));
+            deq[k] = dg_e4m3_to_float(out[k]) * sf;
+        }
+    }
+    return word;
+}
+
+/* One token's row: FP8 with a float per-token scale (amax / 448, as DeepGEMM's test), MXFP8,
+ * or FP4 with per-32 UE8M0 scales packed into an int32. Writes values and scale into the block. */
 static void put_token(paged_case *c, int64_t blk, int64_t tok, const float *x) {
     uint8_t *base = (uint8_t *)c->tcache.data + blk * c->tcache.strides[0];
     float *deq = c->kvd + (blk * c->bk + tok) * c->d;
+    if (c->mx && !c->fp4) {
+        const uint32_t word = mxfp8_row(x, c->d, base + tok * c->d, deq);
+        memcpy(base + c->bk * c->d + tok * 4, &word, 4);
+        return;
+    }
     if (!c->fp4) {
         float amax = 1e-4f;
         for (int64_t k = 0; k < c->d; ++k)
@@ -55,6 +78,11 @@ static void put_token(paged_case *c, int64_t blk, int64_t tok, const float *x) {
 }
 
 static void put_query(paged_case *c, int64_t row, const float *x) {
+    if (c->mx && !c->fp4) {
+        ((int32_t *)c->tqsf.data)[row] =
+            (int32_t)mxfp8_row(x, c->d, (uint8_t *)c->tq.data + row * c->d, c->qd + row * c->d);
+        return;
+    }
     if (!c->fp4) {
         for (int64_t k = 0; k < c->d; ++k) {
             ((uint8_t *)c->tq.data)[row * c->d + k] = dg_float_to_e4m3(x[k]);
@@ -89,10 +117,13 @@ static int64_t visible(const paged_case *c, int64_t r) {
 }
 
 /* runs: varlen tokens per sequence (NULL: regular batch). ctx_lo/hi: context range. */
-static void make_case(paged_case *c, tu_rng *rng, int64_t b, int64_t n, int64_t h, int64_t d, int64_t bk, int fp4,
+/* fmt: 0 FP8 (float kv scales), 1 MXFP4, 2 MXFP8. */
+static void make_case(paged_case *c, tu_rng *rng, int64_t b, int64_t n, int64_t h, int64_t d, int64_t bk, int fmt,
                       int bf16, int lens_2d, const int *runs, int nruns, int64_t pad) {
     memset(c, 0, sizeof *c);
-    c->n = n, c->h = h, c->d = d, c->bk = bk, c->fp4 = fp4, c->bf16 = bf16, c->lens_2d = lens_2d, c->pad = pad;
+    const int fp4 = fmt == 1;
+    c->n = n, c->h = h, c->d = d, c->bk = bk, c->fp4 = fp4, c->mx = fmt != 0, c->bf16 = bf16, c->lens_2d = lens_2d;
+    c->pad = pad;
     c->b = b;
     if (runs) { /* varlen: b rows, one token each */
         c->b = 0;
@@ -168,7 +199,7 @@ static void make_case(paged_case *c, tu_rng *rng, int64_t b, int64_t n, int64_t 
     free(perm), free(seq_ctx);
     /* Queries and weights. */
     c->tq = tu_alloc(fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, 4, (int64_t[]){b, n, h, fp4 ? d / 2 : d});
-    if (fp4)
+    if (c->mx)
         c->tqsf = tu_alloc3(DG_INT32, b, n, h);
     c->qd = calloc((size_t)(b * n * h * d), sizeof(float));
     c->qo = calloc((size_t)(b * n * h * d), sizeof(float));
@@ -216,7 +247,7 @@ static double naive(const paged_case *c, const float *q, const float *kv, int64_
 }
 
 static dg_status run(paged_case *c, int clean, dg_tensor *out) {
-    return dg_fp8_fp4_paged_mqa_logits(&c->tq, c->fp4 ? &c->tqsf : NULL, &c->tcache, &c->tw, &c->tctx, &c->tbt,
+    return dg_fp8_fp4_paged_mqa_logits(&c->tq, c->mx ? &c->tqsf : NULL, &c->tcache, &c->tw, &c->tctx, &c->tbt,
                                        &c->tmeta, (int)c->max_ctx, clean, c->has_idx ? &c->tidx : NULL, out);
 }
 
@@ -264,7 +295,7 @@ static void check_case(paged_case *c, const char *tag, int accuracy) {
     if (accuracy) {
         const size_t n = (size_t)(rows * c->max_ctx);
         const double diff = tu_calc_diff(got, ref, n), sdiff = tu_calc_diff(got, sim, n);
-        TU_CHECK(diff < (c->fp4 ? 0.02 : 1e-3) && diff > 0, "%s: calc_diff vs unquantized %g", tag, diff);
+        TU_CHECK(diff < (c->mx ? 0.02 : 1e-3) && diff > 0, "%s: calc_diff vs unquantized %g", tag, diff);
         TU_CHECK(sdiff < (c->bf16 ? 3e-5 : 5e-6), "%s: calc_diff vs dequantized %g", tag, sdiff);
     }
     free(got), free(ref), free(sim);
@@ -287,7 +318,7 @@ static void check_case(paged_case *c, const char *tag, int accuracy) {
         }
     TU_CHECK(kept == 0 && same == 0, "%s: no-clean run (%d overwritten, %d differ)", tag, kept, same);
     /* The legacy FP8 entry gives the same bits. */
-    if (!c->fp4 && !c->bf16) {
+    if (!c->mx && !c->bf16) {
         memset(again.data, 0x5a, bytes);
         TU_CHECK_OK(dg_fp8_paged_mqa_logits(&c->tq, &c->tcache, &c->tw, &c->tctx, &c->tbt, &c->tmeta,
                                             (int)c->max_ctx, 1, c->has_idx ? &c->tidx : NULL, &again));
@@ -391,6 +422,15 @@ static void test_bad_inputs(void) {
     EXPECT_BAD(CALL(&c.tq, NULL, &c.tcache, &c.tw, &t, &c.tbt, &c.tmeta, mc, NULL), DG_ERR_SHAPE, "'context_lens'");
     t = c.tbt, t.dtype = DG_INT64;
     EXPECT_BAD(CALL(&c.tq, NULL, &c.tcache, &c.tw, &c.tctx, &t, &c.tmeta, mc, NULL), DG_ERR_DTYPE, "'block_table'");
+    /* MXFP8: c's E4M3 q with a q_sf reads the cache's 4-byte scales as packed UE8M0 words. */
+    dg_tensor qsf = tu_alloc3(DG_INT32, c.b, c.n, c.h);
+    t = qsf, t.shape[2] = 1;
+    EXPECT_BAD(CALL(&c.tq, &t, &c.tcache, &c.tw, &c.tctx, &c.tbt, &c.tmeta, mc, NULL), DG_ERR_SHAPE, "'q_sf'");
+    t = qsf, t.dtype = DG_FLOAT32;
+    EXPECT_BAD(CALL(&c.tq, &t, &c.tcache, &c.tw, &c.tctx, &c.tbt, &c.tmeta, mc, NULL), DG_ERR_DTYPE, "'q_sf'");
+    dg_tensor q48 = tu_alloc(DG_FLOAT8_E4M3, 4, (int64_t[]){c.b, c.n, c.h, 48});
+    EXPECT_BAD(CALL(&q48, &qsf, &c.tcache, &c.tw, &c.tctx, &c.tbt, &c.tmeta, mc, NULL), DG_ERR_SHAPE, "'q'");
+    tu_free(&q48), tu_free(&qsf);
     /* Contents. */
     const int32_t saved_bt = bt[0], saved_ctx = ctx[0];
     ctx[0] = ctx[0] < 1 ? 1 : ctx[0]; /* make sure block 0 is read */
@@ -525,10 +565,11 @@ static void compare_outputs(const dg_tensor *got, const dg_tensor *want, double 
  * 1-D and 2-D context lengths, next_n 1 to 3, varlen.
  */
 static void test_fast_vs_reference(void) {
-    static const struct { int64_t b, n, h, d, bk, pad; int fp4, bf16, lens_2d; } cases[] = {
+    static const struct { int64_t b, n, h, d, bk, pad; int fmt, bf16, lens_2d; } cases[] = {
         {3, 2, 20, 64, 300, 0, 0, 0, 0}, {4, 1, 70, 128, 64, 4, 0, 1, 0}, {3, 2, 17, 32, 300, 0, 0, 0, 1},
         {3, 1, 33, 128, 300, 0, 1, 0, 0}, {2, 2, 5, 64, 48, 8, 1, 1, 1}, {3, 2, 3, 40, 7, 0, 0, 0, 0},
         {2, 3, 48, 100, 64, 0, 0, 0, 1},  {3, 1, 16, 1, 20, 4, 0, 1, 0},  {2, 1, 64, 96, 512, 0, 0, 0, 0},
+        {3, 1, 33, 128, 300, 0, 2, 0, 0}, {2, 2, 5, 96, 48, 8, 2, 1, 1},  {2, 3, 7, 32, 7, 4, 2, 0, 0},
     };
     const dg_isa saved_isa = dg_get_isa();
     const int saved_sms = dg_get_num_sms();
@@ -538,7 +579,7 @@ static void test_fast_vs_reference(void) {
         paged_case c;
         const int runs[3] = {2, 1, 3};
         if (k < sizeof cases / sizeof cases[0])
-            make_case(&c, &rng, cases[k].b, cases[k].n, cases[k].h, cases[k].d, cases[k].bk, cases[k].fp4,
+            make_case(&c, &rng, cases[k].b, cases[k].n, cases[k].h, cases[k].d, cases[k].bk, cases[k].fmt,
                       cases[k].bf16, cases[k].lens_2d, NULL, 0, cases[k].pad);
         else /* varlen */
             make_case(&c, &rng, 0, 1, 24, 64, 300, 0, 0, 1, runs, 3, 0);
@@ -555,9 +596,9 @@ static void test_fast_vs_reference(void) {
             if (dg_set_isa((dg_isa)isa) != DG_OK)
                 continue;
             char tag[160];
-            snprintf(tag, sizeof tag, "fast %s: B=%lld N=%lld H=%lld D=%lld bk=%lld fp4=%d bf16=%d 2d=%d idx=%d",
+            snprintf(tag, sizeof tag, "fast %s: B=%lld N=%lld H=%lld D=%lld bk=%lld fmt=%d bf16=%d 2d=%d idx=%d",
                      dg_isa_name((dg_isa)isa), (long long)c.b, (long long)c.n, (long long)c.h, (long long)c.d,
-                     (long long)c.bk, c.fp4, c.bf16, c.lens_2d, c.has_idx);
+                     (long long)c.bk, c.fp4 + 2 * (c.mx && !c.fp4), c.bf16, c.lens_2d, c.has_idx);
             dg_tensor out[3];
             for (int r = 0; r < 3; ++r) {
                 out[r] = ref;
@@ -584,20 +625,21 @@ static void test_fast_vs_reference(void) {
 int main(void) {
     static const struct {
         int64_t b, n, h, d, bk, pad;
-        int fp4, bf16, lens_2d, acc;
+        int fmt, bf16, lens_2d, acc;
     } cases[] = {
         {4, 1, 4, 32, 16, 0, 0, 0, 0, 1},  {3, 2, 4, 64, 16, 8, 0, 0, 0, 0}, {5, 2, 2, 128, 32, 0, 0, 0, 1, 0},
         {3, 2, 4, 64, 8, 0, 0, 1, 0, 1},   {4, 1, 8, 128, 16, 4, 1, 0, 0, 1}, {3, 2, 2, 64, 16, 0, 1, 1, 1, 1},
-        {2, 3, 2, 32, 4, 0, 0, 0, 0, 0},   {1, 1, 1, 32, 1, 0, 1, 0, 1, 0},
+        {2, 3, 2, 32, 4, 0, 0, 0, 0, 0},   {1, 1, 1, 32, 1, 0, 1, 0, 1, 0},  {4, 1, 8, 128, 16, 4, 2, 0, 0, 1},
+        {3, 2, 2, 64, 16, 0, 2, 1, 1, 1},  {1, 1, 1, 32, 1, 0, 2, 0, 1, 0},
     };
     char tag[128];
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
         tu_rng rng = {k + 21};
         paged_case c;
-        make_case(&c, &rng, cases[k].b, cases[k].n, cases[k].h, cases[k].d, cases[k].bk, cases[k].fp4, cases[k].bf16,
+        make_case(&c, &rng, cases[k].b, cases[k].n, cases[k].h, cases[k].d, cases[k].bk, cases[k].fmt, cases[k].bf16,
                   cases[k].lens_2d, NULL, 0, cases[k].pad);
-        snprintf(tag, sizeof tag, "B=%lld N=%lld H=%lld D=%lld bk=%lld fp4=%d bf16=%d 2d=%d", (long long)c.b,
-                 (long long)c.n, (long long)c.h, (long long)c.d, (long long)c.bk, c.fp4, c.bf16, c.lens_2d);
+        snprintf(tag, sizeof tag, "B=%lld N=%lld H=%lld D=%lld bk=%lld fmt=%d bf16=%d 2d=%d", (long long)c.b,
+                 (long long)c.n, (long long)c.h, (long long)c.d, (long long)c.bk, cases[k].fmt, c.bf16, c.lens_2d);
         check_case(&c, tag, cases[k].acc);
         for (int sms = 1; sms <= 9; sms += 4)
             check_metadata(&c, sms, tag);
@@ -606,11 +648,11 @@ int main(void) {
     }
     /* Variable-length batches through indices. */
     const int runs[4] = {3, 1, 2, 4};
-    for (int fp4 = 0; fp4 <= 1; ++fp4) {
-        tu_rng rng = {(uint64_t)(77 + fp4)};
+    for (int fmt = 0; fmt <= 2; ++fmt) {
+        tu_rng rng = {(uint64_t)(77 + fmt)};
         paged_case c;
-        make_case(&c, &rng, 0, 1, 4, 64, 16, fp4, 0, 1, runs, 4, 0);
-        snprintf(tag, sizeof tag, "varlen fp4=%d", fp4);
+        make_case(&c, &rng, 0, 1, 4, 64, 16, fmt, 0, 1, runs, 4, 0);
+        snprintf(tag, sizeof tag, "varlen fmt=%d", fmt);
         check_case(&c, tag, 0);
         for (int sms = 1; sms <= 9; sms += 4)
             check_metadata(&c, sms, tag);

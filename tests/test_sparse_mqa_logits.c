@@ -126,21 +126,22 @@ static const dg_isa kIsas[] = {DG_ISA_GENERIC, DG_ISA_AVX2};
 
 typedef struct contig_case {
     int64_t s, sk, h, d, n, sbkv;
-    int fp4, bf16, unaligned;
+    int fmt, bf16, unaligned; /* fmt: 0 FP8 (float kv scales), 1 MXFP4, 2 MXFP8 */
 } contig_case;
 
 static void run_contiguous(const contig_case *cc, uint64_t seed) {
     tu_rng r = {seed};
-    const int64_t db = cc->fp4 ? cc->d / 2 : cc->d;
-    const dg_dtype qt = cc->fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, out_dt = cc->bf16 ? DG_BFLOAT16 : DG_FLOAT32;
+    const int fp4 = cc->fmt == 1, mx = cc->fmt != 0;
+    const int64_t db = fp4 ? cc->d / 2 : cc->d;
+    const dg_dtype qt = fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, out_dt = cc->bf16 ? DG_BFLOAT16 : DG_FLOAT32;
     dg_tensor q = tu_alloc3(qt, cc->s, cc->h, db), kv = tu_alloc2(qt, cc->sk, db);
-    dg_tensor qsf = cc->fp4 ? tu_alloc2(DG_INT32, cc->s, cc->h) : (dg_tensor){0};
-    dg_tensor kvsf = tu_alloc(cc->fp4 ? DG_INT32 : DG_FLOAT32, 1, (int64_t[]){cc->sk});
+    dg_tensor qsf = mx ? tu_alloc2(DG_INT32, cc->s, cc->h) : (dg_tensor){0};
+    dg_tensor kvsf = tu_alloc(mx ? DG_INT32 : DG_FLOAT32, 1, (int64_t[]){cc->sk});
     dg_tensor w = tu_alloc2(out_dt, cc->s, cc->h);
     dg_tensor ks = tu_alloc(DG_INT32, 1, (int64_t[]){cc->s}), ke = tu_alloc(DG_INT32, 1, (int64_t[]){cc->s});
     dg_tensor idx = tu_alloc2(DG_INT32, cc->s, cc->n);
     fill_codes(&r, &q), fill_codes(&r, &kv), fill_scales(&r, &kvsf), fill_weights(&r, &w);
-    if (cc->fp4)
+    if (mx)
         fill_scales(&r, &qsf);
     int32_t *a = ks.data, *e = ke.data;
     for (int64_t i = 0; i < cc->s; ++i) { /* row kinds: empty, short, longer than N blocks, full */
@@ -153,7 +154,7 @@ static void run_contiguous(const contig_case *cc, uint64_t seed) {
         a[i] = (int32_t)lo, e[i] = (int32_t)hi;
     }
     make_indices(&r, &idx, a, e, cc->sbkv, cc->unaligned);
-    const dg_tensor *qsfp = cc->fp4 ? &qsf : NULL;
+    const dg_tensor *qsfp = mx ? &qsf : NULL;
     dg_tensor meta = {0};
     TU_CHECK_OK(dg_get_sparse_mqa_logits_metadata(&ks, &ke, (int)cc->sk, &idx, qt, (int)cc->sbkv, cc->unaligned,
                                                   &meta));
@@ -165,9 +166,9 @@ static void run_contiguous(const contig_case *cc, uint64_t seed) {
                                              cc->unaligned, &shape));
     TU_CHECK(shape.shape[0] == cc->s && shape.shape[1] == cc->n * cc->sbkv, "query form shape");
     char tag[160];
-    snprintf(tag, sizeof tag, "contig S=%lld SK=%lld H=%lld D=%lld N=%lld blk=%lld fp4=%d bf16=%d unaligned=%d",
+    snprintf(tag, sizeof tag, "contig S=%lld SK=%lld H=%lld D=%lld N=%lld blk=%lld fmt=%d bf16=%d unaligned=%d",
              (long long)cc->s, (long long)cc->sk, (long long)cc->h, (long long)cc->d, (long long)cc->n,
-             (long long)cc->sbkv, cc->fp4, cc->bf16, cc->unaligned);
+             (long long)cc->sbkv, cc->fmt, cc->bf16, cc->unaligned);
     const dg_backend saved_backend = dg_get_backend();
     const int saved_sms = dg_get_num_sms();
     const dg_isa saved_isa = dg_get_isa();
@@ -211,9 +212,11 @@ static void run_contiguous(const contig_case *cc, uint64_t seed) {
 
 /* ---- paged ----------------------------------------------------------------------------------- */
 
-static void run_paged(int64_t s, int64_t h, int64_t d, int64_t page, int64_t n, int64_t sbkv, int fp4, int bf16,
+/* fmt as in contig_case */
+static void run_paged(int64_t s, int64_t h, int64_t d, int64_t page, int64_t n, int64_t sbkv, int fmt, int bf16,
                       uint64_t seed) {
     tu_rng r = {seed};
+    const int fp4 = fmt == 1, mx = fmt != 0;
     const int64_t db = fp4 ? d / 2 : d, row_bytes = db + 4;
     const dg_dtype qt = fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, out_dt = bf16 ? DG_BFLOAT16 : DG_FLOAT32;
     dg_tensor ctx = tu_alloc2(DG_INT32, s, 1), ids = tu_alloc(DG_INT32, 1, (int64_t[]){s});
@@ -242,26 +245,26 @@ static void run_paged(int64_t s, int64_t h, int64_t d, int64_t page, int64_t n, 
         for (int64_t t = 0; t < page; ++t) {
             uint32_t word;
             float f = (float)(0.001 + 0.01 * tu_uniform(&r));
-            word = fp4 ? ue8m0_word(&r) : 0;
-            memcpy(base + page * db + t * 4, fp4 ? (void *)&word : (void *)&f, 4);
+            word = mx ? ue8m0_word(&r) : 0;
+            memcpy(base + page * db + t * 4, mx ? (void *)&word : (void *)&f, 4);
         }
     }
     dg_tensor q = tu_alloc(qt, 4, (int64_t[]){s, 1, h, db});
-    dg_tensor qsf = fp4 ? tu_alloc3(DG_INT32, s, 1, h) : (dg_tensor){0};
+    dg_tensor qsf = mx ? tu_alloc3(DG_INT32, s, 1, h) : (dg_tensor){0};
     dg_tensor w = tu_alloc2(out_dt, s, h), idx = tu_alloc2(DG_INT32, s, n);
     fill_codes(&r, &q), fill_weights(&r, &w);
-    if (fp4)
+    if (mx)
         fill_scales(&r, &qsf);
     int32_t *zeros = calloc((size_t)s, sizeof(int32_t));
     make_indices(&r, &idx, zeros, c, sbkv, 0);
-    const dg_tensor *qsfp = fp4 ? &qsf : NULL;
+    const dg_tensor *qsfp = mx ? &qsf : NULL;
     dg_tensor meta = {0};
     TU_CHECK_OK(dg_get_paged_sparse_mqa_logits_metadata(&ctx, &table, &ids, (int)page, &idx, qt, (int)sbkv, &meta));
     meta = tu_alloc(DG_UINT8, 1, meta.shape);
     TU_CHECK_OK(dg_get_paged_sparse_mqa_logits_metadata(&ctx, &table, &ids, (int)page, &idx, qt, (int)sbkv, &meta));
     char tag[160];
-    snprintf(tag, sizeof tag, "paged S=%lld H=%lld D=%lld page=%lld N=%lld blk=%lld fp4=%d bf16=%d", (long long)s,
-             (long long)h, (long long)d, (long long)page, (long long)n, (long long)sbkv, fp4, bf16);
+    snprintf(tag, sizeof tag, "paged S=%lld H=%lld D=%lld page=%lld N=%lld blk=%lld fmt=%d bf16=%d", (long long)s,
+             (long long)h, (long long)d, (long long)page, (long long)n, (long long)sbkv, fmt, bf16);
     const dg_backend saved_backend = dg_get_backend();
     const int saved_sms = dg_get_num_sms();
     const dg_isa saved_isa = dg_get_isa();
@@ -438,9 +441,15 @@ static void test_bad_and_empty(void) {
     dg_tensor f32 = tu_alloc2(DG_FLOAT32, s, n * 16);
     TU_CHECK_STATUS(dg_fp8_fp4_sparse_mqa_logits(&q, &qsf, &kv, &kvsf, &w, &meta, (int)n, 16, 0, &f32), DG_ERR_DTYPE);
     dg_tensor q8 = tu_alloc3(DG_FLOAT8_E4M3, s, h, d), kv8 = tu_alloc2(DG_FLOAT8_E4M3, sk, d);
+    /* MXFP8 q and kv against metadata built for FP4 (DeepGEMM's KV split differs) */
     TU_CHECK_STATUS(dg_fp8_fp4_sparse_mqa_logits(&q8, &qsf, &kv8, &kvsf, &w, &meta, (int)n, 16, 0, &out),
-                    DG_ERR_UNSUPPORTED);
-    TU_CHECK(strstr(dg_last_error(), "MXFP8") != NULL, "says MXFP8: %s", dg_last_error());
+                    DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "'metadata'") != NULL, "names metadata: %s", dg_last_error());
+    dg_tensor kvsf_f = tu_alloc(DG_FLOAT32, 1, (int64_t[]){sk}); /* MXFP8 q with float kv scales */
+    TU_CHECK_STATUS(dg_fp8_fp4_sparse_mqa_logits(&q8, &qsf, &kv8, &kvsf_f, &w, &meta, (int)n, 16, 0, &out),
+                    DG_ERR_DTYPE);
+    TU_CHECK(strstr(dg_last_error(), "'kv_sf'") != NULL, "names kv_sf: %s", dg_last_error());
+    tu_free(&kvsf_f);
     TU_CHECK(tu_unchanged(&out, snap), "failed logits calls write nothing");
     TU_CHECK_OK(dg_fp8_fp4_sparse_mqa_logits(&q, &qsf, &kv, &kvsf, &w, &meta, (int)n, 16, 0, &out));
     /* S = 0: metadata of the header alone, logits [0, N * 16] */
@@ -484,15 +493,18 @@ static void test_bad_and_empty(void) {
 
 int main(void) {
     static const contig_case cases[] = {
-        /* s, sk, h, d, n, sbkv, fp4, bf16, unaligned */
+        /* s, sk, h, d, n, sbkv, fmt, bf16, unaligned */
         {7, 300, 5, 40, 8, 16, 0, 0, 0},   {9, 257, 32, 128, 12, 8, 1, 1, 1}, {1, 33, 3, 64, 4, 16, 1, 0, 0},
         {11, 400, 17, 64, 4, 8, 0, 1, 1},  {6, 500, 8, 96, 40, 16, 0, 0, 1},  {5, 160, 32, 128, 16, 16, 1, 1, 0},
+        {9, 257, 32, 128, 12, 8, 2, 1, 1}, {6, 300, 7, 96, 8, 16, 2, 0, 0},   {1, 33, 3, 32, 4, 16, 2, 1, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k)
         run_contiguous(&cases[k], 1000 + k);
     run_paged(10, 32, 128, 64, 8, 16, 1, 1, 2001);
     run_paged(7, 5, 40, 32, 12, 8, 0, 0, 2002);
     run_paged(4, 16, 64, 16, 4, 16, 1, 0, 2003);
+    run_paged(10, 32, 128, 64, 8, 16, 2, 1, 2004);
+    run_paged(5, 9, 64, 32, 8, 8, 2, 0, 2005);
     test_scheduled();
     test_bad_and_empty();
     return tu_finish();

@@ -5,14 +5,18 @@
  *                             [0, SK - S + i + 1) (DeepGEMM's test layout), clean_logits = 1
  *   fp8_paged / fp4_paged     decode: B sequences, next_n 1 or 2, block_kv = 64, contexts
  *                             8192 - (b * 37 mod 512), shuffled block table, clean_logits = 1
+ *   mxfp8_logits              prefill as fp8_logits with DeepGEMM 2.8's MXFP8 (E4M3 q and kv,
+ *                             per-32 UE8M0 scales packed in int32 words)
  *   fp4_sparse / fp4_paged_sparse   DeepGEMM 2.8's sparse indexer at its shape H = 32, D = 128,
  *                             MXFP4, BF16 weights and logits, 16-token blocks: each query scores
  *                             at most N blocks (sorted, spread over its causal range); paged:
  *                             requests of 4 queries, pages of 64, one shuffled table
+ *   mxfp8_sparse              the contiguous sparse case with MXFP8 inputs
  *
  * FLOPs: 2 * H * D per valid (query, kv) pair (the head sum and weights are lower order). The
  * limit is the BF16 one (dgbench takes the larger of VDPBF16PS and FP32 FMA: E4M3 products are
- * exact in FP32), INT8 (VPDPBUSD) for the FP4 cases.
+ * exact in FP32), INT8 (VPDPBUSD) for the FP4 cases. MXFP8 runs on the FP32 FMA tile (the BF16
+ * limit as FP8).
  * Bytes: q, kv (with scales) and weights read once, logits written once; for paged decode the
  * kv term is the cache blocks actually read, so the GB/s column is close to the KV-cache rate.
  *
@@ -34,9 +38,11 @@ enum { SPARSE_HEADS = 32, SPARSE_BLK = 16, SPARSE_PAGE = 64, SPARSE_REQ = 4 };
 
 typedef enum mqa_kind { MQA_PREFILL, MQA_PAGED, MQA_SPARSE, MQA_PAGED_SPARSE } mqa_kind;
 
+enum { FMT_FP8 = 0, FMT_FP4 = 1, FMT_MXFP8 = 2 }; /* MXFP4 is "fp4" in the case names */
+
 typedef struct mqa_params {
     mqa_kind kind;
-    int fp4;
+    int fmt;
     int64_t s, sk;  /* prefill: tokens, kv rows; paged: batch, max context; sparse: queries, kv rows */
     int64_t next_n; /* paged: next_n; sparse: N, the blocks per query */
 } mqa_params;
@@ -75,13 +81,13 @@ static dg_tensor rows_view(const dg_tensor *t, int64_t r, int64_t n) {
 }
 
 static int setup_prefill(mqa_state *st, int64_t s, int64_t sk, bench_work *w) {
-    const int fp4 = st->p->fp4;
+    const int fp4 = st->p->fmt == FMT_FP4, mx = st->p->fmt != FMT_FP8;
     const dg_dtype dt = fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3;
     const int64_t db = fp4 ? DIM / 2 : DIM;
     st->q = bench_pool_new(&st->pool, dt, 3, (int64_t[]){s, HEADS, db});
     st->kv = bench_pool_new(&st->pool, dt, 2, (int64_t[]){sk, db});
-    st->kv_sf = bench_pool_new(&st->pool, fp4 ? DG_INT32 : DG_FLOAT32, 1, (int64_t[]){sk});
-    if (fp4)
+    st->kv_sf = bench_pool_new(&st->pool, mx ? DG_INT32 : DG_FLOAT32, 1, (int64_t[]){sk});
+    if (mx)
         st->q_sf = bench_pool_new(&st->pool, DG_INT32, 2, (int64_t[]){s, HEADS});
     st->weights = bench_pool_new(&st->pool, DG_FLOAT32, 2, (int64_t[]){s, HEADS});
     st->ks = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
@@ -94,7 +100,7 @@ static int setup_prefill(mqa_state *st, int64_t s, int64_t sk, bench_work *w) {
         return -1;
     bench_fill(st->q, 31, 1.0f);
     bench_fill(st->kv, 32, 1.0f);
-    if (fp4) {
+    if (mx) {
         fill_sf_words(st->q_sf->data, (size_t)(s * HEADS), 35);
         fill_sf_words(st->kv_sf->data, (size_t)sk, 36);
     } else {
@@ -116,7 +122,7 @@ static int64_t paged_ctx(int64_t b, int64_t max_ctx) { return max_ctx - (b * 37)
 
 /* Cache block: BLOCK_KV rows of values, then BLOCK_KV 4-byte scales. */
 static int setup_paged(mqa_state *st, int64_t batch, int64_t ctx, bench_work *w) {
-    const int fp4 = st->p->fp4;
+    const int fp4 = st->p->fmt == FMT_FP4; /* the paged cases are FP8 or MXFP4 */
     const int64_t nn = st->p->next_n, db = fp4 ? DIM / 2 : DIM, row = db + 4;
     const int64_t per_seq = (ctx + BLOCK_KV - 1) / BLOCK_KV, blocks = batch * per_seq;
     st->max_context = (int)ctx;
@@ -211,20 +217,22 @@ static dg_status sparse_meta(mqa_state *st, int64_t r, int64_t n, dg_tensor *met
     dg_tensor idx = rows_view(st->indices, r, n);
     if (st->p->kind == MQA_SPARSE) {
         dg_tensor ks = rows_view(st->ks, r, n), ke = rows_view(st->ke, r, n);
-        return dg_get_sparse_mqa_logits_metadata(&ks, &ke, (int)st->kv->shape[0], &idx, DG_FP4_E2M1X2, SPARSE_BLK,
+        return dg_get_sparse_mqa_logits_metadata(&ks, &ke, (int)st->kv->shape[0], &idx, st->q->dtype, SPARSE_BLK,
                                                  0, meta);
     }
     dg_tensor lens = rows_view(st->lens, r, n), table = rows_view(st->table, r, n), req = rows_view(st->req, r, n);
-    return dg_get_paged_sparse_mqa_logits_metadata(&lens, &table, &req, SPARSE_PAGE, &idx, DG_FP4_E2M1X2,
+    return dg_get_paged_sparse_mqa_logits_metadata(&lens, &table, &req, SPARSE_PAGE, &idx, st->q->dtype,
                                                    SPARSE_BLK, meta);
 }
 
 static int setup_sparse(mqa_state *st, int64_t s, int64_t sk, bench_work *w) {
     const mqa_params *p = st->p;
     const int paged = p->kind == MQA_PAGED_SPARSE;
-    const int64_t n = p->next_n, db = DIM / 2, h = SPARSE_HEADS, nreq = (s + SPARSE_REQ - 1) / SPARSE_REQ;
+    const dg_dtype dt = p->fmt == FMT_FP4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3; /* MXFP4 or MXFP8 */
+    const int64_t n = p->next_n, db = p->fmt == FMT_FP4 ? DIM / 2 : DIM, h = SPARSE_HEADS;
+    const int64_t nreq = (s + SPARSE_REQ - 1) / SPARSE_REQ;
     const int64_t per_req = (sk + SPARSE_REQ + SPARSE_PAGE - 1) / SPARSE_PAGE, pages = nreq * per_req;
-    st->q = bench_pool_new(&st->pool, DG_FP4_E2M1X2, paged ? 4 : 3,
+    st->q = bench_pool_new(&st->pool, dt, paged ? 4 : 3,
                            paged ? (int64_t[]){s, 1, h, db} : (int64_t[]){s, h, db});
     st->q_sf = bench_pool_new(&st->pool, DG_INT32, paged ? 3 : 2, paged ? (int64_t[]){s, 1, h} : (int64_t[]){s, h});
     st->weights = bench_pool_new(&st->pool, DG_BFLOAT16, 2, (int64_t[]){s, h});
@@ -236,7 +244,7 @@ static int setup_sparse(mqa_state *st, int64_t s, int64_t sk, bench_work *w) {
         st->req = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
         st->table = bench_pool_new(&st->pool, DG_INT32, 2, (int64_t[]){s, per_req});
     } else {
-        st->kv = bench_pool_new(&st->pool, DG_FP4_E2M1X2, 2, (int64_t[]){sk, db});
+        st->kv = bench_pool_new(&st->pool, dt, 2, (int64_t[]){sk, db});
         st->kv_sf = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){sk});
         st->ks = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
         st->ke = bench_pool_new(&st->pool, DG_INT32, 1, (int64_t[]){s});
@@ -251,7 +259,8 @@ static int setup_sparse(mqa_state *st, int64_t s, int64_t sk, bench_work *w) {
     bench_fill(st->weights, 53, 1.0f);
     if (paged) {
         const int64_t row = db + 4;
-        dg_tensor vals = dg_tensor_2d(st->cache->data, DG_UINT8, pages * SPARSE_PAGE, row);
+        const dg_dtype vdt = db == DIM ? DG_FLOAT8_E4M3 : DG_UINT8;
+        dg_tensor vals = dg_tensor_2d(st->cache->data, vdt, pages * SPARSE_PAGE, row);
         bench_fill(&vals, 54, 1.0f);
         for (int64_t pg = 0; pg < pages; ++pg)
             fill_sf_words((uint8_t *)st->cache->data + pg * SPARSE_PAGE * row + SPARSE_PAGE * db, SPARSE_PAGE,
@@ -447,6 +456,7 @@ static const mqa_params P[] = {
     {MQA_PREFILL, 1, 2048, 4096, 0}, {MQA_PAGED, 0, 64, 8192, 1},     {MQA_PAGED, 0, 64, 8192, 2},
     {MQA_PAGED, 0, 256, 8192, 1},    {MQA_PAGED, 0, 128, 8192, 2},    {MQA_PAGED, 1, 64, 8192, 1},
     {MQA_PAGED, 1, 64, 8192, 2},     {MQA_SPARSE, 1, 512, 32768, 512}, {MQA_PAGED_SPARSE, 1, 512, 8192, 512},
+    {MQA_PREFILL, 2, 2048, 4096, 0}, {MQA_SPARSE, 2, 512, 32768, 512},
 };
 
 /* FP4 x FP4 runs on integer dot products (VPDPBUSD): measured against the INT8 limit. */
@@ -458,6 +468,7 @@ static const bench_case CASES[] = {
     CASE("mqa/fp8_paged/h64_d128_b256_n1", 6, BF16),       CASE("mqa/fp8_paged/h64_d128_b128_n2", 7, BF16),
     CASE("mqa/fp4_paged/h64_d128_b64_n1", 8, INT8),        CASE("mqa/fp4_paged/h64_d128_b64_n2", 9, INT8),
     CASE("mqa/fp4_sparse/h32_d128_s512_n512x16", 10, INT8), CASE("mqa/fp4_paged_sparse/h32_d128_s512_n512x16", 11, INT8),
+    CASE("mqa/mxfp8_logits/h64_d128_s2048_sk4096", 12, BF16), CASE("mqa/mxfp8_sparse/h32_d128_s512_n512x16", 13, BF16),
 };
 #undef CASE
 

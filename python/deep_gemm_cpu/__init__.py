@@ -40,7 +40,7 @@ from ._C import (
     m_grouped_fp8_gemm_nt_masked,
     k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_fp8_gemm_tn_contiguous,
-    # DeepGEMM 2.8's k-grouped FP4 GEMM (its own kernel; not implemented on CPU yet)
+    # DeepGEMM 2.8's k-grouped FP4 GEMM (its own kernel: exact integer block dot products per group)
     k_grouped_fp4_gemm_nt_contiguous,
     # BF16 GEMMs
     bf16_gemm_nt, bf16_gemm_nn,

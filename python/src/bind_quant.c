@@ -1,7 +1,7 @@
 /*
  * bind_quant.c - the quantization helpers of deep_gemm.utils (per_*_cast_to_fp8/fp4,
- * cast_back_from_fp4, transpose_packed_fp4, ceil_to_ue8m0, pack/unpack UE8M0) and calc_diff,
- * computed by the library. Outputs are new tensors (torch or NumPy, like the input).
+ * cast_back_from_fp4, cast_back_from_fp8, transpose_packed_fp4, ceil_to_ue8m0, pack/unpack
+ * UE8M0) and calc_diff, computed by the library. Outputs are new tensors (torch or NumPy, like the input).
  */
 #include "dgpy.h"
 
@@ -136,6 +136,24 @@ static PyObject *py_cast_back_from_fp4(PyObject *s, PyObject *args, PyObject *kw
     DGP_ALLOC_RUN(p, DG_FLOAT32, 2, shape, out, dg_cast_back_from_fp4(&tp.t, &ts.t, gran_k, packed_sf, &out));
 }
 
+static PyObject *py_cast_back_from_fp8(PyObject *s, PyObject *args, PyObject *kw) {
+    static const char *fn = "cast_back_from_fp8";
+    static char *kwl[] = {"x", "sf", "gran_k", "use_packed_ue8m0", NULL};
+    PyObject *x, *sf, *gran_obj = NULL;
+    int gran_k = 128, packed_sf = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Op:cast_back_from_fp8", kwl, &x, &sf, &gran_obj, &packed_sf) ||
+        (gran_obj && dgp_int(gran_obj, fn, "gran_k", &gran_k)))
+        return NULL;
+    dgp_tensor tx, ts;
+    if (dgp_tensor_from(x, fn, "x", 0, &tx) || dgp_tensor_from(sf, fn, "sf", 0, &ts))
+        return NULL;
+    int64_t shape[2] = {0, 0}; /* a wrong rank is refused by the call */
+    if (tx.t.ndim == 2)
+        shape[0] = tx.t.shape[0], shape[1] = tx.t.shape[1];
+    dg_tensor out;
+    DGP_ALLOC_RUN(x, DG_FLOAT32, 2, shape, out, dg_cast_back_from_fp8(&tx.t, &ts.t, gran_k, packed_sf, &out));
+}
+
 static PyObject *py_transpose_packed_fp4(PyObject *s, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"a", NULL};
     PyObject *a;
@@ -215,6 +233,7 @@ PyMethodDef dgp_quant_methods[] = {
     M(per_token_cast_to_fp4, "per_token_cast_to_fp4(x, use_ue8m0, gran_k=128, use_packed_ue8m0=False) -> "
                              "(packed int8, sf)"),
     M(cast_back_from_fp4, "cast_back_from_fp4(packed, sf, gran_k=128, use_packed_ue8m0=False) -> float32"),
+    M(cast_back_from_fp8, "cast_back_from_fp8(x, sf, gran_k=128, use_packed_ue8m0=False) -> float32"),
     M(transpose_packed_fp4, "transpose_packed_fp4(a) -> packed int8 [N, M/2]"),
     M(ceil_to_ue8m0, "ceil_to_ue8m0(x) -> float32 powers of two"),
     M(pack_ue8m0_to_int, "pack_ue8m0_to_int(x) -> int32 [..., S/4]"),

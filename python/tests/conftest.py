@@ -51,6 +51,8 @@ def ref_per_token_cast_to_fp8(x, use_ue8m0, gran_k=128, use_packed_ue8m0=False):
     sf = amax / 448.0
     sf = ref_ceil_to_ue8m0(sf) if use_ue8m0 else sf
     q = (xv * (1.0 / sf.unsqueeze(2))).to(torch.float8_e4m3fn).view(m, pn)[:, :n].contiguous()
+    if use_packed_ue8m0 and sf.size(-1) % 4:  # DeepGEMM 2.8 pads the last word with 1.0
+        sf = torch.nn.functional.pad(sf, (0, align(sf.size(-1), 4) - sf.size(-1)), value=1.0)
     return q, ref_pack_ue8m0_to_int(sf) if use_packed_ue8m0 else sf
 
 

@@ -1,10 +1,11 @@
 """MQA logits (plain and paged) against float32 PyTorch math with DeepGEMM's thresholds
-(FP8 1e-3, FP4 0.02); the functions return new logits tensors, as DeepGEMM's do."""
+(FP8 1e-3, MXFP4 and MXFP8 0.02); the functions return new logits tensors, as DeepGEMM's do."""
 import pytest
 import torch
 
 import deep_gemm_cpu as dg
-from deep_gemm_cpu.utils import per_custom_dims_cast_to_fp8, per_token_cast_to_fp4
+from deep_gemm_cpu.utils import (per_custom_dims_cast_to_fp8, per_token_cast_to_fp4, per_token_cast_to_fp8,
+                                 cast_back_from_fp8)
 from conftest import calc_diff, fp4_dequant
 
 
@@ -20,6 +21,15 @@ def fp4_unpack(q, sf, d):
     return fp4_dequant(q.reshape(-1, d // 2), sf.reshape(-1, 1), 32, packed_sf=True).view(*lead, d)
 
 
+def mxfp8_pack(x, d):
+    """x [..., d] -> E4M3 [..., d], int32 scales [...] (UE8M0 per 32, packed), as DeepGEMM 2.8's
+    test_attention casts MXFP8; also the dequantized values."""
+    lead = x.shape[:-1]
+    q, sf = per_token_cast_to_fp8(x.reshape(-1, d), use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    deq = cast_back_from_fp8(q, sf, gran_k=32, use_packed_ue8m0=True)
+    return q.view(*lead, d), sf.view(*lead), deq.view(*lead, d)
+
+
 def ref_logits(q, kv, w, ks, ke):
     s = torch.einsum('shd,td->sht', q, kv).relu()
     logits = (s * w.unsqueeze(-1)).sum(1)
@@ -28,19 +38,23 @@ def ref_logits(q, kv, w, ks, ke):
     return logits.masked_fill(~visible, float('-inf')), visible
 
 
-@pytest.mark.parametrize('fp4', [False, True])
+@pytest.mark.parametrize('fmt', ['fp8', 'mxfp4', 'mxfp8'])
 @pytest.mark.parametrize('logits_dtype', [torch.float32, torch.bfloat16])
-def test_mqa_logits(fp4, logits_dtype):
+def test_mqa_logits(fmt, logits_dtype):
     s, sk, h, d = 9, 300, 8, 128
     q = torch.randn(s, h, d)
     kv = torch.randn(sk, d)
     w = torch.randn(s, h)
     ks = torch.randint(0, 50, (s,), dtype=torch.int32)
     ke = torch.minimum(ks + torch.randint(1, 260, (s,), dtype=torch.int32), torch.tensor(sk, dtype=torch.int32))
-    if fp4:
+    if fmt == 'mxfp4':
         qq, qsf = fp4_pack(q, d)
         kq, ksf = fp4_pack(kv, d)
         qd, kd = fp4_unpack(qq, qsf, d), fp4_unpack(kq, ksf, d)
+        q_arg = (qq, qsf)
+    elif fmt == 'mxfp8':
+        qq, qsf, qd = mxfp8_pack(q, d)
+        kq, ksf, kd = mxfp8_pack(kv, d)
         q_arg = (qq, qsf)
     else:
         qq = q.to(torch.float8_e4m3fn)
@@ -52,9 +66,14 @@ def test_mqa_logits(fp4, logits_dtype):
     logits = dg.fp8_fp4_mqa_logits(q_arg, (kq, ksf), weights, ks, ke, logits_dtype=logits_dtype)
     assert logits.shape == (s, sk) and logits.dtype == logits_dtype
     assert logits.stride(0) % (1024 // logits.element_size()) == 0  # DeepGEMM's padded rows
-    assert calc_diff(logits[visible], ref[visible]) < (0.02 if fp4 else 1e-3)
+    # DeepGEMM 2.8's thresholds: against the dequantized inputs (its "simulated" reference) and,
+    # for the MX formats, 0.02 against the unquantized ones
+    assert calc_diff(logits[visible], ref[visible]) < (3e-5 if logits_dtype == torch.bfloat16 else 5e-6)
+    if fmt != 'fp8':
+        exact, _ = ref_logits(q, kv, w, ks.long(), ke.long())
+        assert calc_diff(logits[visible], exact[visible]) < 0.02
     assert (logits[~visible] == float('-inf')).all()
-    if not fp4:
+    if fmt == 'fp8':
         legacy = dg.fp8_mqa_logits(qq, (kq, ksf), w, ks, ke)
         assert legacy.dtype == torch.float32
         assert calc_diff(legacy[visible], ref[visible]) < 1e-3
@@ -123,6 +142,48 @@ def test_fp4_paged_mqa_logits():
         ref = (torch.einsum('hd,pd->hp', q_deq[bi, 0], rows[:n]).relu() * w[bi][:, None]).sum(0)
         assert calc_diff(logits[bi, :n], ref) < 0.02
         assert (logits[bi, n:] == float('-inf')).all()
+
+
+def test_mxfp8_paged_mqa_logits():
+    b, next_n, h, d, block_kv, max_blocks = 2, 2, 8, 64, 32, 3
+    nb = b * max_blocks
+    kq, ksf, kv_deq = mxfp8_pack(torch.randn(nb * block_kv, d), d)
+    buf = torch.empty(nb, block_kv * (d + 4), dtype=torch.uint8)  # values, then one int32 word per token
+    buf[:, :block_kv * d] = kq.view(torch.uint8).reshape(nb, -1)
+    buf[:, block_kv * d:] = ksf.contiguous().view(torch.uint8).reshape(nb, -1)
+    cache = buf.view(nb, block_kv, 1, d + 4)
+    q, qsf, q_deq = mxfp8_pack(torch.randn(b, next_n, h, d), d)
+    w = torch.randn(b * next_n, h)
+    table = torch.arange(nb, dtype=torch.int32).flip(0).view(b, max_blocks)
+    lens = torch.tensor([40, 96], dtype=torch.int32)
+    meta = dg.get_paged_mqa_logits_metadata(lens, block_kv, dg.get_num_sms())
+    logits = dg.fp8_fp4_paged_mqa_logits((q, qsf), cache, w, lens, table, meta, 96, clean_logits=True)
+    for bi in range(b):
+        rows = torch.cat([kv_deq[int(k) * block_kv:(int(k) + 1) * block_kv] for k in table[bi]])
+        for t in range(next_n):
+            n = int(lens[bi]) - next_n + t + 1
+            ref = (torch.einsum('hd,pd->hp', q_deq[bi, t], rows[:n]).relu() * w[bi * next_n + t][:, None]).sum(0)
+            assert calc_diff(logits[bi * next_n + t, :n], ref) < 5e-6
+            assert (logits[bi * next_n + t, n:] == float('-inf')).all()
+
+
+def test_cast_back_from_fp8():
+    x = torch.randn(5, 96)
+    q, sf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    assert q.dtype == torch.float8_e4m3fn and sf.dtype == torch.int32 and sf.shape == (5, 1)
+    back = cast_back_from_fp8(q, sf, gran_k=32, use_packed_ue8m0=True)
+    scales = (sf.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)[:, :3]  # DeepGEMM's unpack
+    want = q.float() * scales.repeat_interleave(32, dim=1)
+    assert back.dtype == torch.float32 and torch.equal(back, want)
+    assert calc_diff(back, x) < 1e-3
+    q2, sf2 = per_token_cast_to_fp8(x, use_ue8m0=False, gran_k=64)  # float scales, a partial group
+    assert torch.equal(cast_back_from_fp8(q2, sf2, 64), q2.float() * sf2.repeat_interleave(64, dim=1)[:, :96])
+    with pytest.raises(ValueError, match='sf'):
+        cast_back_from_fp8(q2, sf2[:, :1], 64)  # too few scale columns
+    with pytest.raises(TypeError, match="'x'"):
+        cast_back_from_fp8(x, sf2, 64)
+    with pytest.raises(ValueError, match='gran_k'):
+        cast_back_from_fp8(q2, sf2, 0)
 
 
 @pytest.mark.parametrize('legacy', [False, True])

@@ -633,11 +633,11 @@ def cast_sample(g, m, k, dtype, zero_rows):
 @given(m=dims(0, 20), k=dims(1, 520), gran_k=st.sampled_from([32, 64, 128]), use_ue8m0=st.booleans(),
        packed=st.booleans(), dtype=st.sampled_from([F32, BF]), zero_rows=st.booleans(), seed=seeds)
 def test_per_token_cast_to_fp8(m, k, gran_k, use_ue8m0, packed, dtype, zero_rows, seed):
-    """Bit for bit DeepGEMM's formula; packed UE8M0 needs use_ue8m0 and a multiple of 4 scales
-    per row, otherwise ValueError naming 'use_packed_ue8m0'."""
+    """Bit for bit DeepGEMM's formula; packed UE8M0 needs use_ue8m0 (otherwise ValueError naming
+    'use_packed_ue8m0') and pads the last word with 1.0."""
     x = cast_sample(torch.Generator().manual_seed(seed), m, k, dtype, zero_rows)
     snap = Snapshot(x)
-    if packed and (not use_ue8m0 or ceil_div(k, gran_k) % 4):
+    if packed and not use_ue8m0:
         with pytest.raises(ValueError, match="per_token_cast_to_fp8: argument 'use_packed_ue8m0'"):
             utils.per_token_cast_to_fp8(x, use_ue8m0, gran_k=gran_k, use_packed_ue8m0=True)
         snap.assert_unchanged()
@@ -1401,10 +1401,9 @@ def bad_cast(draw, what):
     if what == 'channel_rows':  # rows not a multiple of gran_k
         kw['x'] = x[:draw(st.integers(1, 127))]
         return fn, kw, E_VALUE, ['x', 'gran_k'], ()
-    if what == 'packed':  # needs use_ue8m0; FP8 also a multiple of 4 scales per row (FP4 pads them)
+    if what == 'packed':  # needs use_ue8m0
         kw['use_packed_ue8m0'] = True
-        if kw['use_ue8m0'] and (which.endswith('fp4') or ceil_div(k, 128) % 4 == 0):
-            kw['use_ue8m0'] = False
+        kw['use_ue8m0'] = False
         return fn, kw, E_VALUE, ['use_packed_ue8m0'], ()
     kw['x'] = draw(NOT_TENSORS)
     return fn, kw, E_TYPE, ['x'], ()

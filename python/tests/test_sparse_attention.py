@@ -2,14 +2,16 @@
 checks them: sparse logits bitwise equal to the full kernel's on every scored (row, token),
 self-consistent, and the scheduled fp8_fp4_mqa_logits bitwise the unscheduled one; plus calc_diff
 against torch math written here (DeepGEMM's thresholds: 0.02 for MXFP4 against unquantized
-inputs, 3e-5 with BF16 weights/logits against the dequantized ones), the -inf mask and errors."""
+inputs, 3e-5 with BF16 weights/logits against the dequantized ones), the -inf mask and errors.
+Both of DeepGEMM's formats: MXFP4 and MXFP8 (E4M3 with per-32 UE8M0 scales)."""
 import random
 
 import pytest
 import torch
 
 import deep_gemm_cpu as dg
-from deep_gemm_cpu.utils import per_custom_dims_cast_to_fp8, per_token_cast_to_fp4
+from deep_gemm_cpu.utils import (per_custom_dims_cast_to_fp8, per_token_cast_to_fp4, per_token_cast_to_fp8,
+                                 cast_back_from_fp8)
 from conftest import calc_diff, ceil_div, fp4_dequant
 
 NUM_HEADS, HEAD_DIM = 32, 128  # DeepGEMM's only sparse shape
@@ -20,6 +22,16 @@ def cast_fp4(x):
     q, sf = per_token_cast_to_fp4(x.reshape(-1, d), use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
     deq = fp4_dequant(q, sf.reshape(-1, 1), 32, packed_sf=True).view(*lead, d)
     return q.view(*lead, d // 2), sf.view(*lead), deq
+
+
+def cast_mx(x, fmt):
+    """MXFP4 or MXFP8 (DeepGEMM 2.8's per-32 packed UE8M0 recipe): codes, int32 words, dequantized."""
+    if fmt == 'mxfp4':
+        return cast_fp4(x)
+    lead, d = x.shape[:-1], x.shape[-1]
+    q, sf = per_token_cast_to_fp8(x.reshape(-1, d), use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    deq = cast_back_from_fp8(q, sf, gran_k=32, use_packed_ue8m0=True).view(*lead, d)
+    return q.view(*lead, d), sf.view(*lead), deq
 
 
 def make_block_indices(context_starts, context_lens, request_indices, sparse_block_kv, num_max, rng):
@@ -76,9 +88,10 @@ def check_against_torch(logits, valid, tokens, q_raw, q_deq, kv_raw, kv_deq, w):
     assert calc_diff(got[valid], sim[valid]) < 3e-5
 
 
+@pytest.mark.parametrize('fmt', ['mxfp4', 'mxfp8'])
 @pytest.mark.parametrize('sparse_block_kv', [8, 16])
 @pytest.mark.parametrize('use_unaligned_ks', [False, True])
-def test_sparse_mqa_logits(sparse_block_kv, use_unaligned_ks):
+def test_sparse_mqa_logits(sparse_block_kv, use_unaligned_ks, fmt):
     rng = random.Random(sparse_block_kv * 10 + use_unaligned_ks)
     num_q, avg_kv, num_max = 9, 640, 48
     ends_req = sorted(rng.sample(range(1, num_q), 2)) + [num_q]
@@ -96,8 +109,8 @@ def test_sparse_mqa_logits(sparse_block_kv, use_unaligned_ks):
     num_kv = kv_end
     q_f = torch.randn(num_q, NUM_HEADS, HEAD_DIM)
     kv_f = torch.randn(num_kv, HEAD_DIM)
-    qq, qsf, q_deq = cast_fp4(q_f)
-    kq, ksf, kv_deq = cast_fp4(kv_f)
+    qq, qsf, q_deq = cast_mx(q_f, fmt)
+    kq, ksf, kv_deq = cast_mx(kv_f, fmt)
     w = torch.randn(num_q, NUM_HEADS).to(torch.bfloat16)
     sparse_indices, counts = make_block_indices(starts, ends, req_ids, sparse_block_kv, num_max, rng)
     ks, ke = torch.tensor(starts, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32)
@@ -123,21 +136,23 @@ def test_sparse_mqa_logits(sparse_block_kv, use_unaligned_ks):
     check_against_torch(sparse, valid, tokens, q_f, q_deq, kv_f, kv_deq, w)
 
 
-def kv_cache_cast_to_mxfp4(x, page_kv):
-    """[pages, page_kv, 1, D] -> DeepGEMM's fused MXFP4 cache, pages padded to 512 bytes."""
+def kv_cache_cast_to_mx(x, page_kv, fmt):
+    """[pages, page_kv, 1, D] -> DeepGEMM's fused MXFP4 / MXFP8 cache, pages padded to 512 bytes."""
     pages, _, _, d = x.shape
-    q, sf, deq = cast_fp4(x.view(-1, d))
-    page_bytes = page_kv * (d // 2 + 4)
+    q, sf, deq = cast_mx(x.view(-1, d), fmt)
+    db = d // 2 if fmt == 'mxfp4' else d
+    page_bytes = page_kv * (db + 4)
     stride = ceil_div(page_bytes, 512) * 512
     storage = torch.zeros(pages, stride, dtype=torch.uint8)
-    storage[:, :page_kv * d // 2] = q.view(torch.uint8).view(pages, -1)
-    storage[:, page_kv * d // 2:page_bytes] = sf.view(torch.uint8).view(pages, -1)
-    cache = storage.as_strided((pages, page_kv, 1, d // 2 + 4), (stride, d // 2 + 4, d // 2 + 4, 1))
+    storage[:, :page_kv * db] = q.view(torch.uint8).view(pages, -1)
+    storage[:, page_kv * db:page_bytes] = sf.view(torch.uint8).view(pages, -1)
+    cache = storage.as_strided((pages, page_kv, 1, db + 4), (stride, db + 4, db + 4, 1))
     return cache, deq.view(pages, page_kv, d)
 
 
+@pytest.mark.parametrize('fmt', ['mxfp4', 'mxfp8'])
 @pytest.mark.parametrize('sparse_block_kv', [8, 16])
-def test_paged_sparse_mqa_logits(sparse_block_kv):
+def test_paged_sparse_mqa_logits(sparse_block_kv, fmt):
     rng = random.Random(7 + sparse_block_kv)
     page_kv, num_q, avg_kv, num_max = 64, 10, 256, 16
     sizes, left = [], num_q
@@ -150,7 +165,7 @@ def test_paged_sparse_mqa_logits(sparse_block_kv):
     ctx = [c + t for c, n in zip(req_ctx, sizes) for t in range(n)]
     pages_per_req = [ceil_div(c + n - 1, page_kv) for c, n in zip(req_ctx, sizes)]
     num_pages = sum(pages_per_req)
-    cache, cache_deq = kv_cache_cast_to_mxfp4(torch.randn(num_pages, page_kv, 1, HEAD_DIM), page_kv)
+    cache, cache_deq = kv_cache_cast_to_mx(torch.randn(num_pages, page_kv, 1, HEAD_DIM), page_kv, fmt)
     pool = torch.randperm(num_pages, dtype=torch.int32)
     req_table = torch.zeros(len(sizes), max(pages_per_req), dtype=torch.int32)
     begin = 0
@@ -161,7 +176,7 @@ def test_paged_sparse_mqa_logits(sparse_block_kv):
     block_table = req_table[indices.long()].contiguous()
     ctx_t = torch.tensor(ctx, dtype=torch.int32)
     q_f = torch.randn(num_q, 1, NUM_HEADS, HEAD_DIM)
-    qq, qsf, q_deq = cast_fp4(q_f)
+    qq, qsf, q_deq = cast_mx(q_f, fmt)
     w = torch.randn(num_q, NUM_HEADS).to(torch.bfloat16)
     sparse_indices, counts = make_block_indices([0] * num_q, ctx, req_ids, sparse_block_kv, num_max, rng)
     metadata = dg.get_paged_sparse_mqa_logits_metadata(ctx_t, block_table, indices, page_kv, sparse_indices,
@@ -246,7 +261,7 @@ def test_sparse_errors():
         dg.fp8_fp4_sparse_mqa_logits((qq, qsf), (kq, ksf), w, meta, 8, 16, use_unaligned_ks=True)
     with pytest.raises(ValueError, match='num_max_sparse_blocks'):
         dg.fp8_fp4_sparse_mqa_logits((qq, qsf), (kq, ksf), w, meta, 6, 16)
-    with pytest.raises(NotImplementedError, match='MXFP8'):
+    with pytest.raises(TypeError, match="'kv'"):  # MXFP8 q with FP4 kv
         dg.fp8_fp4_sparse_mqa_logits((q_f.to(torch.float8_e4m3fn), qsf), (kq, ksf), w, meta, 8, 16)
     out = dg.fp8_fp4_sparse_mqa_logits((qq, qsf), (kq, ksf), w, meta, 8, 16)
     # every entry is block 0 (duplicates allowed): row 0 scores it in each of its 3 blocks, the

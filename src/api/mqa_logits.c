@@ -24,11 +24,23 @@ static dg_status check_i32_vector(const dg_tensor *t, const char *name, int64_t 
 /* q, q_sf, kv, kv_sf: dtypes, shapes, contiguity; fills the problem's extents. */
 dg_status dg_mqa_check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
                              const dg_tensor *kv_sf) {
-    const int fp4 = q_sf != NULL;
-    const dg_dtype data_dt = fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3;
-    DG_TRY(dg_check_tensor_dtype(q, "q", 3, data_dt));
+    /* q_sf given: MXFP4 (packed E2M1) or MXFP8 (E4M3), both with per-32 UE8M0 scales packed
+     * in INT32 words; q_sf NULL: FP8 with a float32 scale per kv row. */
+    const int mx = q_sf != NULL;
+    DG_TRY(dg_check_tensor(q, "q", 3));
+    if (mx) {
+        const dg_dtype allowed[2] = {DG_FP4_E2M1X2, DG_FLOAT8_E4M3};
+        DG_TRY(dg_check_dtype_in(q, "q", allowed, 2));
+    } else {
+        DG_CHECK(q->dtype == DG_FLOAT8_E4M3, DG_ERR_DTYPE,
+                 "argument 'q' must be float8_e4m3 without q_sf (FP4 needs its q_sf), got %s",
+                 dg_dtype_name(q->dtype));
+    }
+    const int fp4 = q->dtype == DG_FP4_E2M1X2;
+    const dg_dtype data_dt = q->dtype;
     DG_TRY(dg_check_contiguous(q, "q"));
     p->fp4 = fp4;
+    p->mx = mx;
     p->s = q->shape[0];
     p->h = q->shape[1];
     DG_CHECK(dg_mul_ok(q->shape[2], fp4 ? 2 : 1, &p->d), DG_ERR_OVERFLOW,
@@ -40,10 +52,10 @@ dg_status dg_mqa_check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tens
     DG_CHECK(dg_mul_ok(p->h, p->d, &hd) && hd <= DG_MAX_SPAN_BYTES, DG_ERR_OVERFLOW,
              "argument 'q': %lld heads of %lld elements are more than any process can address",
              (long long)p->h, (long long)p->d);
-    if (fp4) {
+    if (mx) {
         DG_CHECK(p->d % 32 == 0 && p->d <= 128, DG_ERR_SHAPE,
-                 "argument 'q': the FP4 head dim must be a multiple of 32 and at most 128 (one packed "
-                 "int32 of per-32 scales), got %lld", (long long)p->d);
+                 "argument 'q': the %s head dim must be a multiple of 32 and at most 128 (one packed "
+                 "int32 of per-32 scales), got %lld", fp4 ? "FP4" : "MXFP8", (long long)p->d);
         DG_TRY(dg_check_tensor_dtype(q_sf, "q_sf", 2, DG_INT32));
         DG_TRY(dg_check_dim(q_sf, "q_sf", 0, p->s));
         DG_TRY(dg_check_dim(q_sf, "q_sf", 1, p->h));
@@ -53,7 +65,7 @@ dg_status dg_mqa_check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tens
     DG_TRY(dg_check_dim(kv, "kv", 1, fp4 ? p->d / 2 : p->d));
     DG_TRY(dg_check_contiguous(kv, "kv"));
     p->sk = kv->shape[0];
-    DG_TRY(dg_check_tensor_dtype(kv_sf, "kv_sf", 1, fp4 ? DG_INT32 : DG_FLOAT32));
+    DG_TRY(dg_check_tensor_dtype(kv_sf, "kv_sf", 1, mx ? DG_INT32 : DG_FLOAT32));
     DG_TRY(dg_check_dim(kv_sf, "kv_sf", 0, p->sk));
     DG_TRY(dg_check_contiguous(kv_sf, "kv_sf"));
     p->q = q;

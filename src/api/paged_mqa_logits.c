@@ -151,8 +151,18 @@ dg_status dg_get_paged_mqa_logits_metadata(const dg_tensor *context_lens, int bl
 /* q, q_sf and the fused cache: dtypes, shapes, layout; fills the problem's extents. */
 dg_status dg_paged_mqa_check_q_cache(dg_paged_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf,
                                      const dg_tensor *cache) {
-    p->fp4 = q_sf != NULL;
-    DG_TRY(dg_check_tensor_dtype(q, "q", 4, p->fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3));
+    /* q_sf given: MXFP4 or MXFP8 (per-32 UE8M0 scales, packed INT32, in the cache too); NULL: FP8 */
+    p->mx = q_sf != NULL;
+    DG_TRY(dg_check_tensor(q, "q", 4));
+    if (p->mx) {
+        const dg_dtype allowed[2] = {DG_FP4_E2M1X2, DG_FLOAT8_E4M3};
+        DG_TRY(dg_check_dtype_in(q, "q", allowed, 2));
+    } else {
+        DG_CHECK(q->dtype == DG_FLOAT8_E4M3, DG_ERR_DTYPE,
+                 "argument 'q' must be float8_e4m3 without q_sf (FP4 needs its q_sf), got %s",
+                 dg_dtype_name(q->dtype));
+    }
+    p->fp4 = q->dtype == DG_FP4_E2M1X2;
     DG_TRY(dg_check_contiguous(q, "q"));
     p->batch = q->shape[0];
     p->next_n = q->shape[1];
@@ -167,10 +177,10 @@ dg_status dg_paged_mqa_check_q_cache(dg_paged_mqa_problem *p, const dg_tensor *q
     DG_CHECK(dg_mul_ok(p->h, p->d, &hd) && hd <= DG_MAX_SPAN_BYTES, DG_ERR_OVERFLOW,
              "argument 'q': %lld heads of %lld elements are more than any process can address",
              (long long)p->h, (long long)p->d);
-    if (p->fp4) {
+    if (p->mx) {
         DG_CHECK(p->d % 32 == 0 && p->d <= 128, DG_ERR_SHAPE,
-                 "argument 'q': the FP4 head dim must be a multiple of 32 and at most 128, got %lld",
-                 (long long)p->d);
+                 "argument 'q': the %s head dim must be a multiple of 32 and at most 128, got %lld",
+                 p->fp4 ? "FP4" : "MXFP8", (long long)p->d);
         DG_TRY(dg_check_tensor_dtype(q_sf, "q_sf", 3, DG_INT32));
         for (int i = 0; i < 3; ++i)
             DG_TRY(dg_check_dim(q_sf, "q_sf", i, q->shape[i]));
@@ -301,7 +311,7 @@ static dg_status paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, con
     DG_TRY(dg_check_dtype_in(weights, "weights", w_allowed, 2));
     DG_TRY(dg_check_dim(weights, "weights", 0, rows));
     DG_TRY(dg_check_dim(weights, "weights", 1, p.h));
-    DG_TRY(p.fp4 ? dg_check_last_dim_contiguous(weights, "weights") : dg_check_contiguous(weights, "weights"));
+    DG_TRY(p.mx ? dg_check_last_dim_contiguous(weights, "weights") : dg_check_contiguous(weights, "weights"));
     p.weights = weights;
     DG_TRY(check_context_lens(context_lens, p.batch, p.next_n));
     p.context_lens = context_lens->data;

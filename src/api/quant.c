@@ -196,14 +196,11 @@ dg_status dg_per_token_cast_to_fp8(const dg_tensor *x, int use_ue8m0, int gran_k
     DG_TRY(qa_check_real_input(x, "x", 2));
     DG_TRY(qa_check_gran_k(gran_k));
     const int64_t m = x->shape[0], k = x->shape[1], s = qa_ceil_div(k, gran_k);
-    if (use_packed_ue8m0) {
-        DG_CHECK(use_ue8m0, DG_ERR_VALUE,
-                 "argument 'use_packed_ue8m0' needs use_ue8m0 (only powers of two can be packed)");
-        DG_CHECK(s % 4 == 0, DG_ERR_SHAPE,
-                 "argument 'use_packed_ue8m0': scales per row (ceil(K/gran_k) = %lld) must be a multiple of 4",
-                 (long long)s);
-    }
-    const int64_t shape[2] = {m, k}, sf_shape[2] = {m, use_packed_ue8m0 ? s / 4 : s};
+    /* packed: the last word's missing scales are 1.0 (byte 127), as DeepGEMM 2.8 pads them for
+     * MXFP8 head dims of 32 and 64 (gran_k 32: one or two scales per row) */
+    DG_CHECK(!use_packed_ue8m0 || use_ue8m0, DG_ERR_VALUE,
+             "argument 'use_packed_ue8m0' needs use_ue8m0 (only powers of two can be packed)");
+    const int64_t shape[2] = {m, k}, sf_shape[2] = {m, use_packed_ue8m0 ? qa_ceil_div(s, 4) : s};
     bool query;
     DG_TRY(prepare_outputs(x, out, DG_FLOAT8_E4M3, shape, out_sf, use_packed_ue8m0 ? DG_INT32 : DG_FLOAT32,
                            sf_shape, &query));
@@ -315,6 +312,35 @@ dg_status dg_per_custom_dims_cast_to_fp8(const dg_tensor *x, const int *dims, in
     return ref_quant_fp8_custom_dims(x, keep, use_ue8m0 != 0, out, out_sf);
 }
 
+/* The scale operand of a cast back: FLOAT32 [M, >= S] or packed INT32 [M, >= ceil(S / 4)] for
+ * S = ceil(n / gran_k) groups. */
+static dg_status check_cast_back_sf(const dg_tensor *sf, int64_t m, int64_t n, int gran_k, int use_packed_ue8m0) {
+    const int64_t s = qa_ceil_div(n, gran_k);
+    DG_TRY(dg_check_tensor_dtype(sf, "sf", 2, use_packed_ue8m0 ? DG_INT32 : DG_FLOAT32));
+    DG_TRY(dg_check_dim(sf, "sf", 0, m));
+    const int64_t sf_cols = use_packed_ue8m0 ? qa_ceil_div(s, 4) : s;
+    DG_CHECK(sf->shape[1] >= sf_cols, DG_ERR_SHAPE,
+             "argument 'sf' has %lld columns, fewer than the %lld that N = %lld and gran_k = %d need",
+             (long long)sf->shape[1], (long long)sf_cols, (long long)n, gran_k);
+    return DG_OK;
+}
+
+/* The FLOAT32 / BFLOAT16 [m, n] result of a cast back (or the query form's answer). */
+static dg_status check_cast_back_out(dg_tensor *out, int64_t m, int64_t n, const dg_tensor *x, const char *x_name,
+                                     const dg_tensor *sf, int *is_query) {
+    DG_CHECK(out != NULL, DG_ERR_NULL_POINTER, "argument 'out' is NULL");
+    const int64_t shape[2] = {m, n};
+    *is_query = qa_query(out, DG_FLOAT32, 2, shape);
+    if (*is_query)
+        return DG_OK;
+    static const dg_dtype kOut[2] = {DG_FLOAT32, DG_BFLOAT16};
+    DG_TRY(dg_check_tensor(out, "out", 2));
+    DG_TRY(dg_check_dtype_in(out, "out", kOut, 2));
+    DG_TRY(qa_check_output(out, "out", out->dtype, 2, shape));
+    DG_TRY(dg_check_no_overlap(out, "out", x, x_name, false));
+    return dg_check_no_overlap(out, "out", sf, "sf", false);
+}
+
 dg_status dg_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, int gran_k, int use_packed_ue8m0,
                                 dg_tensor *out) {
     dg_api_begin("dg_cast_back_from_fp4");
@@ -323,24 +349,29 @@ dg_status dg_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, in
     int64_t n; /* logical N: twice the packed bytes (an empty tensor may claim any extent) */
     DG_CHECK(dg_mul_ok(packed->shape[1], 2, &n), DG_ERR_OVERFLOW,
              "argument 'packed': its logical extent 2 x %lld overflows", (long long)packed->shape[1]);
-    const int64_t m = packed->shape[0], s = qa_ceil_div(n, gran_k);
-    DG_TRY(dg_check_tensor_dtype(sf, "sf", 2, use_packed_ue8m0 ? DG_INT32 : DG_FLOAT32));
-    DG_TRY(dg_check_dim(sf, "sf", 0, m));
-    const int64_t sf_cols = use_packed_ue8m0 ? qa_ceil_div(s, 4) : s;
-    DG_CHECK(sf->shape[1] >= sf_cols, DG_ERR_SHAPE,
-             "argument 'sf' has %lld columns, fewer than the %lld that N = %lld and gran_k = %d need",
-             (long long)sf->shape[1], (long long)sf_cols, (long long)n, gran_k);
-    DG_CHECK(out != NULL, DG_ERR_NULL_POINTER, "argument 'out' is NULL");
-    const int64_t shape[2] = {m, n};
-    if (qa_query(out, DG_FLOAT32, 2, shape))
+    const int64_t m = packed->shape[0];
+    DG_TRY(check_cast_back_sf(sf, m, n, gran_k, use_packed_ue8m0));
+    int is_query;
+    DG_TRY(check_cast_back_out(out, m, n, packed, "packed", sf, &is_query));
+    if (is_query)
         return DG_OK;
-    static const dg_dtype kOut[2] = {DG_FLOAT32, DG_BFLOAT16};
-    DG_TRY(dg_check_tensor(out, "out", 2));
-    DG_TRY(dg_check_dtype_in(out, "out", kOut, 2));
-    DG_TRY(qa_check_output(out, "out", out->dtype, 2, shape));
-    DG_TRY(dg_check_no_overlap(out, "out", packed, "packed", false));
-    DG_TRY(dg_check_no_overlap(out, "out", sf, "sf", false));
     DG_PATH("reference loops (no fast kernel) | first: m=%lld n=%lld", (long long)m, (long long)n);
     ref_cast_back_from_fp4(packed, sf, gran_k, use_packed_ue8m0 != 0, out);
+    return DG_OK;
+}
+
+dg_status dg_cast_back_from_fp8(const dg_tensor *x, const dg_tensor *sf, int gran_k, int use_packed_ue8m0,
+                                dg_tensor *out) {
+    dg_api_begin("dg_cast_back_from_fp8");
+    DG_TRY(dg_check_tensor_dtype(x, "x", 2, DG_FLOAT8_E4M3));
+    DG_TRY(qa_check_gran_k(gran_k));
+    const int64_t m = x->shape[0], n = x->shape[1];
+    DG_TRY(check_cast_back_sf(sf, m, n, gran_k, use_packed_ue8m0));
+    int is_query;
+    DG_TRY(check_cast_back_out(out, m, n, x, "x", sf, &is_query));
+    if (is_query)
+        return DG_OK;
+    DG_PATH("reference loops (no fast kernel) | first: m=%lld n=%lld", (long long)m, (long long)n);
+    ref_cast_back_from_fp8(x, sf, gran_k, use_packed_ue8m0 != 0, out);
     return DG_OK;
 }

@@ -328,13 +328,6 @@ static dg_status check_sparse_logits(dg_sparse_mqa_problem *p, dg_tensor *logits
     return DG_OK;
 }
 
-static dg_status check_not_mxfp8(const dg_tensor *q, const dg_tensor *q_sf) {
-    DG_CHECK(q == NULL || q_sf == NULL || q->dtype != DG_FLOAT8_E4M3, DG_ERR_UNSUPPORTED,
-             "argument 'q': MXFP8 (E4M3 with per-32 UE8M0 scales) is not implemented on CPU; pass MXFP4, or "
-             "FP8 without q_sf and float32 kv scales");
-    return DG_OK;
-}
-
 static dg_status run_sparse(const dg_sparse_mqa_problem *p) {
     if (dg_use_reference()) {
         DG_PATH_REFERENCE("");
@@ -348,12 +341,11 @@ dg_status dg_fp8_fp4_sparse_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf
                                        int num_max_sparse_blocks, int sparse_block_kv, int use_unaligned_ks,
                                        dg_tensor *logits) {
     dg_api_begin("dg_fp8_fp4_sparse_mqa_logits");
-    DG_TRY(check_not_mxfp8(q, q_sf));
     dg_mqa_problem dense = {0};
     DG_TRY(dg_mqa_check_q_kv(&dense, q, q_sf, kv, kv_sf));
     DG_TRY(check_block_args(num_max_sparse_blocks, sparse_block_kv));
     dg_sparse_mqa_problem p = {.s = dense.s, .h = dense.h, .d = dense.d, .nmsb = num_max_sparse_blocks,
-                               .sbkv = sparse_block_kv, .fp4 = dense.fp4, .q = q, .q_sf = q_sf, .kv = kv,
+                               .sbkv = sparse_block_kv, .fp4 = dense.fp4, .mx = dense.mx, .q = q, .q_sf = q_sf, .kv = kv,
                                .kv_sf = kv_sf};
     DG_TRY(check_weights(&p, weights));
     DG_TRY(check_metadata(&p, metadata, use_unaligned_ks != 0, dense.sk, 0));
@@ -368,7 +360,6 @@ dg_status dg_fp8_fp4_paged_sparse_mqa_logits(const dg_tensor *q, const dg_tensor
                                              const dg_tensor *weights, const dg_tensor *metadata,
                                              int num_max_sparse_blocks, int sparse_block_kv, dg_tensor *logits) {
     dg_api_begin("dg_fp8_fp4_paged_sparse_mqa_logits");
-    DG_TRY(check_not_mxfp8(q, q_sf));
     dg_paged_mqa_problem dense = {0};
     DG_TRY(dg_paged_mqa_check_q_cache(&dense, q, q_sf, kv_cache));
     DG_CHECK(dense.next_n == 1, DG_ERR_SHAPE, "argument 'q' must be [S, 1, H, D]: next_n must be 1, got %lld",
@@ -378,7 +369,7 @@ dg_status dg_fp8_fp4_paged_sparse_mqa_logits(const dg_tensor *q, const dg_tensor
              "argument 'kv_cache': its page of %lld tokens is not a multiple of sparse_block_kv %d",
              (long long)dense.block_kv, sparse_block_kv);
     dg_sparse_mqa_problem p = {.s = dense.batch, .h = dense.h, .d = dense.d, .nmsb = num_max_sparse_blocks,
-                               .sbkv = sparse_block_kv, .fp4 = dense.fp4, .paged = 1, .q = q, .q_sf = q_sf,
+                               .sbkv = sparse_block_kv, .fp4 = dense.fp4, .mx = dense.mx, .paged = 1, .q = q, .q_sf = q_sf,
                                .cache = dense.cache, .page_kv = dense.block_kv, .page_stride = dense.block_stride};
     DG_TRY(check_weights(&p, weights));
     DG_TRY(check_metadata(&p, metadata, 0, 0, dense.num_blocks));

@@ -10,8 +10,9 @@
  * size - never on the thread count, the panel a row lands in or its lane.
  *
  * Values are exact in float32: E4M3 codes are stored as value * 2^-8 (so a vector kernel may
- * convert through FP16 without rescaling; the driver multiplies the head sum by 2^16), E2M1
- * codes as value * their power-of-two UE8M0 scale (exact unless it leaves float32's range).
+ * convert through FP16 without rescaling; the driver multiplies the head sum by 2^16), times
+ * their power-of-two UE8M0 scale for MXFP8; E2M1 codes as value * their UE8M0 scale (exact
+ * unless it leaves float32's range).
  * With VNNI, FP4 x FP4 uses the integer path instead (q4_prep / kv4_pack / tile4): exact int32
  * dot products per 32-element scale group, scaled exactly and added group by group in float32,
  * then the same head chain (see avx512_bf16/mqa_fp4_vnni.c).
@@ -43,14 +44,38 @@
 
 #define DG_MQA_FP8_SCALE 0x1p-8f /* converted E4M3 = value * 2^-8 */
 
-/* Converts n rows of d values to float32 row-major out[r * d + k]. FP8: rows[r] holds d
- * E4M3 bytes. FP4: rows[r] holds d/2 bytes of packed E2M1 (element 2i in the low nibble of
- * byte i), sf[r] the packed UE8M0 word (byte g scales elements [32g, 32g + 32)). */
-typedef void (*dg_mqa_convert_fn)(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4,
+/* Input formats of q and kv (the `fmt` argument of the kernels below). */
+enum {
+    DG_MQA_FP8 = 0,   /* E4M3, no per-element scales (kv: a float32 scale per row, applied by the driver) */
+    DG_MQA_FP4 = 1,   /* MXFP4: packed E2M1 with a packed UE8M0 word per row (per-32 scales) */
+    DG_MQA_MXFP8 = 2  /* MXFP8: E4M3 with a packed UE8M0 word per row (per-32 scales) */
+};
+
+/* The format of a problem: `fp4` (packed E2M1 data) and `mx` (per-32 UE8M0 words given). */
+static inline int dg_mqa_format(int fp4, int mx) { return fp4 ? DG_MQA_FP4 : mx ? DG_MQA_MXFP8 : DG_MQA_FP8; }
+
+/* MXFP8: multiplies converted E4M3 values (value * 2^-8) in place by their per-32 UE8M0 scales
+ * from `word`. Exact: the products lie in [2^-144, 1.75 * 2^127], all representable in float32
+ * (subnormals included) with E4M3's 4 significant bits. A plain loop: each ISA's file compiles
+ * it with its own vector width. */
+static inline void dg_mqa_apply_mx_scales(float *o, int64_t d, uint32_t word) {
+    for (int64_t g = 0; g * 32 < d; ++g) {
+        const float sc = dg_ue8m0_to_float((uint8_t)(word >> (8 * g)));
+        const int64_t end = d < 32 * g + 32 ? d : 32 * g + 32;
+        for (int64_t k = 32 * g; k < end; ++k)
+            o[k] *= sc;
+    }
+}
+
+/* Converts n rows of d values to float32 row-major out[r * d + k]. FP8 and MXFP8: rows[r]
+ * holds d E4M3 bytes. FP4: rows[r] holds d/2 bytes of packed E2M1 (element 2i in the low
+ * nibble of byte i). FP4 and MXFP8: sf[r] is the packed UE8M0 word (byte g scales elements
+ * [32g, 32g + 32)). */
+typedef void (*dg_mqa_convert_fn)(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt,
                                   float *out);
 /* Packs n <= nw rows (as convert) into panel [d][nw], zeroing rows n..nw-1. `tmp` holds at
  * least nw * d floats. */
-typedef void (*dg_mqa_pack_fn)(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4,
+typedef void (*dg_mqa_pack_fn)(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt,
                                float *tmp, float *panel);
 /* Rearranges a token's converted q [h][d] into the tile's layout (NULL: used as is). */
 typedef void (*dg_mqa_prep_q_fn)(const float *q, int64_t h, int64_t d, float *out);
@@ -81,12 +106,12 @@ typedef struct dg_mqa_kernel {
     int qb;              /* prefill tokens per work item sharing a packed panel; 0: the driver's default */
 } dg_mqa_kernel;
 
-/* The kernel for an ISA level and FP4 or FP8 inputs (falls back to lower levels). */
-const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fp4);
+/* The kernel for an ISA level and an input format (falls back to lower levels). */
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt);
 
 /* Generic pieces (src/kernels/generic/mqa_generic.c), usable by every ISA. */
-void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out);
-void dg_mqa_pack_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out);
+void dg_mqa_pack_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
                          float *panel, int nw);
 void dg_mqa_tile_generic(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
                          const uint8_t *const *pf, int npf);
@@ -98,12 +123,12 @@ void dg_mqa_tile_generic(const float *q, int64_t h, int64_t d, const float *w, c
 #define DG_MQA_NW_AVX512 48
 void dg_mqa_tile_avx2(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
                          const uint8_t *const *pf, int npf);
-void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out);
+void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out);
 void dg_mqa_tile_avx512(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
                          const uint8_t *const *pf, int npf);
-void dg_mqa_convert_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out);
+void dg_mqa_convert_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out);
 void dg_mqa_prep_q_avx512(const float *q, int64_t h, int64_t d, float *qt);
-void dg_mqa_pack_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+void dg_mqa_pack_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
                         float *panel);
 void dg_mqa_q4_prep_vnni(const uint8_t *const *rows, const uint32_t *sf, int64_t h, int64_t d, void *out);
 void dg_mqa_kv4_pack_vnni(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, void *panel);
@@ -121,7 +146,7 @@ void dg_mqa_tile4_vnni(const void *q, int64_t h, int64_t d, const float *w, cons
 #define DG_MQA_QB_AMX 16
 void dg_mqa_amx_begin(void);
 void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out);
-void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
                      float *panel);
 void dg_mqa_tile_amx(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
                      const uint8_t *const *pf, int npf);

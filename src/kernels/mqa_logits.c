@@ -31,7 +31,7 @@
 #define MQA_MIN_FLOPS_PER_THREAD 2e6
 #define DG_MQA_MAX_THREADS 256
 
-const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fp4) {
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt) {
     static const dg_mqa_kernel generic = {.name = "generic", .nw = DG_MQA_NW_GENERIC,
                                           .convert = dg_mqa_convert_generic, .tile = dg_mqa_tile_generic};
 #if DG_MQA_HAVE_X86
@@ -46,12 +46,13 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fp4) {
                                        .q4_prep = dg_mqa_q4_prep_vnni, .kv4_pack = dg_mqa_kv4_pack_vnni,
                                        .tile4 = dg_mqa_tile4_vnni};
 #if DG_MQA_HAVE_AMX
-    /* FP8 only; FP4 keeps the exact VNNI integer kernel. The pack uses VBMI byte permutes
-     * (every AMX CPU so far has them; checked anyway). */
+    /* FP8 only; FP4 keeps the exact VNNI integer kernel, MXFP8 the VNNI level's FP32 tile (its
+     * per-32 scales would need a scaled BF16 pack). The pack uses VBMI byte permutes (every AMX
+     * CPU so far has them; checked anyway). */
     static const dg_mqa_kernel amx = {.name = "amx", .nw = DG_MQA_NW_AMX, .convert = dg_mqa_convert_avx512,
                                       .pack = dg_mqa_pack_amx, .prep_q = dg_mqa_prep_q_amx,
                                       .tile = dg_mqa_tile_amx, .begin = dg_mqa_amx_begin, .qb = DG_MQA_QB_AMX};
-    if (isa >= DG_ISA_AMX && !fp4 && dg_cpu_has_avx512_vbmi())
+    if (isa >= DG_ISA_AMX && fmt == DG_MQA_FP8 && dg_cpu_has_avx512_vbmi())
         return &amx;
 #endif
     if (isa >= DG_ISA_AVX512_BF16)
@@ -61,7 +62,7 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fp4) {
     if (isa >= DG_ISA_AVX2)
         return &avx2;
 #endif
-    (void)isa, (void)fp4;
+    (void)isa, (void)fmt;
     return &generic;
 }
 
@@ -104,7 +105,7 @@ typedef struct mqa_ctx {
     const dg_mqa_kernel *kern;
     int64_t h, d, row_bytes, tokens_per_unit, q_floats; /* q_floats: per token, the tile's layout */
     int64_t refs_cap;                                    /* sparse: refs per thread (0 otherwise) */
-    int fp4;
+    int fmt; /* DG_MQA_FP8 / FP4 / MXFP8 */
     size_t scratch_bytes;
     char *scratch;
     mqa_item *items;
@@ -116,6 +117,18 @@ typedef struct mqa_ctx {
 } mqa_ctx;
 
 static size_t up64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* What the head sums are multiplied by: E4M3 values are converted as value * 2^-8 (q and kv). */
+static float mqa_post(const mqa_ctx *c) {
+    return c->fmt == DG_MQA_FP4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
+}
+
+static const char *mqa_fmt_name(int fmt) {
+    return fmt == DG_MQA_FP4 ? "FP4" : fmt == DG_MQA_MXFP8 ? "MXFP8" : "FP8";
+}
+
+/* FP4 x FP4 on the kernel's exact integer dot products. */
+static int mqa_int_dots(const mqa_ctx *c) { return c->fmt == DG_MQA_FP4 && c->kern->tile4 != NULL; }
 
 /* Lays out a thread's scratch; returns its size in bytes (base may be NULL to measure). */
 static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
@@ -147,16 +160,16 @@ static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
     return off;
 }
 
-static void pack(const dg_mqa_kernel *k, const mqa_scratch *s, int n, int64_t d, int fp4) {
-    if (fp4 && k->kv4_pack) {
+static void pack(const dg_mqa_kernel *k, const mqa_scratch *s, int n, int64_t d, int fmt) {
+    if (fmt == DG_MQA_FP4 && k->kv4_pack) {
         k->kv4_pack(s->rows, s->sf, n, d, s->panel);
         return;
     }
     if (k->pack) {
-        k->pack(s->rows, s->sf, n, d, fp4, s->tmp, s->panel);
+        k->pack(s->rows, s->sf, n, d, fmt, s->tmp, s->panel);
         return;
     }
-    k->convert(s->rows, s->sf, n, d, fp4, s->tmp);
+    k->convert(s->rows, s->sf, n, d, fmt, s->tmp);
     for (int64_t kk = 0; kk < d; ++kk) {
         float *p = s->panel + kk * k->nw;
         for (int c = 0; c < n; ++c)
@@ -168,7 +181,7 @@ static void pack(const dg_mqa_kernel *k, const mqa_scratch *s, int n, int64_t d,
 
 static void tile(const mqa_ctx *c, const mqa_scratch *s, int64_t slot, const uint8_t *const *pf, int npf) {
     const float *q = s->qf + slot * c->q_floats, *w = s->w + slot * c->h;
-    if (c->fp4 && c->kern->tile4)
+    if (c->fmt == DG_MQA_FP4 && c->kern->tile4)
         c->kern->tile4(q, c->h, c->d, w, s->panel, s->sum, pf, npf);
     else
         c->kern->tile(q, c->h, c->d, w, s->panel, s->sum, pf, npf);
@@ -180,19 +193,19 @@ static void load_token(const mqa_ctx *c, mqa_scratch *s, const dg_tensor *q, con
     const uint8_t *base = (const uint8_t *)q->data + row * c->h * c->row_bytes;
     for (int64_t hh = 0; hh < c->h; ++hh) {
         s->rows[hh] = base + hh * c->row_bytes;
-        s->sf[hh] = c->fp4 ? ((const uint32_t *)q_sf->data)[row * c->h + hh] : 0u;
+        s->sf[hh] = c->fmt != DG_MQA_FP8 ? ((const uint32_t *)q_sf->data)[row * c->h + hh] : 0u;
         s->w[slot * c->h + hh] = dg_load_float(weights, dg_ptr2(weights, row, hh));
     }
     float *dst = s->qf + slot * c->q_floats;
-    if (c->fp4 && c->kern->q4_prep) {
+    if (c->fmt == DG_MQA_FP4 && c->kern->q4_prep) {
         c->kern->q4_prep(s->rows, s->sf, c->h, c->d, dst);
         return;
     }
     if (!c->kern->prep_q) {
-        c->kern->convert(s->rows, s->sf, (int)c->h, c->d, c->fp4, dst);
+        c->kern->convert(s->rows, s->sf, (int)c->h, c->d, c->fmt, dst);
         return;
     }
-    c->kern->convert(s->rows, s->sf, (int)c->h, c->d, c->fp4, s->qtmp);
+    c->kern->convert(s->rows, s->sf, (int)c->h, c->d, c->fmt, s->qtmp);
     c->kern->prep_q(s->qtmp, c->h, c->d, dst);
 }
 
@@ -312,8 +325,8 @@ static void run_prefill_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *i
             load_token(c, s, p->q, p->q_sf, p->weights, i, i - i0);
         s->unit = i0;
     }
-    const float post = c->fp4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
-    const float *kv_scale = c->fp4 ? NULL : (const float *)p->kv_sf->data;
+    const float post = mqa_post(c);
+    const float *kv_scale = c->fmt == DG_MQA_FP8 ? (const float *)p->kv_sf->data : NULL;
     const uint8_t *kv = p->kv->data;
     for (int64_t j0 = it->r0; j0 < it->r1; j0 += nw) {
         const int n = (int)(it->r1 - j0 < nw ? it->r1 - j0 : nw);
@@ -324,9 +337,9 @@ static void run_prefill_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *i
             continue;
         for (int c2 = 0; c2 < n; ++c2) {
             s->rows[c2] = kv + (j0 + c2) * c->row_bytes;
-            s->sf[c2] = c->fp4 ? ((const uint32_t *)p->kv_sf->data)[j0 + c2] : 0u;
+            s->sf[c2] = c->fmt != DG_MQA_FP8 ? ((const uint32_t *)p->kv_sf->data)[j0 + c2] : 0u;
         }
-        pack(c->kern, s, n, c->d, c->fp4);
+        pack(c->kern, s, n, c->d, c->fmt);
         for (int64_t i = i0; i < i1; ++i) {
             const int64_t a = p->ks[i] > j0 ? p->ks[i] : j0, b = p->ke[i] < j0 + n ? p->ke[i] : j0 + n;
             if (a >= b)
@@ -356,10 +369,11 @@ static void clean_prefill(const dg_mqa_problem *p, int threads) {
 }
 
 dg_status dg_mqa_logits_fast(const dg_mqa_problem *p) {
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
-                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .fp4 = p->fp4, .problem = p, .run = run_prefill_item};
-    DG_PATH("%s kernel (%s%s) | first: s=%lld h=%lld d=%lld sk=%lld", c.kern->name, p->fp4 ? "FP4" : "FP8",
-            p->fp4 && c.kern->tile4 ? ", integer dot products" : "", (long long)p->s, (long long)p->h,
+    const int fmt = dg_mqa_format(p->fp4, p->mx);
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt), .h = p->h, .d = p->d,
+                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .fmt = fmt, .problem = p, .run = run_prefill_item};
+    DG_PATH("%s kernel (%s%s) | first: s=%lld h=%lld d=%lld sk=%lld", c.kern->name, mqa_fmt_name(fmt),
+            mqa_int_dots(&c) ? ", integer dot products" : "", (long long)p->s, (long long)p->h,
             (long long)p->d, (long long)p->sk);
     const int64_t nw = c.kern->nw, qb = c.kern->qb > 0 ? c.kern->qb : MQA_QB;
     c.tokens_per_unit = qb;
@@ -427,7 +441,7 @@ static void run_paged_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it)
     const int64_t nvis = nn < 64 ? nn : 64;
     for (int64_t t = 0; t < nvis; ++t)
         vis[t] = dg_paged_visible_len(p, b * nn + t);
-    const float post = c->fp4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
+    const float post = mqa_post(c);
     const int32_t *table = p->block_table + b * p->block_table_stride;
     for (int64_t j0 = it->r0; j0 < it->r1; j0 += nw) {
         const int n = (int)(it->r1 - j0 < nw ? it->r1 - j0 : nw);
@@ -451,12 +465,12 @@ static void run_paged_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it)
             const uint8_t *sfp = base + bk * c->row_bytes + tok * 4;
             s->rows[c2] = base + tok * c->row_bytes;
             memcpy(&s->sf[c2], sfp, 4);
-            if (!c->fp4)
+            if (c->fmt == DG_MQA_FP8)
                 memcpy(&s->kscale[c2], sfp, 4);
             if (++tok == bk)
                 tok = 0, ++bi;
         }
-        pack(c->kern, s, n, c->d, c->fp4);
+        pack(c->kern, s, n, c->d, c->fmt);
         for (int64_t t = 0; t < nn; ++t) {
             const int64_t r = b * nn + t, nr = t < nvis ? vis[t] : dg_paged_visible_len(p, r);
             const int64_t e = nr < j0 + n ? nr : j0 + n;
@@ -464,17 +478,18 @@ static void run_paged_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it)
                 continue;
             tile(c, s, t, s->pf, npf);
             npf = 0;
-            store_run(p->logits, r, j0, s->sum, c->fp4 ? NULL : s->kscale, post, e - j0);
+            store_run(p->logits, r, j0, s->sum, c->fmt == DG_MQA_FP8 ? s->kscale : NULL, post, e - j0);
         }
     }
 }
 
 dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
-                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = p->next_n, .fp4 = p->fp4,
+    const int fmt = dg_mqa_format(p->fp4, p->mx);
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt), .h = p->h, .d = p->d,
+                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = p->next_n, .fmt = fmt,
                  .problem = p, .run = run_paged_item};
     DG_PATH("%s kernel (%s%s, paged) | first: batch=%lld next_n=%lld h=%lld d=%lld", c.kern->name,
-            p->fp4 ? "FP4" : "FP8", p->fp4 && c.kern->tile4 ? ", integer dot products" : "", (long long)p->batch,
+            mqa_fmt_name(fmt), mqa_int_dots(&c) ? ", integer dot products" : "", (long long)p->batch,
             (long long)p->next_n, (long long)p->h, (long long)p->d);
     double pairs = 0, cum = 0;
     for (int pass = 0; pass < 2; ++pass) {
@@ -551,8 +566,8 @@ static void flush_group(const mqa_ctx *c, mqa_scratch *s, int64_t i0, uint32_t m
         return;
     const dg_sparse_mqa_problem *p = c->problem;
     const dg_tensor *t = p->logits;
-    pack(c->kern, s, n, c->d, c->fp4);
-    const float post = c->fp4 ? 1.0f : 1.0f / (DG_MQA_FP8_SCALE * DG_MQA_FP8_SCALE);
+    pack(c->kern, s, n, c->d, c->fmt);
+    const float post = mqa_post(c);
     for (int q = 0; mask >> q; ++q) {
         if (!((mask >> q) & 1u))
             continue;
@@ -563,7 +578,7 @@ static void flush_group(const mqa_ctx *c, mqa_scratch *s, int64_t i0, uint32_t m
                 const sparse_ref *ref = &s->refs[r];
                 if (ref->slot != q || !ref_sees(p, i0, ref, s->tok_o[k]))
                     continue;
-                const float v = c->fp4 ? s->sum[k] * post : s->sum[k] * post * s->kscale[k];
+                const float v = c->fmt != DG_MQA_FP8 ? s->sum[k] * post : s->sum[k] * post * s->kscale[k];
                 const int64_t at = (i0 + q) * t->strides[0] + (int64_t)ref->j * p->sbkv + s->tok_o[k];
                 if (t->dtype == DG_FLOAT32)
                     ((float *)t->data)[at] = v;
@@ -639,7 +654,7 @@ static void run_sparse_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it
             dg_sparse_token_at(p, p->slots + ((i0 + ref->slot) * p->nmsb + ref->j) * 2, o, &row, &sf);
             s->rows[n] = row;
             memcpy(&s->sf[n], sf, 4);
-            if (!c->fp4)
+            if (c->fmt == DG_MQA_FP8)
                 memcpy(&s->kscale[n], sf, 4);
             s->tok_blk[n] = (int32_t)b, s->tok_o[n] = (int32_t)o;
             if (++n == nw) {
@@ -652,11 +667,12 @@ static void run_sparse_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it
 }
 
 dg_status dg_sparse_mqa_logits_fast(const dg_sparse_mqa_problem *p) {
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), p->fp4), .h = p->h, .d = p->d,
-                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = 1, .fp4 = p->fp4, .problem = p,
+    const int fmt = dg_mqa_format(p->fp4, p->mx);
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt), .h = p->h, .d = p->d,
+                 .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = 1, .fmt = fmt, .problem = p,
                  .run = run_sparse_item};
     DG_PATH("%s kernel (%s%s, sparse%s) | first: s=%lld h=%lld d=%lld blocks=%lldx%lld", c.kern->name,
-            p->fp4 ? "FP4" : "FP8", p->fp4 && c.kern->tile4 ? ", integer dot products" : "",
+            mqa_fmt_name(fmt), mqa_int_dots(&c) ? ", integer dot products" : "",
             p->paged ? ", paged" : "", (long long)p->s, (long long)p->h, (long long)p->d, (long long)p->nmsb,
             (long long)p->sbkv);
     /* Query groups of qb rows (at most 32: the query sets are 32-bit masks). */

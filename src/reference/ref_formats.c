@@ -1,5 +1,5 @@
 /*
- * ref_formats.c - reference format utilities: FP4 dequantization and transposition, UE8M0
+ * ref_formats.c - reference format utilities: FP4 and FP8 dequantization, FP4 transposition, UE8M0
  * packing, element-wise ceil_to_ue8m0 and calc_diff (declared in ref_quant.h).
  */
 #include "ref_quant.h"
@@ -41,6 +41,23 @@ void ref_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, int64_
                 s = *(const float *)dg_ptr2(sf, i, g);
             }
             dg_store_float(out, dg_ptr2(out, i, j), fp4_value(fp4_code(packed, i, j)) * s);
+        }
+}
+
+void ref_cast_back_from_fp8(const dg_tensor *x, const dg_tensor *sf, int64_t gran_k, bool sf_packed,
+                            const dg_tensor *out) {
+    const int64_t m = out->shape[0], n = out->shape[1];
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t g = j / gran_k;
+            float s;
+            if (sf_packed) {
+                const uint32_t word = *(const uint32_t *)dg_ptr2(sf, i, g / 4);
+                s = ue8m0_bits_to_float((word >> (8 * (g % 4))) & 0xffu);
+            } else {
+                s = *(const float *)dg_ptr2(sf, i, g);
+            }
+            dg_store_float(out, dg_ptr2(out, i, j), dg_e4m3_to_float(*(const uint8_t *)dg_ptr2(x, i, j)) * s);
         }
 }
 

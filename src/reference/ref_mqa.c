@@ -42,12 +42,12 @@ static double packed_scale(uint32_t word, int64_t elem) {
     return dg_ue8m0_to_float((uint8_t)(word >> (8 * (elem / 32))));
 }
 
-/* Dequantizes one row of d values: E4M3 bytes (unscaled), or packed E2M1 codes times their
- * per-32 UE8M0 scales from `sf_word`. */
-static void dequant_row(double *out, const uint8_t *row, int64_t d, int fp4, uint32_t sf_word) {
+/* Dequantizes one row of d values: E4M3 bytes (unscaled, or with `mx` times their per-32
+ * UE8M0 scales from `sf_word`), or packed E2M1 codes times their scales from `sf_word`. */
+static void dequant_row(double *out, const uint8_t *row, int64_t d, int fp4, int mx, uint32_t sf_word) {
     for (int64_t k = 0; k < d; ++k) {
         if (!fp4) {
-            out[k] = dg_e4m3_to_float(row[k]);
+            out[k] = (double)dg_e4m3_to_float(row[k]) * (mx ? packed_scale(sf_word, k) : 1.0);
         } else {
             const uint8_t byte = row[k / 2];
             const uint8_t code = (k & 1) ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 15);
@@ -71,12 +71,12 @@ static double head_reduce(const double *q, const double *w, const double *k, int
 
 /* Loads the H rows of query token `row` (q viewed as [rows, H, D-bytes]) and its weights. */
 static void load_query(double *qd, double *w, const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *weights,
-                       int64_t row, int64_t h, int64_t d, int fp4) {
+                       int64_t row, int64_t h, int64_t d, int fp4, int mx) {
     const int64_t row_bytes = fp4 ? d / 2 : d;
     const uint8_t *base = (const uint8_t *)q->data + row * h * row_bytes; /* contiguous */
     for (int64_t hh = 0; hh < h; ++hh) {
-        const uint32_t sf = fp4 ? ((const uint32_t *)q_sf->data)[row * h + hh] : 0u;
-        dequant_row(qd + hh * d, base + hh * row_bytes, d, fp4, sf);
+        const uint32_t sf = mx ? ((const uint32_t *)q_sf->data)[row * h + hh] : 0u;
+        dequant_row(qd + hh * d, base + hh * row_bytes, d, fp4, mx, sf);
         w[hh] = dg_load_float(weights, dg_ptr2(weights, row, hh));
     }
 }
@@ -93,16 +93,16 @@ dg_status dg_ref_mqa_logits(const dg_mqa_problem *p) {
     DG_CHECK(qd != NULL, DG_ERR_ALLOC, "no memory for a %lld x %lld query buffer", (long long)h, (long long)d);
     double *w = qd + h * d, *kd = w + h;
     for (int64_t i = 0; i < p->s; ++i) {
-        load_query(qd, w, p->q, p->q_sf, p->weights, i, h, d, p->fp4);
+        load_query(qd, w, p->q, p->q_sf, p->weights, i, h, d, p->fp4, p->mx);
         const int64_t ks = p->ks[i], ke = p->ke[i];
         for (int64_t j = ks; j < ke; ++j) {
             const uint8_t *kv_row = (const uint8_t *)p->kv->data + j * row_bytes;
             double v;
-            if (p->fp4) {
-                dequant_row(kd, kv_row, d, 1, ((const uint32_t *)p->kv_sf->data)[j]);
+            if (p->mx) {
+                dequant_row(kd, kv_row, d, p->fp4, 1, ((const uint32_t *)p->kv_sf->data)[j]);
                 v = head_reduce(qd, w, kd, h, d);
             } else {
-                dequant_row(kd, kv_row, d, 0, 0u);
+                dequant_row(kd, kv_row, d, 0, 0, 0u);
                 v = head_reduce(qd, w, kd, h, d) * (double)((const float *)p->kv_sf->data)[j];
             }
             store(p->logits, i, p->max_seqlen_k > 0 ? j - ks : j, v);
@@ -134,18 +134,18 @@ int64_t dg_paged_visible_len(const dg_paged_mqa_problem *p, int64_t r) {
 }
 
 /* Dequantizes token `pos` of sequence row `b` from the fused cache; returns the FP8 scale
- * (1 for FP4, whose scales are folded into the values). */
+ * (1 for MXFP4 and MXFP8, whose scales are folded into the values). */
 static double load_cache_row(double *out, const dg_paged_mqa_problem *p, int64_t b, int64_t pos) {
     const int64_t blk = p->block_table[b * p->block_table_stride + pos / p->block_kv];
     const int64_t tok = pos % p->block_kv;
     const uint8_t *base = p->cache + blk * p->block_stride;
     const int64_t row_bytes = p->fp4 ? p->d / 2 : p->d;
     const uint8_t *sf = base + p->block_kv * row_bytes + tok * 4; /* scales follow the values */
-    if (p->fp4) {
-        dequant_row(out, base + tok * row_bytes, p->d, 1, load_u32(sf));
+    if (p->mx) {
+        dequant_row(out, base + tok * row_bytes, p->d, p->fp4, 1, load_u32(sf));
         return 1.0;
     }
-    dequant_row(out, base + tok * row_bytes, p->d, 0, 0u);
+    dequant_row(out, base + tok * row_bytes, p->d, 0, 0, 0u);
     float scale;
     memcpy(&scale, sf, sizeof scale);
     return scale;
@@ -159,7 +159,7 @@ dg_status dg_ref_paged_mqa_logits(const dg_paged_mqa_problem *p) {
     DG_CHECK(qd != NULL, DG_ERR_ALLOC, "no memory for a %lld x %lld query buffer", (long long)h, (long long)d);
     double *w = qd + h * d, *kd = w + h;
     for (int64_t r = 0; r < rows; ++r) {
-        load_query(qd, w, p->q, p->q_sf, p->weights, r, h, d, p->fp4);
+        load_query(qd, w, p->q, p->q_sf, p->weights, r, h, d, p->fp4, p->mx);
         const int64_t b = r / p->next_n, n = dg_paged_visible_len(p, r);
         for (int64_t pos = 0; pos < n; ++pos) {
             const double scale = load_cache_row(kd, p, b, pos);
@@ -209,7 +209,7 @@ dg_status dg_ref_sparse_mqa_logits(const dg_sparse_mqa_problem *p) {
     DG_CHECK(qd != NULL, DG_ERR_ALLOC, "no memory for a %lld x %lld query buffer", (long long)h, (long long)d);
     double *w = qd + h * d, *kd = w + h;
     for (int64_t i = 0; i < p->s; ++i) {
-        load_query(qd, w, p->q, p->q_sf, p->weights, i, h, d, p->fp4);
+        load_query(qd, w, p->q, p->q_sf, p->weights, i, h, d, p->fp4, p->mx);
         for (int64_t j = 0; j < p->nmsb; ++j)
             for (int64_t o = 0; o < p->sbkv; ++o) {
                 const uint8_t *row, *sf;
@@ -218,13 +218,13 @@ dg_status dg_ref_sparse_mqa_logits(const dg_sparse_mqa_problem *p) {
                     store_neg_inf(p->logits, i, col);
                     continue;
                 }
-                if (p->fp4) {
-                    dequant_row(kd, row, d, 1, load_u32(sf));
+                if (p->mx) {
+                    dequant_row(kd, row, d, p->fp4, 1, load_u32(sf));
                     store(p->logits, i, col, head_reduce(qd, w, kd, h, d));
                 } else {
                     float scale;
                     memcpy(&scale, sf, sizeof scale);
-                    dequant_row(kd, row, d, 0, 0u);
+                    dequant_row(kd, row, d, 0, 0, 0u);
                     store(p->logits, i, col, head_reduce(qd, w, kd, h, d) * (double)scale);
                 }
             }

@@ -7,7 +7,8 @@
  * Numerics (both kernels): each dequantized element is exact in double; per (query, head) the
  * dot product is summed in double in increasing d order, relu'd, multiplied by the weight, and
  * the heads are summed in double in increasing h order. FP8 multiplies the head sum by the
- * kv row's float32 scale (where DeepGEMM applies it). The result is rounded once to the
+ * kv row's float32 scale (where DeepGEMM applies it); MXFP4 and MXFP8 scale each element by
+ * its per-32 UE8M0 scale instead. The result is rounded once to the
  * logits dtype. Deterministic and independent of the thread count.
  */
 #ifndef DG_REFERENCE_REF_MQA_H
@@ -18,9 +19,10 @@
 /* Contiguous-KV problem. Logical head dim d; FP4 tensors hold d/2 bytes per row. */
 typedef struct dg_mqa_problem {
     int64_t s, sk, h, d;
-    int fp4;                       /* q, kv packed E2M1 with INT32 packed UE8M0 scales */
+    int fp4;                       /* q, kv packed E2M1 (MXFP4) */
+    int mx;                        /* per-32 UE8M0 scales, packed INT32 (MXFP4, MXFP8) */
     const dg_tensor *q;            /* [S, H, D] or [S, H, D/2] */
-    const dg_tensor *q_sf;         /* FP4: INT32 [S, H]; FP8: NULL */
+    const dg_tensor *q_sf;         /* mx: INT32 [S, H]; FP8: NULL */
     const dg_tensor *kv;           /* [SK, D] or [SK, D/2] */
     const dg_tensor *kv_sf;        /* FLOAT32 [SK] or INT32 [SK] */
     const dg_tensor *weights;      /* FLOAT32/BFLOAT16 [S, H] */
@@ -36,9 +38,9 @@ dg_status dg_ref_mqa_logits(const dg_mqa_problem *p);
 /* Paged problem. Query row r = b * next_n + t. */
 typedef struct dg_paged_mqa_problem {
     int64_t batch, next_n, h, d;
-    int fp4;
+    int fp4, mx;                   /* as in dg_mqa_problem */
     const dg_tensor *q;            /* [B, next_n, H, D or D/2], contiguous */
-    const dg_tensor *q_sf;         /* FP4: INT32 [B, next_n, H] */
+    const dg_tensor *q_sf;         /* mx: INT32 [B, next_n, H] */
     const uint8_t *cache;          /* fused cache, see deepgemm.h */
     int64_t num_blocks, block_kv, block_stride; /* block_stride in bytes */
     const dg_tensor *weights;      /* [B * next_n, H] */
@@ -64,9 +66,9 @@ dg_status dg_ref_paged_mqa_logits(const dg_paged_mqa_problem *p);
 #define DG_SPARSE_NO_BLOCK INT32_MIN
 typedef struct dg_sparse_mqa_problem {
     int64_t s, h, d, nmsb, sbkv;
-    int fp4, paged;
+    int fp4, mx, paged;            /* fp4, mx as in dg_mqa_problem */
     const dg_tensor *q;            /* [S, (1,) H, D or D/2], contiguous */
-    const dg_tensor *q_sf;         /* FP4: INT32 [S, (1,) H] */
+    const dg_tensor *q_sf;         /* mx: INT32 [S, (1,) H] */
     const dg_tensor *weights;      /* [S, H] */
     const dg_tensor *kv, *kv_sf;   /* contiguous KV */
     const uint8_t *cache;          /* paged: fused cache, pages of page_kv tokens */
@@ -76,8 +78,8 @@ typedef struct dg_sparse_mqa_problem {
     const dg_tensor *logits;       /* [S, N * sbkv] */
 } dg_sparse_mqa_problem;
 
-/* Token `o` of block `j` of row `i`: its kv row bytes and 4-byte scale (FP8 float32 / FP4
- * packed UE8M0), or 0 when the column is masked. */
+/* Token `o` of block `j` of row `i`: its kv row bytes and 4-byte scale (FP8 float32 / MXFP4
+ * and MXFP8 packed UE8M0), or 0 when the column is masked. */
 int dg_sparse_token(const dg_sparse_mqa_problem *p, int64_t i, int64_t j, int64_t o, const uint8_t **row,
                     const uint8_t **sf);
 

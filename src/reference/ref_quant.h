@@ -41,6 +41,9 @@ dg_status ref_quant_fp4_token(const dg_tensor *x, int64_t gran_k, bool use_ue8m0
 /* out [M, N] = value(code) * scale, see dg_cast_back_from_fp4. */
 void ref_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, int64_t gran_k, bool sf_packed,
                             const dg_tensor *out);
+/* out [M, N] = e4m3(x) * scale, see dg_cast_back_from_fp8. */
+void ref_cast_back_from_fp8(const dg_tensor *x, const dg_tensor *sf, int64_t gran_k, bool sf_packed,
+                            const dg_tensor *out);
 void ref_transpose_packed_fp4(const dg_tensor *a, const dg_tensor *out);
 void ref_pack_ue8m0(const dg_tensor *x, const dg_tensor *out);
 void ref_unpack_ue8m0(const dg_tensor *packed_sf, const dg_tensor *out);

@@ -99,8 +99,8 @@ void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out) {
 /* The panel as the VNNI B operand: per k step s of 32, 16 pair rows of NW columns, 32-bit word
  * [(16 s + p) * NW + c] = BF16 (kv[c][32 s + 2p], kv[c][32 s + 2p + 1]); zero past n and d. */
 __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n,
-                                                          int64_t d, int fp4, float *tmp, float *panel) {
-    (void)sf, (void)fp4, (void)tmp; /* FP8 only: FP4 takes the VNNI integer kernel */
+                                                          int64_t d, int fmt, float *tmp, float *panel) {
+    (void)sf, (void)fmt, (void)tmp; /* FP8 only: FP4 and MXFP8 take the VNNI kernel (dg_mqa_kernel_for) */
     uint32_t *o = (uint32_t *)(void *)panel;
     const int64_t dp = dg_align(d, 32);
     for (int g = 0; g < NW; g += 16)

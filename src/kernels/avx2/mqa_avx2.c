@@ -41,10 +41,10 @@ static inline void fp4_32(const uint8_t *src, float s, float *out) {
     }
 }
 
-void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out) {
-    if (fp4) {
+void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out) {
+    if (fmt == DG_MQA_FP4) {
         if (d % 32 != 0) { /* one UE8M0 scale per 32 elements: whole blocks only */
-            dg_mqa_convert_generic(rows, sf, n, d, fp4, out);
+            dg_mqa_convert_generic(rows, sf, n, d, fmt, out);
             return;
         }
         for (int r = 0; r < n; ++r)
@@ -59,8 +59,10 @@ void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, 
             fp8_16(rows[r] + k, o + k);
         if (d16 < d) {
             const uint8_t *tail = rows[r] + d16;
-            dg_mqa_convert_generic(&tail, sf, 1, d - d16, 0, o + d16);
+            dg_mqa_convert_generic(&tail, sf, 1, d - d16, DG_MQA_FP8, o + d16);
         }
+        if (fmt == DG_MQA_MXFP8)
+            dg_mqa_apply_mx_scales(o, d, sf[r]);
     }
 }
 

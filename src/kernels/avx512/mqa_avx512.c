@@ -47,25 +47,27 @@ static inline void fp4_32(const uint8_t *src, float scale, float *out) {
     _mm512_storeu_ps(out + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i1, hi), sc));
 }
 
-void dg_mqa_convert_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out) {
+void dg_mqa_convert_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out) {
     for (int r = 0; r < n; ++r) {
         float *o = out + (int64_t)r * d;
-        if (fp4) {
+        if (fmt == DG_MQA_FP4) {
             for (int64_t k = 0; k < d; k += 32)
                 fp4_32(rows[r] + k / 2, dg_ue8m0_to_float((uint8_t)(sf[r] >> (8 * (k / 32)))), o + k);
         } else {
             for (int64_t k = 0; k < d; k += 32)
                 fp8_32(rows[r] + k, (int)(d - k < 32 ? d - k : 32), o + k);
+            if (fmt == DG_MQA_MXFP8)
+                dg_mqa_apply_mx_scales(o, d, sf[r]);
         }
     }
 }
 
 /* The AVX-512 panel is the converted rows themselves, row-major [NW][d], zeroed past n: the
  * tile broadcasts kv elements, so no transpose is needed. */
-void dg_mqa_pack_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+void dg_mqa_pack_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
                         float *panel) {
     (void)tmp;
-    dg_mqa_convert_avx512(rows, sf, n, d, fp4, panel);
+    dg_mqa_convert_avx512(rows, sf, n, d, fmt, panel);
     if (n < NW)
         memset(panel + (int64_t)n * d, 0, (size_t)((NW - n) * d) * sizeof(float));
 }

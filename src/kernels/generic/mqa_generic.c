@@ -17,14 +17,16 @@ static const float *e4m3_table(void) {
     return g_e4m3;
 }
 
-void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *out) {
+void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out) {
     const float *t8 = e4m3_table();
     for (int r = 0; r < n; ++r) {
         const uint8_t *row = rows[r];
         float *o = out + (int64_t)r * d;
-        if (!fp4) {
+        if (fmt != DG_MQA_FP4) {
             for (int64_t k = 0; k < d; ++k)
                 o[k] = t8[row[k]];
+            if (fmt == DG_MQA_MXFP8)
+                dg_mqa_apply_mx_scales(o, d, sf[r]);
             continue;
         }
         for (int64_t k = 0; k < d; ++k) {
@@ -34,9 +36,9 @@ void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int 
     }
 }
 
-void dg_mqa_pack_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fp4, float *tmp,
+void dg_mqa_pack_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
                          float *panel, int nw) {
-    dg_mqa_convert_generic(rows, sf, n, d, fp4, tmp);
+    dg_mqa_convert_generic(rows, sf, n, d, fmt, tmp);
     for (int64_t k = 0; k < d; ++k) {
         float *p = panel + k * nw;
         for (int c = 0; c < n; ++c)
