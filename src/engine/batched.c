@@ -446,9 +446,9 @@ static void job_init(bjob *j, const dg_bgemm *p, const dg_engine_cfg *cfg, const
     choose_tiles(j, dg_num_threads());
     int64_t kc = j->kcb, nb = 0; /* the longest K chunk (KC, or whole scale blocks); its blocks */
     for (int64_t q = 0; plans && q < ngroups; ++q) {
-        const int64_t gb = plans[gid[q]].gblk, st = gb ? gb * (j->kcb / gb > 0 ? j->kcb / gb : 1) : 0;
+        const int64_t gb = plans[gid[q]].gblk, st = gb * (j->kcb / gb > 0 ? j->kcb / gb : 1); /* gb >= 1 */
         kc = st > kc ? st : kc;
-        nb = gb && st / gb > nb ? st / gb : nb;
+        nb = st / gb > nb ? st / gb : nb;
     }
     j->abytes = (size_t)dg_align(j->mc * kc * (int64_t)j->es, 64);
     j->bbytes = (size_t)dg_align(j->nc * kc * (int64_t)j->es, 64);

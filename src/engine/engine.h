@@ -121,8 +121,9 @@ typedef void (*dg_pack_bf16_fn)(const uint16_t *src, int64_t ld, int64_t rows, i
  * at b + r * ldb bytes, K contiguous: BF16 bits, E4M3 codes, or E2M1 nibble pairs (low nibble
  * first); rows >= rows and k >= k read as zero. A: float32 rows at a + m * lda, zero from K up
  * to K rounded to the kernel's step (DG_DECODE_STEP: 8 k; E2M1 16). Per element, exactly the
- * chain above: per K block of gblk (0: one block) acc chained from 0 over the block's pairs,
- * total = fma(sa[m * sa_stride + kb] * sb[kb * 32 + r], acc, total) (gblk = 0: total = acc);
+ * chain above: per K block of gblk (>= 1, dg_engine_k_block) acc chained from 0 over the block's
+ * pairs, total = fma(sa[m * sa_stride + kb] * sb[kb * 32 + r], acc, total) (unit scales where
+ * none are unfolded);
  * out[m * 32 + r] = total. E4M3 / E2M1 values are multiplied by fm[(k / fblk) * 32 + r], the
  * folded power-of-two scale times the format's unit (E4M3 2^120, E2M1 1: see decode_avx2.c), or by
  * the unit alone when fm is NULL; gblk and fblk are multiples of the step. Returns false when
@@ -159,7 +160,8 @@ enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2, DG_DECODE_PAI
 
 /* A's side of a decode call (smallm.c): rows [m][lda] float32 (A's values as the small-M
  * kernels see them: BF16-rounded, folded scales applied; zero from K up to lda, a multiple of
- * DG_DECODE_STEP) and sa [m][nkb] (gblk > 0: A's unfolded scale per block, else 1). */
+ * DG_DECODE_STEP) and sa [m][nkb]: A's unfolded scale per K block of gblk (1 where folded or
+ * absent). */
 typedef struct dg_decode_a {
     float *rows, *sa;
     int64_t lda, nkb;
@@ -310,7 +312,8 @@ typedef struct dg_packed {
     int64_t mn, k, kp;     /* logical rows, K, padded K */
     int64_t panels;
     void *data;            /* panels * kp * r elements */
-    int gblk;              /* 0: no scale epilogue; else K block of the unfolded scales */
+    int gblk;              /* 0: no scales packed (ones; the epilogue still runs per block of the
+                            * plan's gblk); else the K block of the packed unfolded scales */
     int64_t nkb;           /* ceil(K / gblk) */
     float *scales;         /* panels * nkb * r, or NULL (all ones) */
 } dg_packed;

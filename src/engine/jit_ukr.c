@@ -3,8 +3,8 @@
  *
  * The family: the AVX2 float32 kernels (kernels/avx2/ukr_f32_avx2.h, MR = 1, 2, 4, 6, NR = 16),
  * instantiated by kernels/avx2/ukr_f32_avx2_jit.h with the small-M path's row stride of c (NR)
- * and, when K is a compiled dimension, the k extents of its calls: the K slice or scale block
- * (every call but the last) and the tail. Calls with other extents run the same body with
+ * and, when K is a compiled dimension, the k extents of its calls: the K slice or accumulation
+ * block gblk (every call but the last) and the tail. Calls with other extents run the same body with
  * variables, so the JIT's kernel computes exactly what the built-in one does, in the same order.
  *
  * compiled_dims (DeepGEMM's get_compiled_dim): a dimension named in the call's compiled_dims

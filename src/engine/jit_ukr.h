@@ -16,7 +16,7 @@ int dg_engine_jit_use(void);
 /*
  * The kernel a small-M call runs instead of `builtin` (an MR-row instance of cfg's small-M
  * kernels): the JIT's instance for these calls' k extents when the JIT serves this shape, else
- * `builtin`. step: the k of every call but the last (the K slice, or the scale block gblk);
+ * `builtin`. step: the k of every call but the last (the K slice, or the accumulation block gblk);
  * kp: the padded K the calls cover; m, n, k: the problem, for the policy and the path report.
  */
 dg_ukr_fn dg_engine_jit_small_ukr(const dg_engine_cfg *cfg, dg_ukr_fn builtin, int mr, int64_t step, int64_t kp,

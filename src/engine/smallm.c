@@ -60,7 +60,7 @@ typedef struct small_job {
     const dg_packed *pa;
     dg_ukr_fn ukr;
     int mr;
-    int64_t slice;   /* K slice: SMALL_KC, a multiple of the scale block */
+    int64_t slice;   /* K slice: SMALL_KC rounded down to whole accumulation blocks (gblk) */
     const float *ones;
 } small_job;
 
@@ -171,7 +171,7 @@ static int decode_format(const dg_operand *b) {
 dg_status dg_engine_decode_a(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk, dg_decode_a *out) {
     const int64_t m = a->mn;
     out->lda = dg_align(a->k > 0 ? a->k : 1, DG_DECODE_STEP);
-    out->nkb = gblk ? dg_ceil_div(out->lda, gblk) : 0;
+    out->nkb = dg_ceil_div(out->lda, gblk); /* gblk >= 1 (dg_engine_k_block) */
     out->rows = dg_malloc((size_t)(m * out->lda + m * out->nkb + 1) * sizeof(float) + (size_t)out->lda * 2);
     if (!out->rows)
         return dg_fail(DG_ERR_ALLOC, "out of memory for the decoding GEMM's A rows");

@@ -160,18 +160,14 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
     }
 }
 
-/* The end of K block kb (engine.h): total = acc without scales, else
- * total = fma(sa[m][kb] * sb[kb][lane], acc, total). */
+/* The end of K block kb (engine.h): total = fma(sa[m][kb] * sb[kb][lane], acc, total) (unit
+ * scales where there are none: the blocked order of engine.h, "Accumulation order"). */
 DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[2][4], __m256 total[2][4], const int M,
                          const int G) {
 #pragma GCC unroll 2
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
-            if (!j->gblk) {
-                total[m][g] = acc[m][g];
-                continue;
-            }
             const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
                                             _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
             total[m][g] = _mm256_fmadd_ps(sc, acc[m][g], total[m][g]);
@@ -190,7 +186,7 @@ static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
 /*
  * The body for M rows of A (1 or 2) and format fmt (constants after inlining). Per chunk of
- * CHUNK_K k (a divisor of gblk when gblk is smaller), two phases:
+ * gcd(gblk, CHUNK_K) k (whole chunks per K block), two phases:
  *   staging: the 8 G rows widened and transposed into a float32 slice [k][8 G] in L1, 8 rows at
  *     a time (8 lines in flight: DeepSeek's K (2048, 7168, ...) make row strides that map all
  *     rows to one or two L1 sets, so touching 16 or 32 rows per step refetched every line
@@ -202,8 +198,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
     const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
-    const int64_t gblk = j->gblk ? j->gblk : kend, full = j->rows == 8 * G ? bytes / pb * kstep : 0;
-    const int64_t chunk = j->gblk ? gcd64(j->gblk, CHUNK_K) : CHUNK_K;
+    const int64_t gblk = j->gblk, full = j->rows == 8 * G ? bytes / pb * kstep : 0;
+    const int64_t chunk = gcd64(gblk, CHUNK_K);
     __m256 total[2][4], acc[2][4];
     __m256i nanmax = _mm256_setzero_si256();
     float buf[CHUNK_K * 32] __attribute__((aligned(32)));
@@ -242,8 +238,8 @@ DG_INLINE bool decode_body_rows(const dg_decode_job *j, const int fmt, const int
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
     const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
-    const int64_t gblk = j->gblk ? j->gblk : kend, full = j->rows == 8 * G ? bytes / pb * kstep : 0;
-    const int64_t chunk = j->gblk ? gcd64(j->gblk, CHUNK_K) : CHUNK_K;
+    const int64_t gblk = j->gblk, full = j->rows == 8 * G ? bytes / pb * kstep : 0;
+    const int64_t chunk = gcd64(gblk, CHUNK_K);
     __m256 accm[DG_DECODE_MAX_M][4], totm[DG_DECODE_MAX_M][4];
     __m256i nanmax = _mm256_setzero_si256();
     float buf[CHUNK_K * 32] __attribute__((aligned(32)));
@@ -278,10 +274,6 @@ DG_INLINE bool decode_body_rows(const dg_decode_job *j, const int fmt, const int
         }
         for (int m = 0; m < M; ++m) /* block_end, per row */
             for (int g = 0; g < G; ++g) {
-                if (!j->gblk) {
-                    totm[m][g] = accm[m][g];
-                    continue;
-                }
                 const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(j->sa[m * j->sa_stride + kb]),
                                                 _mm256_loadu_ps(j->sb + kb * 32 + 8 * g));
                 totm[m][g] = _mm256_fmadd_ps(sc, accm[m][g], totm[m][g]);
@@ -331,7 +323,7 @@ DG_INLINE void pairs_body(const dg_decode_job *j, const int M) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     const uint32_t *p0 = (const uint32_t *)j->b;
     const uint32_t *p1 = j->rows > 16 ? (const uint32_t *)(j->b + j->ldb) : p0;
-    const int64_t kp = j->k + (j->k & 1), gblk = j->gblk ? j->gblk : kp;
+    const int64_t kp = j->k + (j->k & 1), gblk = j->gblk;
     __m256 total[2][4], acc[2][4];
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g)

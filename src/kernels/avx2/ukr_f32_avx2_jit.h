@@ -6,7 +6,7 @@
  *   DG_UKR_ACC, DG_UKR_SCALE    engine.h's dg_ukr_mode values
  *   DG_JIT_MR, DG_JIT_NV        the register tile (as the built-in instance of that MR)
  *   DG_JIT_LDC                  the row stride of c the caller passes (small-M path: NR)
- *   DG_JIT_KC, DG_JIT_KT        the k extents of the calls (K's slice or scale block, and the
+ *   DG_JIT_KC, DG_JIT_KT        the k extents of the calls (K's slice or accumulation block, and the
  *                               tail), 0 when K is not a compiled dimension
  * Calls with other (kc, ldc) run the same body with them as variables: every call computes what
  * the built-in kernel computes, in the same order.
