@@ -713,7 +713,8 @@ DG_API dg_status dg_k_grouped_fp4_gemm_nt_contiguous(const dg_tensor *a, const d
  *            logits dtype): fills shape and DeepGEMM's padded strides (row stride aligned to
  *            1024 bytes: align(SK + 256, 1024 / elem) or align(align(max_seqlen_k, 256), ...)).
  * dg_fp8_mqa_logits is the legacy form: FP8 only, logits FLOAT32 (the query form fills it).
- * Any H >= 1 and D >= 1 are accepted (DeepGEMM's GPUs take H in {8..64}, D in {32, 64, 128}).
+ * Any H >= 1 and D >= 1 are accepted (with q_sf: D % 32 == 0, D <= 128; DeepGEMM's GPUs take H
+ * in {8..64}, D in {32, 64, 128}).
  */
 DG_API dg_status dg_fp8_mqa_logits(const dg_tensor *q, const dg_tensor *kv, const dg_tensor *kv_sf,
                                    const dg_tensor *weights, const dg_tensor *cu_seq_len_k_start,
@@ -746,7 +747,7 @@ DG_API dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf
  *             and q_sf INT32 [B, next_n, H]. MXFP8: FLOAT8_E4M3 [B, next_n, H, D] and q_sf INT32
  *             [B, next_n, H] (the cache's scales are then packed UE8M0). Contiguous.
  *   weights   FLOAT32 [B * next_n, H] (BFLOAT16 when logits are BFLOAT16), unit stride along H
- *             (contiguous for FP8).
+ *             (contiguous for FP8 without q_sf).
  *   schedule_meta  INT32 [dg_get_num_sms() + 1, 2] from dg_get_paged_mqa_logits_metadata; it is
  *             checked to equal that function's answer for these context_lens, indices and block_kv.
  *   max_context_len  the logits width; every context length must be <= it.

@@ -10,6 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 static uint32_t f2u(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -568,6 +574,91 @@ static void test_bad_fp4_and_utils(void) {
 }
 
 /* M = 1, K = 1, K = 0 and M = 0 shapes run and give DeepGEMM's shapes. */
+/* dg_cast_back_from_fp8 (DeepGEMM 2.8's cast_back_from_fp8): e4m3(x) * the scale of its group,
+ * float32 or packed UE8M0 scales (the MXFP8 recipe: gran_k 32, a padded last word), strided x,
+ * BF16 out, the query form, an empty x, and bad arguments that leave out untouched. */
+static void test_cast_back_fp8(void) {
+    tu_rng r = {77};
+    for (int packed = 0; packed < 2; ++packed)
+        for (int transposed = 0; transposed < 2; ++transposed) {
+            const int64_t m = 5, k = 200;
+            const int g = packed ? 32 : 64;
+            float *xf;
+            dg_tensor x = make_input(&r, DG_FLOAT32, m, k, 0, &xf);
+            const int64_t s = (k + g - 1) / g, cols = packed ? (s + 3) / 4 : s;
+            dg_tensor q = transposed ? dg_tensor_transpose(tu_alloc2(DG_FLOAT8_E4M3, k, m), 0, 1)
+                                     : tu_alloc2(DG_FLOAT8_E4M3, m, k);
+            dg_tensor sf = tu_alloc2(packed ? DG_INT32 : DG_FLOAT32, m, cols);
+            TU_CHECK_OK(dg_per_token_cast_to_fp8(&x, packed, g, packed, &q, &sf));
+            for (int bf16 = 0; bf16 < 2; ++bf16) {
+                dg_tensor y = {0};
+                TU_CHECK_OK(dg_cast_back_from_fp8(&q, &sf, g, packed, &y)); /* query */
+                TU_CHECK(y.dtype == DG_FLOAT32 && y.shape[0] == m && y.shape[1] == k, "cast_back_from_fp8 query");
+                y = tu_alloc2(bf16 ? DG_BFLOAT16 : DG_FLOAT32, m, k);
+                TU_CHECK_OK(dg_cast_back_from_fp8(&q, &sf, g, packed, &y));
+                int64_t bad = 0;
+                for (int64_t i = 0; i < m; ++i)
+                    for (int64_t j = 0; j < k; ++j) {
+                        const int64_t grp = j / g;
+                        float sc;
+                        if (packed) {
+                            const uint32_t w = ((uint32_t *)sf.data)[i * cols + grp / 4];
+                            sc = u2f(((w >> (8 * (grp % 4))) & 0xffu) << 23);
+                        } else {
+                            sc = ((float *)sf.data)[i * cols + grp];
+                        }
+                        const uint8_t code = ((uint8_t *)q.data)[i * q.strides[0] + j * q.strides[1]];
+                        const float want = dg_e4m3_to_float(code) * sc;
+                        const float got =
+                            bf16 ? dg_bf16_to_float(((uint16_t *)y.data)[i * k + j]) : ((float *)y.data)[i * k + j];
+                        bad += bf16 ? got != dg_bf16_to_float(dg_float_to_bf16(want)) : f2u(got) != f2u(want);
+                    }
+                TU_CHECK(bad == 0, "cast_back_from_fp8 packed %d transposed %d bf16 %d: %lld mismatches", packed,
+                         transposed, bf16, (long long)bad);
+                tu_free(&y);
+            }
+            free(xf);
+            free_input(&x);
+            tu_free(&q), tu_free(&sf);
+        }
+    /* empty x: nothing to read or write */
+    uint8_t e0[1];
+    float s0[1], y0[1] = {7};
+    dg_tensor eq = dg_tensor_2d(e0, DG_FLOAT8_E4M3, 0, 64), es = dg_tensor_2d(s0, DG_FLOAT32, 0, 1);
+    dg_tensor ey = dg_tensor_2d(y0, DG_FLOAT32, 0, 64);
+    TU_CHECK_OK(dg_cast_back_from_fp8(&eq, &es, 64, 0, &ey));
+    TU_CHECK(y0[0] == 7, "empty cast_back_from_fp8 writes nothing");
+    /* bad arguments */
+    const char *f = "dg_cast_back_from_fp8";
+    uint8_t qb[2 * 64];
+    float sb[4] = {1, 1, 1, 1}, yb[2 * 64];
+    memset(qb, 0x38, sizeof qb);
+    memset(yb, 0x33, sizeof yb);
+    const float y00 = yb[0];
+    dg_tensor q = dg_tensor_2d(qb, DG_FLOAT8_E4M3, 2, 64), sf = dg_tensor_2d(sb, DG_FLOAT32, 2, 2);
+    dg_tensor y = dg_tensor_2d(yb, DG_FLOAT32, 2, 64);
+    dg_tensor qf = dg_tensor_2d(yb, DG_FLOAT32, 2, 64), sf1 = dg_tensor_2d(sb, DG_FLOAT32, 2, 1);
+    dg_tensor sfi = dg_tensor_2d(sb, DG_INT32, 2, 2), yi = dg_tensor_2d(yb, DG_INT32, 2, 64);
+    dg_tensor yq = dg_tensor_2d(qb, DG_FLOAT32, 2, 32); /* overlaps q */
+    EXPECT_FAIL(dg_cast_back_from_fp8(NULL, &sf, 32, 0, &y), DG_ERR_NULL_POINTER, f, "x");
+    EXPECT_FAIL(dg_cast_back_from_fp8(&qf, &sf, 32, 0, &y), DG_ERR_DTYPE, f, "x");
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sf1, 32, 0, &y), DG_ERR_SHAPE, f, "sf");
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sf, 32, 1, &y), DG_ERR_DTYPE, f, "sf");
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sfi, 32, 0, &y), DG_ERR_DTYPE, f, "sf");
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sf, 0, 0, &y), DG_ERR_VALUE, f, "gran_k");
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sf, 32, 0, &yi), DG_ERR_DTYPE, f, "out");
+    dg_tensor ys = dg_tensor_2d(yb, DG_FLOAT32, 2, 63);
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sf, 32, 0, &ys), DG_ERR_SHAPE, f, "out");
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sf, 32, 0, &yq), DG_ERR_SHAPE, f, "out");
+    yq.shape[1] = 64, yq.strides[0] = 64; /* right shape, but over q's bytes */
+    yq.data = qb;
+    TU_CHECK_STATUS(dg_cast_back_from_fp8(&q, &sf, 32, 0, &yq), DG_ERR_LAYOUT);
+    EXPECT_FAIL(dg_cast_back_from_fp8(&q, &sf, 32, 0, NULL), DG_ERR_NULL_POINTER, f, "out");
+    TU_CHECK(yb[0] == y00 && qb[0] == 0x38, "cast_back_from_fp8 failures write nothing");
+    TU_CHECK_OK(dg_cast_back_from_fp8(&q, &sf, 32, 0, &y));
+    TU_CHECK(yb[0] == dg_e4m3_to_float(0x38), "cast_back_from_fp8 of code 0x38 with scale 1");
+}
+
 static void test_small_shapes(void) {
     float one[1] = {-3.5f};
     uint8_t q[1];
@@ -589,6 +680,7 @@ static void test_small_shapes(void) {
 
 int main(void) {
     test_fp8_helpers();
+    test_cast_back_fp8();
     test_custom_dims();
     test_fp4();
     test_pack_transpose();

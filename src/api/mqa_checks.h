@@ -6,7 +6,8 @@
 
 #include "reference/ref_mqa.h"
 
-/* q, q_sf (NULL: FP8), kv, kv_sf of the contiguous form; fills s, sk, h, d, fp4 and the tensors. */
+/* q, q_sf (NULL: FP8; given: MXFP4 or MXFP8), kv, kv_sf of the contiguous form; fills s, sk, h, d,
+ * fp4, mx and the tensors. */
 dg_status dg_mqa_check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
                             const dg_tensor *kv_sf);
 /* q [B, next_n, H, D(/2)], q_sf and the fused cache of the paged form; fills the extents. */

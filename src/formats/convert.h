@@ -11,6 +11,8 @@
 
 #include "../core/internal.h"
 
+#include <string.h>
+
 /* The AVX2 and AVX-512 kernels are compiled (with their own flags, see CMakeLists.txt) on
  * x86-64 only. */
 #if defined(__x86_64__) || defined(_M_X64)
@@ -20,6 +22,17 @@
 #define DG_HAVE_AVX512_KERNELS 0
 #define DG_HAVE_AVX2_KERNELS 0
 #endif
+
+/* dg_float_to_bf16 (round to nearest even; NaN stays NaN, quiet) inline, for loops that store
+ * one value at a time; scalar.c defines the public function with it. */
+static inline uint16_t dg_round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign, force a quiet payload */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u); /* ties to even */
+    return (uint16_t)((u + rounding) >> 16);
+}
 
 /* Convert n contiguous elements; src and dst do not overlap. */
 typedef struct dg_convert_kernels {

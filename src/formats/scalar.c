@@ -3,6 +3,7 @@
  * rest of the library (and its vectorised conversions) must agree with bit for bit.
  */
 #include "../core/internal.h"
+#include "convert.h"
 
 #include <math.h>
 #include <string.h>
@@ -18,13 +19,7 @@ static inline float u2f(uint32_t u) {
     return f;
 }
 
-uint16_t dg_float_to_bf16(float x) {
-    const uint32_t u = f2u(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign, force a quiet payload */
-        return (uint16_t)((u >> 16) | 0x0040u);
-    const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u); /* ties to even */
-    return (uint16_t)((u + rounding) >> 16);
-}
+uint16_t dg_float_to_bf16(float x) { return dg_round_bf16(x); }
 
 float dg_bf16_to_float(uint16_t x) { return u2f((uint32_t)x << 16); }
 

@@ -19,7 +19,9 @@
  *
  * Why FP32 FMA and not VDPBF16PS: on the Sapphire Rapids this was tuned on, VDPBF16PS peaks at
  * about half the FP32 FMA rate (dgbench: ~116 vs ~230 GFLOPS per core), and E4M3 x E4M3
- * products are exact in float32 either way.
+ * products are exact in float32 either way (MXFP8: while they stay in float32's normal range;
+ * with the 2^-16 of the two conversions that needs the q and kv scale bytes of a group to sum
+ * to at least ~162, which any quantizer's scales (bytes >= 105 for amax >= 1e-4) do).
  *
  * AMX level, FP8 (amx/mqa_amx.c): the dot products come from TDPBF16PS instead of the FMA
  * chain. E4M3 * 2^-8 is exact in BF16, the products are exact, and each k step of 32 (d
@@ -27,7 +29,7 @@
  * sum in the hardware's fixed order (not the FMA chain's bits, nor one rounding of the exact
  * sum). The head/relu/weight chain above is unchanged. A logit still depends only on its inputs:
  * not on the thread count, the panel, the lane or the query's position. FP4 keeps the VNNI
- * integer kernel at the AMX level (it is exact).
+ * integer kernel at the AMX level (it is exact), MXFP8 the AVX-512 FP32 tile.
  *
  * Layouts (float32): q as prep_q leaves it (default: [h][d] row-major, row stride d; at most
  * align(h, 16) * align(d, 32) floats); panel as pack leaves it (default: [d][nw], kv row c,
@@ -55,8 +57,9 @@ enum {
 static inline int dg_mqa_format(int fp4, int mx) { return fp4 ? DG_MQA_FP4 : mx ? DG_MQA_MXFP8 : DG_MQA_FP8; }
 
 /* MXFP8: multiplies converted E4M3 values (value * 2^-8) in place by their per-32 UE8M0 scales
- * from `word`. Exact: the products lie in [2^-144, 1.75 * 2^127], all representable in float32
- * (subnormals included) with E4M3's 4 significant bits. A plain loop: each ISA's file compiles
+ * from `word`. Exact for scale bytes 0..254: the products lie in [2^-144, 1.75 * 2^127], all
+ * representable in float32 (subnormals included) with E4M3's 4 significant bits; byte 255 gives
+ * inf as in dg_ue8m0_to_float and the reference. A plain loop: each ISA's file compiles
  * it with its own vector width. */
 static inline void dg_mqa_apply_mx_scales(float *o, int64_t d, uint32_t word) {
     for (int64_t g = 0; g * 32 < d; ++g) {
@@ -124,6 +127,8 @@ void dg_mqa_tile_generic(const float *q, int64_t h, int64_t d, const float *w, c
 void dg_mqa_tile_avx2(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
                          const uint8_t *const *pf, int npf);
 void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out);
+void dg_mqa_pack_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
+                      float *panel);
 void dg_mqa_tile_avx512(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
                          const uint8_t *const *pf, int npf);
 void dg_mqa_convert_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out);

@@ -17,6 +17,7 @@
  */
 #include "mqa_kernels.h"
 
+#include "../formats/convert.h"
 #include "../reference/ref_mqa.h"
 
 #include <math.h>
@@ -36,7 +37,7 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt) {
                                           .convert = dg_mqa_convert_generic, .tile = dg_mqa_tile_generic};
 #if DG_MQA_HAVE_X86
     static const dg_mqa_kernel avx2 = {.name = "avx2", .nw = DG_MQA_NW_AVX2, .convert = dg_mqa_convert_avx2,
-                                       .tile = dg_mqa_tile_avx2};
+                                       .pack = dg_mqa_pack_avx2, .tile = dg_mqa_tile_avx2};
     static const dg_mqa_kernel avx512 = {.name = "avx512", .nw = DG_MQA_NW_AVX512, .convert = dg_mqa_convert_avx512,
                                          .pack = dg_mqa_pack_avx512, .prep_q = dg_mqa_prep_q_avx512,
                                          .tile = dg_mqa_tile_avx512};
@@ -574,6 +575,16 @@ static void flush_group(const mqa_ctx *c, mqa_scratch *s, int64_t i0, uint32_t m
         tile(c, s, q, NULL, 0);
         for (int k = 0; k < n; ++k) {
             const sparse_block *b = &s->blocks[s->tok_blk[k]];
+            if (b->r1 == b->r0 + 1) { /* one (query, block) pair: the gather kept only tokens it sees */
+                const sparse_ref *ref = &s->refs[b->r0];
+                const float v = c->fmt != DG_MQA_FP8 ? s->sum[k] * post : s->sum[k] * post * s->kscale[k];
+                const int64_t at = (i0 + q) * t->strides[0] + (int64_t)ref->j * p->sbkv + s->tok_o[k];
+                if (t->dtype == DG_FLOAT32)
+                    ((float *)t->data)[at] = v;
+                else
+                    ((uint16_t *)t->data)[at] = dg_round_bf16(v);
+                continue;
+            }
             for (int32_t r = b->r0; r < b->r1; ++r) { /* a query may select a block twice */
                 const sparse_ref *ref = &s->refs[r];
                 if (ref->slot != q || !ref_sees(p, i0, ref, s->tok_o[k]))
@@ -583,7 +594,7 @@ static void flush_group(const mqa_ctx *c, mqa_scratch *s, int64_t i0, uint32_t m
                 if (t->dtype == DG_FLOAT32)
                     ((float *)t->data)[at] = v;
                 else
-                    ((uint16_t *)t->data)[at] = dg_float_to_bf16(v);
+                    ((uint16_t *)t->data)[at] = dg_round_bf16(v);
             }
         }
     }

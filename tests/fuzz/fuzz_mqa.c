@@ -1,7 +1,8 @@
 /*
  * fuzz_mqa.c - libFuzzer harness over the MQA logits' argument checking: dg_fp8_mqa_logits,
  * dg_fp8_fp4_mqa_logits (ks/ke ranges, compressed logits, query form), the paged metadata and
- * dg_fp8(_fp4)_paged_mqa_logits (context lengths, block tables, schedule). See fuzz_common.h.
+ * dg_fp8(_fp4)_paged_mqa_logits (context lengths, block tables, schedule); q and kv FP8, MXFP4 or
+ * MXFP8 (E4M3 with q_sf and INT32 kv scales). See fuzz_common.h.
  */
 #include "fuzz_common.h"
 
@@ -19,14 +20,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dg_dtype ldt = (fz_u8(&c.r) & 1) ? DG_BFLOAT16 : DG_FLOAT32;
     int clean = fz_u8(&c.r) % 3 == 0 ? fz_int(&c.r) : (int)(fz_u8(&c.r) & 1);
     if (sel < 2) {
-        int fp4 = sel == 1 && (fz_u8(&c.r) & 1);
+        const uint8_t fb = sel == 1 ? fz_u8(&c.r) : 0;
+        const int fp4 = fb & 1, mx = fp4 || (fb & 2); /* mx without fp4: MXFP8 */
         static const int sq[3] = {0, 3, 2}, sqsf[2] = {0, 3}, skv[2] = {1, 2}, skvsf[1] = {1}, sw[2] = {0, 3},
                          sks[1] = {0}, slg[2] = {0, 1};
         qp = fz_tensor(&c, &q, fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, 3, sq, FZ_FILL_FLOAT);
-        if (fp4)
+        if (mx)
             qsfp = fz_tensor(&c, &qsf, DG_INT32, 2, sqsf, FZ_FILL_FLOAT);
         kvp = fz_tensor(&c, &kv, fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, 2, skv, FZ_FILL_FLOAT);
-        kvsfp = fz_tensor(&c, &kvsf, fp4 ? DG_INT32 : DG_FLOAT32, 1, skvsf, FZ_FILL_FLOAT);
+        kvsfp = fz_tensor(&c, &kvsf, mx ? DG_INT32 : DG_FLOAT32, 1, skvsf, FZ_FILL_FLOAT);
         wp = fz_tensor(&c, &w, ldt == DG_BFLOAT16 && (fz_u8(&c.r) & 1) ? DG_BFLOAT16 : DG_FLOAT32, 2, sw,
                        FZ_FILL_FLOAT);
         ksp = fz_tensor(&c, &ks, DG_INT32, 1, sks, FZ_FILL_INDEX);
@@ -93,12 +95,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     dg_last_error());
             abort();
         }
-        int fp4 = sel == 4 && (fz_u8(&c.r) & 1);
+        const uint8_t fb = sel == 4 ? fz_u8(&c.r) : 0;
+        const int fp4 = fb & 1, mx = fp4 || (fb & 2); /* mx without fp4: MXFP8 */
         /* q [B, next_n, H, D], kv_cache UINT8 [num_blocks, block_kv, 1, D + 4] */
         static const int sq[4] = {0, 4, 3, 2}, sqsf[3] = {0, 4, 3}, skc[4] = {1, 5, -1, 2}, sw[2] = {0, 3},
                          sbt[2] = {0, 1}, slg[2] = {0, 5};
         qp = fz_tensor(&c, &q, fp4 ? DG_FP4_E2M1X2 : DG_FLOAT8_E4M3, 4, sq, FZ_FILL_FLOAT);
-        if (fp4)
+        if (mx)
             qsfp = fz_tensor(&c, &qsf, DG_INT32, 3, sqsf, FZ_FILL_FLOAT);
         kvp = fz_tensor(&c, &kv, DG_UINT8, 4, skc, FZ_FILL_FLOAT);
         wp = fz_tensor(&c, &w, ldt == DG_BFLOAT16 && (fz_u8(&c.r) & 1) ? DG_BFLOAT16 : DG_FLOAT32, 2, sw,
@@ -111,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             goto out;
         }
         fz_output(&c, lgp);
-        if (sel == 3 && !fp4) {
+        if (sel == 3 && !mx) {
             fn = "dg_fp8_paged_mqa_logits";
             st = dg_fp8_paged_mqa_logits(qp, kvp, wp, clp, btp, &sm, max_context_len, clean, idxp, lgp);
         } else {

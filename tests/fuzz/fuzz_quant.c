@@ -1,8 +1,8 @@
 /*
  * fuzz_quant.c - libFuzzer harness over the quantisation casts and format helpers: dg_cast,
  * per-token / per-block / per-channel / per-custom-dims FP8 casts, per-token FP4 cast,
- * dg_cast_back_from_fp4, dg_ceil_to_ue8m0_tensor, UE8M0 pack/unpack, dg_transpose_packed_fp4
- * and dg_calc_diff. Outputs are fuzzed descriptors or the query form (answered, then called
+ * dg_cast_back_from_fp4, dg_cast_back_from_fp8, dg_ceil_to_ue8m0_tensor, UE8M0 pack/unpack,
+ * dg_transpose_packed_fp4 and dg_calc_diff. Outputs are fuzzed descriptors or the query form (answered, then called
  * again). See fuzz_common.h.
  */
 #include "fuzz_common.h"
@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_ctx c;
     fz_init(&c, data, size);
     fz_settings(&c);
-    uint8_t sel = fz_u8(&c.r) % 12;
+    uint8_t sel = fz_u8(&c.r) % 13;
     dg_tensor x, y, out, osf;
     dg_tensor *xp, *yp, *op, *osp;
     dg_status st = DG_OK;
@@ -86,6 +86,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         st = dg_cast_back_from_fp4(xp, yp, gran_k, packed, op);
         if (st == DG_OK && query && op && !op->data && fz_answer(&c, op))
             fz_expect_ok(dg_cast_back_from_fp4(xp, yp, gran_k, packed, op), fn);
+        goto out;
+    case 12: /* cast_back_from_fp8 */
+        xp = fz_tensor(&c, &x, DG_FLOAT8_E4M3, 2, s2, FZ_FILL_FLOAT);
+        yp = fz_tensor(&c, &y, packed ? DG_INT32 : DG_FLOAT32, 2, sc, FZ_FILL_FLOAT);
+        if (!query)
+            op = fz_tensor(&c, &out, xdt, 2, s2, FZ_FILL_FLOAT);
+        if (c.skip)
+            goto out;
+        fz_output(&c, op);
+        fn = "dg_cast_back_from_fp8";
+        st = dg_cast_back_from_fp8(xp, yp, gran_k, packed, op);
+        if (st == DG_OK && query && op && !op->data && fz_answer(&c, op))
+            fz_expect_ok(dg_cast_back_from_fp8(xp, yp, gran_k, packed, op), fn);
         goto out;
     case 7: /* ceil_to_ue8m0_tensor */
         xp = fz_tensor(&c, &x, xdt, 2, s2, FZ_FILL_FLOAT);

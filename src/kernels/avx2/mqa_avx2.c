@@ -1,8 +1,10 @@
 /* mqa_avx2.c - AVX2/FMA/F16C MQA logits kernels (see mqa_kernels.h): E4M3 conversion through
- * FP16 and the FP32 FMA tile of 6 heads x 16 kv rows (12 ymm sums) per pass over d. */
+ * FP16, a register-blocked transposing pack and the FP32 FMA tile of 6 heads x 16 kv rows
+ * (12 ymm sums) per pass over d. */
 #include "../mqa_kernels.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define NW DG_MQA_NW_AVX2
 #define MH 6
@@ -64,6 +66,43 @@ void dg_mqa_convert_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, 
         if (fmt == DG_MQA_MXFP8)
             dg_mqa_apply_mx_scales(o, d, sf[r]);
     }
+}
+
+/* dst[c * ldd + r] = src[r * lds + c] for r, c < 8 (unpack / shuffle / 128-bit lane swaps). */
+static inline void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd) {
+    __m256 r[8], t[8], u[8];
+    for (int i = 0; i < 8; ++i)
+        r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* u[i + c]: column c (and c + 4) of rows i..i+3 */
+        u[i + 0] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int c = 0; c < 4; ++c) {
+        _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+    }
+}
+
+/* The default panel [d][NW] (mqa_kernels.h), the rows converted first, then transposed in 8 x 8
+ * register blocks: the scalar transpose cost about as much as a tile when every panel serves
+ * one query (sparse indexer, paged decode with next_n = 1). Rows n..NW-1 are zero. */
+void dg_mqa_pack_avx2(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
+                      float *panel) {
+    dg_mqa_convert_avx2(rows, sf, n, d, fmt, tmp);
+    memset(tmp + (int64_t)n * d, 0, (size_t)((NW - n) * d) * sizeof(float));
+    const int64_t d8 = d & ~(int64_t)7;
+    for (int64_t k0 = 0; k0 < d8; k0 += 8)
+        for (int c0 = 0; c0 < NW; c0 += 8)
+            transpose8(tmp + c0 * d + k0, d, panel + k0 * NW + c0, NW);
+    for (int64_t k = d8; k < d; ++k)
+        for (int c = 0; c < NW; ++c)
+            panel[k * NW + c] = tmp[c * d + k];
 }
 
 static inline __attribute__((always_inline)) void heads(const float *q, int64_t d, const float *w,
