@@ -34,10 +34,6 @@ def test_per_token_cast_to_fp8(dtype, use_ue8m0, m, k, gran_k):
         same_bits(sf, ref_per_token_cast_to_fp8(x, True, gran_k, True)[1])
 
 
-def ceil_div(x, y):
-    return (x + y - 1) // y
-
-
 @pytest.mark.parametrize('use_ue8m0', [False, True])
 @pytest.mark.parametrize('m,k', [(1, 1), (130, 200), (256, 128)])
 def test_per_block_cast_to_fp8(use_ue8m0, m, k):

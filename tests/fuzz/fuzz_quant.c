@@ -13,7 +13,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_ctx c;
     fz_init(&c, data, size);
     fz_settings(&c);
-    uint8_t sel = fz_u8(&c.r) % 13;
+    /* selector bytes 253 and 254 (in no seed) reach dg_cast_back_from_fp8 (12): every other byte
+     * keeps the case it had before it was added, so the seed corpus still tests what it did */
+    const uint8_t sb = fz_u8(&c.r);
+    uint8_t sel = (sb == 253 || sb == 254) ? 12 : sb % 12;
     dg_tensor x, y, out, osf;
     dg_tensor *xp, *yp, *op, *osp;
     dg_status st = DG_OK;
