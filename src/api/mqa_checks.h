@@ -6,6 +6,9 @@
 
 #include "reference/ref_mqa.h"
 
+/* q's rank and dtype for its format: with q_sf (mx) FP4_E2M1X2 (MXFP4) or FLOAT8_E4M3 (MXFP8),
+ * without it FLOAT8_E4M3 (FP8 with float32 kv scales). */
+dg_status dg_mqa_check_q_format(const dg_tensor *q, int ndim, int mx);
 /* q, q_sf (NULL: FP8; given: MXFP4 or MXFP8), kv, kv_sf of the contiguous form; fills s, sk, h, d,
  * fp4, mx and the tensors. */
 dg_status dg_mqa_check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,

@@ -22,20 +22,23 @@ static dg_status check_i32_vector(const dg_tensor *t, const char *name, int64_t 
 }
 
 /* q, q_sf, kv, kv_sf: dtypes, shapes, contiguity; fills the problem's extents. */
+dg_status dg_mqa_check_q_format(const dg_tensor *q, int ndim, int mx) {
+    DG_TRY(dg_check_tensor(q, "q", ndim));
+    if (mx) {
+        const dg_dtype allowed[2] = {DG_FP4_E2M1X2, DG_FLOAT8_E4M3};
+        return dg_check_dtype_in(q, "q", allowed, 2);
+    }
+    DG_CHECK(q->dtype == DG_FLOAT8_E4M3, DG_ERR_DTYPE,
+             "argument 'q' must be float8_e4m3 without q_sf (FP4 needs its q_sf), got %s", dg_dtype_name(q->dtype));
+    return DG_OK;
+}
+
 dg_status dg_mqa_check_q_kv(dg_mqa_problem *p, const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,
                              const dg_tensor *kv_sf) {
     /* q_sf given: MXFP4 (packed E2M1) or MXFP8 (E4M3), both with per-32 UE8M0 scales packed
      * in INT32 words; q_sf NULL: FP8 with a float32 scale per kv row. */
     const int mx = q_sf != NULL;
-    DG_TRY(dg_check_tensor(q, "q", 3));
-    if (mx) {
-        const dg_dtype allowed[2] = {DG_FP4_E2M1X2, DG_FLOAT8_E4M3};
-        DG_TRY(dg_check_dtype_in(q, "q", allowed, 2));
-    } else {
-        DG_CHECK(q->dtype == DG_FLOAT8_E4M3, DG_ERR_DTYPE,
-                 "argument 'q' must be float8_e4m3 without q_sf (FP4 needs its q_sf), got %s",
-                 dg_dtype_name(q->dtype));
-    }
+    DG_TRY(dg_mqa_check_q_format(q, 3, mx));
     const int fp4 = q->dtype == DG_FP4_E2M1X2;
     const dg_dtype data_dt = q->dtype;
     DG_TRY(dg_check_contiguous(q, "q"));

@@ -153,15 +153,7 @@ dg_status dg_paged_mqa_check_q_cache(dg_paged_mqa_problem *p, const dg_tensor *q
                                      const dg_tensor *cache) {
     /* q_sf given: MXFP4 or MXFP8 (per-32 UE8M0 scales, packed INT32, in the cache too); NULL: FP8 */
     p->mx = q_sf != NULL;
-    DG_TRY(dg_check_tensor(q, "q", 4));
-    if (p->mx) {
-        const dg_dtype allowed[2] = {DG_FP4_E2M1X2, DG_FLOAT8_E4M3};
-        DG_TRY(dg_check_dtype_in(q, "q", allowed, 2));
-    } else {
-        DG_CHECK(q->dtype == DG_FLOAT8_E4M3, DG_ERR_DTYPE,
-                 "argument 'q' must be float8_e4m3 without q_sf (FP4 needs its q_sf), got %s",
-                 dg_dtype_name(q->dtype));
-    }
+    DG_TRY(dg_mqa_check_q_format(q, 4, p->mx));
     p->fp4 = q->dtype == DG_FP4_E2M1X2;
     DG_TRY(dg_check_contiguous(q, "q"));
     p->batch = q->shape[0];

@@ -27,38 +27,30 @@ static inline float ue8m0_bits_to_float(uint32_t byte) {
     return f;
 }
 
+/* The scale of row i's group g: float32, or byte g % 4 of packed word g / 4 as DeepGEMM unpacks. */
+static float group_scale(const dg_tensor *sf, bool sf_packed, int64_t i, int64_t g) {
+    if (!sf_packed)
+        return *(const float *)dg_ptr2(sf, i, g);
+    const uint32_t word = *(const uint32_t *)dg_ptr2(sf, i, g / 4);
+    return ue8m0_bits_to_float((word >> (8 * (g % 4))) & 0xffu);
+}
+
 void ref_cast_back_from_fp4(const dg_tensor *packed, const dg_tensor *sf, int64_t gran_k, bool sf_packed,
                             const dg_tensor *out) {
     const int64_t m = out->shape[0], n = out->shape[1];
     for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-            const int64_t g = j / gran_k;
-            float s;
-            if (sf_packed) {
-                const uint32_t word = *(const uint32_t *)dg_ptr2(sf, i, g / 4);
-                s = ue8m0_bits_to_float((word >> (8 * (g % 4))) & 0xffu);
-            } else {
-                s = *(const float *)dg_ptr2(sf, i, g);
-            }
-            dg_store_float(out, dg_ptr2(out, i, j), fp4_value(fp4_code(packed, i, j)) * s);
-        }
+        for (int64_t j = 0; j < n; ++j)
+            dg_store_float(out, dg_ptr2(out, i, j),
+                           fp4_value(fp4_code(packed, i, j)) * group_scale(sf, sf_packed, i, j / gran_k));
 }
 
 void ref_cast_back_from_fp8(const dg_tensor *x, const dg_tensor *sf, int64_t gran_k, bool sf_packed,
                             const dg_tensor *out) {
     const int64_t m = out->shape[0], n = out->shape[1];
     for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-            const int64_t g = j / gran_k;
-            float s;
-            if (sf_packed) {
-                const uint32_t word = *(const uint32_t *)dg_ptr2(sf, i, g / 4);
-                s = ue8m0_bits_to_float((word >> (8 * (g % 4))) & 0xffu);
-            } else {
-                s = *(const float *)dg_ptr2(sf, i, g);
-            }
-            dg_store_float(out, dg_ptr2(out, i, j), dg_e4m3_to_float(*(const uint8_t *)dg_ptr2(x, i, j)) * s);
-        }
+        for (int64_t j = 0; j < n; ++j)
+            dg_store_float(out, dg_ptr2(out, i, j), dg_e4m3_to_float(*(const uint8_t *)dg_ptr2(x, i, j)) *
+                                                        group_scale(sf, sf_packed, i, j / gran_k));
 }
 
 void ref_transpose_packed_fp4(const dg_tensor *a, const dg_tensor *out) {

@@ -77,32 +77,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fn = "dg_cast";
         st = dg_cast(xp, op);
         goto out;
-    case 6: /* cast_back_from_fp4 */
-        xp = fz_tensor(&c, &x, (fz_u8(&c.r) & 1) ? DG_INT8 : DG_FP4_E2M1X2, 2, s2, FZ_FILL_FLOAT);
+    case 6:  /* cast_back_from_fp4 */
+    case 12: /* cast_back_from_fp8 (same arguments) */
+    {
+        const int fp8 = sel == 12;
+        dg_status (*cast_back)(const dg_tensor *, const dg_tensor *, int, int, dg_tensor *) =
+            fp8 ? dg_cast_back_from_fp8 : dg_cast_back_from_fp4;
+        xp = fz_tensor(&c, &x, fp8 ? DG_FLOAT8_E4M3 : (fz_u8(&c.r) & 1) ? DG_INT8 : DG_FP4_E2M1X2, 2, s2,
+                       FZ_FILL_FLOAT);
         yp = fz_tensor(&c, &y, packed ? DG_INT32 : DG_FLOAT32, 2, sc, FZ_FILL_FLOAT);
         if (!query)
             op = fz_tensor(&c, &out, xdt, 2, s2, FZ_FILL_FLOAT);
         if (c.skip)
             goto out;
         fz_output(&c, op);
-        fn = "dg_cast_back_from_fp4";
-        st = dg_cast_back_from_fp4(xp, yp, gran_k, packed, op);
+        fn = fp8 ? "dg_cast_back_from_fp8" : "dg_cast_back_from_fp4";
+        st = cast_back(xp, yp, gran_k, packed, op);
         if (st == DG_OK && query && op && !op->data && fz_answer(&c, op))
-            fz_expect_ok(dg_cast_back_from_fp4(xp, yp, gran_k, packed, op), fn);
+            fz_expect_ok(cast_back(xp, yp, gran_k, packed, op), fn);
         goto out;
-    case 12: /* cast_back_from_fp8 */
-        xp = fz_tensor(&c, &x, DG_FLOAT8_E4M3, 2, s2, FZ_FILL_FLOAT);
-        yp = fz_tensor(&c, &y, packed ? DG_INT32 : DG_FLOAT32, 2, sc, FZ_FILL_FLOAT);
-        if (!query)
-            op = fz_tensor(&c, &out, xdt, 2, s2, FZ_FILL_FLOAT);
-        if (c.skip)
-            goto out;
-        fz_output(&c, op);
-        fn = "dg_cast_back_from_fp8";
-        st = dg_cast_back_from_fp8(xp, yp, gran_k, packed, op);
-        if (st == DG_OK && query && op && !op->data && fz_answer(&c, op))
-            fz_expect_ok(dg_cast_back_from_fp8(xp, yp, gran_k, packed, op), fn);
-        goto out;
+    }
     case 7: /* ceil_to_ue8m0_tensor */
         xp = fz_tensor(&c, &x, xdt, 2, s2, FZ_FILL_FLOAT);
         op = (fz_u8(&c.r) & 1) ? xp : fz_tensor(&c, &out, DG_FLOAT32, 2, s2, FZ_FILL_FLOAT);
