@@ -8,7 +8,8 @@
  * B), FP8 1D2D float scales, FP8 UE8M0, FP8 x FP4 (gran 32, UE8M0 and float scales), with K
  * and N tails and padded B rows; and within DeepGEMM's calc_diff thresholds of exact math on
  * the same values. Then the decode kernels' exact fallbacks: FP8 B with NaN codes, and folded
- * scales too large for one exact multiply.
+ * scales too large for one exact multiply; and tiny BF16 inputs whose products are float32
+ * denormals, bitwise across M too (at AVX-512 BF16 both paths run VDPBF16PS, which flushes them).
  */
 #include "test_gemm_dense_util.h"
 
@@ -76,8 +77,20 @@ static double diff_vs_exact(const top *a, int64_t r0, const top *b, const dg_ten
     return diff;
 }
 
-/* Special B contents for the decode kernels' fallbacks. */
-enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2 };
+/* Special contents: B for the decode kernels' fallbacks; tiny BF16 A and B whose products and
+ * partial sums are float32 denormals (flushed by VDPBF16PS: the small-M path must flush the same). */
+enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2, TINY_VALUES = 3 };
+
+/* Every BF16 value of x times 2^-64 (exactly: the exponent field lowered; below the normal
+ * range the value becomes a signed zero), so that products fall around 2^-128. */
+static void make_tiny(top *x) {
+    for (int64_t i = 0; i < x->mn; ++i)
+        for (int64_t kk = 0; kk < x->k; ++kk) {
+            uint16_t *h = (uint16_t *)x->t.data + i * x->t.strides[0] + kk * x->t.strides[1];
+            const int e = (*h >> 7) & 0xff;
+            *h = e > 64 ? (uint16_t)(*h - (64 << 7)) : (uint16_t)(*h & 0x8000);
+        }
+}
 
 /* One E4M3 NaN code (S.1111.111) in every third row of b, at a row-dependent k. */
 static void put_nans(top *b) {
@@ -110,6 +123,8 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
         put_nans(&b);
     if (special == BIG_SCALES)
         put_big_scales(&b);
+    if (special == TINY_VALUES)
+        make_tiny(&a), make_tiny(&b);
     dg_packed_b *pb = NULL;
     const dg_gemm_options o = opts_of(c);
     TU_CHECK_OK(c->db == DG_BFLOAT16 ? dg_pack_b(&b.t, NULL, NULL, &pb) : dg_pack_b(&b.t, &b.sf, &o, &pb));
@@ -118,6 +133,12 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
     const int sms = dg_get_num_sms();
     TU_CHECK_OK(dg_set_num_sms(2));
     dg_tensor dbig = gemm(c, &at, &sfa, &b, NULL);
+    if (special == TINY_VALUES) { /* the inputs are not flushed away entirely */
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < big * n; ++i)
+            nonzero += ((const float *)dbig.data)[(i / n) * dbig.strides[0] + i % n] != 0.0f;
+        TU_CHECK(nonzero > big * n / 8, "%s: tiny inputs gave only %lld nonzero outputs", c->what, (long long)nonzero);
+    }
 
     static const int64_t kM[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 32, 33, 48, 63, 64, 1, 64, 100, 256};
     for (size_t mi = 0; mi < sizeof kM / sizeof kM[0] && kM[mi] <= limit; ++mi) {
@@ -197,6 +218,8 @@ static void run_level(dg_isa isa, int dpbf16) {
     check_special(&cases[3], 70, 600, &r, NAN_CODES);
     check_special(&cases[3], 70, 600, &r, BIG_SCALES);
     check_special(&cases[4], 70, 600, &r, BIG_SCALES);
+    check_special(&cases[0], 70, 600, &r, TINY_VALUES);
+    check_special(&cases[1], 16, 600, &r, TINY_VALUES);
     dg_engine_set_dpbf16(-1);
 }
 

@@ -54,7 +54,10 @@ static const dg_engine_cfg kCfg[] = {
                        dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
     [DG_ISA_AVX512_BF16] = {"avx512_bf16/bf16", DG_PACK_BF16, 14, 32, 224, 512, 256, dg_ukr_bf16_avx512bf16,
                             dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
-                            dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
+                            dg_widen_e4m3_avx512, dg_widen_e2m1_avx512,
+                            {dg_ukr_bf16_avx512bf16_mr1, dg_ukr_bf16_avx512bf16_mr2, dg_ukr_bf16_avx512bf16_mr4,
+                             dg_ukr_bf16_avx512bf16_mr8},
+                            .small_fmt = DG_PACK_BF16},
 #if defined(DG_HAVE_AMX)
     [DG_ISA_AMX] = {"amx/bf16", DG_PACK_AMX_B, 32, 32, 512, 512, 256, dg_ukr_bf16_amx,
                     dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,

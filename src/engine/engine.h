@@ -42,10 +42,13 @@
  * is a constant, not a cache parameter, so bits stay the same on every CPU of one ISA level.
  * This order depends on neither M, N, the tile position nor the thread count: K is never
  * split across threads, tails are computed by the same kernel on zero-padded panels.
- * Caveat: the small-M path (smallm.c) runs float32 FMA kernels (except on AMX configurations,
- * where it runs TDPBF16PS like the large-M kernel: same bits); where the large-M path
- * runs VDPBF16PS (AMD by default, config.c), rows agree bitwise across M unless a product or
- * partial sum is a float32 denormal (which VDPBF16PS flushes to zero).
+ * The small-M path (smallm.c, prepack.c) runs the large-M kernel's instruction: float32 FMA
+ * kernels where that is FMA, VDPBF16PS kernels on BF16 panels where the large-M path runs
+ * VDPBF16PS (AMD by default, config.c), TDPBF16PS on AMX; so rows agree bitwise across M for
+ * every input, denormals included. VDPBF16PS flushes denormals (measured on AMD Zen 5: a
+ * denormal accumulator is read as zero and each of its two steps' denormal results is
+ * flushed), so where the AVX-512 BF16 level runs FMA instead (Intel by default) bits differ
+ * from VDPBF16PS's on denormal products and partial sums only.
  *
  * AMX configurations (DG_ISA_AMX) replace the k-pair chain: K is padded with zeros to a
  * multiple of 32 and each k step of 32 is one TDPBF16PS, which adds the step's 32 exact
@@ -183,9 +186,12 @@ typedef struct dg_engine_cfg {
     /* Contiguous E4M3 / E2M1 codes to BF16 bits times a power-of-two scale (NULL: portable). */
     void (*widen_e4m3)(const uint8_t *src, int64_t n, float scale, uint16_t *out);
     void (*widen_e2m1)(const uint8_t *src, int64_t n, float scale, uint16_t *out);
-    /* Small M (decoding): microkernels for MR = 1, 2, 4, 8 with NR = nr on DG_PACK_F32
-     * panels (NULL: small M takes the general path). */
+    /* Small M (decoding): microkernels for MR = 1, 2, 4, 8 with NR = nr on small_fmt panels
+     * (NULL: small M takes the general path). */
     dg_ukr_fn ukr_small[4];
+    /* The panel format of ukr_small: DG_PACK_F32 (0), or DG_PACK_BF16 where the large-M kernel
+     * is VDPBF16PS, so that both paths flush the same denormals (batch invariance). */
+    dg_pack_fmt small_fmt;
     /* Rows of ukr_small[i] when they are not {1, 2, 4, 8}; then dg_engine_small_kernel weighs
      * padding against FMA latency (config.c). */
     int small_mr[4];
@@ -289,6 +295,14 @@ void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, 
                                  int64_t kc, int64_t k, dg_pack_fmt fmt, void *dst);
 void dg_widen_e4m3_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_widen_e2m1_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out);
+void dg_ukr_bf16_avx512bf16_mr1(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb);
+void dg_ukr_bf16_avx512bf16_mr2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb);
+void dg_ukr_bf16_avx512bf16_mr4(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb);
+void dg_ukr_bf16_avx512bf16_mr8(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb);
 void dg_ukr_f32_avx512_mr1(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                            const float *sa, const float *sb);
 void dg_ukr_f32_avx512_mr2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,

@@ -8,8 +8,8 @@
  * bitwise the same.
  * Panel format: where the configuration has a small-M path (AVX2, AVX-512 levels) the panels are
  * always DG_PACK_BF16, even when its large-M kernel takes DG_PACK_F32: decoding is bound by
- * reading B, and BF16 pairs are half the bytes. The small-M path widens each K slice to
- * float32 in L1 (exact); a large-M call on a float32 kernel widens the whole B once per call
+ * reading B, and BF16 pairs are half the bytes. The small-M path reads them in place where its
+ * kernels take BF16 pairs (VDPBF16PS), else widens each K slice to float32 in L1 (exact); a large-M call on a float32 kernel widens the whole B once per call
  * (O(N K), as the unpacked call's own packing). Elsewhere the panels are the kernel's format.
  * On AMX (DG_PACK_AMX_B panels) small M streams the panels with A as 16-row AMX_A tiles
  * (kernels/amx/smallm_amx.c): the large-M kernel's TDPBF16PS steps per element, so the same bits.
@@ -207,12 +207,15 @@ static void widen_pairs(const uint32_t *src, int64_t pairs, int r, uint32_t *dst
     }
 }
 
-/* B panel jb, k in [k0, k0 + kc), as float32 [kc][NR]: in place for F32 panels. */
-static const float *slice_b(const pp_job *j, int64_t jb, int64_t k0, int64_t kc, float *bbuf) {
+/* B panel jb, k in [k0, k0 + kc), in the small-M kernels' format: in place when the panels have it
+ * (float32 panels, or BF16 pairs for VDPBF16PS kernels), else BF16 pairs widened to float32 [kc][NR]. */
+static const void *slice_b(const pp_job *j, int64_t jb, int64_t k0, int64_t kc, float *bbuf) {
     const dg_packed *pb = j->pb;
     const int nr = pb->r;
     if (pb->fmt == DG_PACK_F32)
         return (const float *)pb->data + jb * pb->kp * nr + k0 * nr;
+    if (j->cfg->small_fmt == DG_PACK_BF16)
+        return (const uint16_t *)pb->data + jb * pb->kp * nr + k0 * nr;
     /* k0 and kc are even (kp is even, slices are multiples of 2) */
     widen_pairs((const uint32_t *)pb->data + jb * (pb->kp / 2) * nr + (k0 / 2) * nr, kc / 2, nr, (uint32_t *)bbuf);
     return bbuf;
@@ -235,18 +238,19 @@ static void pp_block(const pp_job *j, int64_t jb, float *bbuf, float *cbuf) {
     const dg_packed *pa = j->pa, *pb = j->pb;
     const int nr = pb->r, mr = j->mr, gblk = j->gblk;
     const int64_t kp = pa->kp;
+    const size_t es = j->cfg->small_fmt == DG_PACK_F32 ? 4 : 2; /* bytes per element of A and of B's slice */
     memset(cbuf, 0, (size_t)(pa->panels * mr * nr) * sizeof(float));
     for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
         const int64_t kc = kp - k0 < j->slice ? kp - k0 : j->slice;
-        const float *bs = slice_b(j, jb, k0, kc, bbuf);
+        const char *bs = slice_b(j, jb, k0, kc, bbuf);
         for (int64_t ir = 0; ir < pa->panels; ++ir) {
-            const float *ap = (const float *)pa->data + ir * kp * mr;
+            const char *ap = (const char *)pa->data + (size_t)(ir * kp * mr) * es;
             for (int64_t kb0 = k0; kb0 < k0 + kc; kb0 += gblk) { /* one scale epilogue per block */
                 const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
                 const float *sbp = pb->scales ? pb->scales + (jb * pb->nkb + kb0 / gblk) * nr : j->ones;
                 const float *sap = pa->scales ? pa->scales + (ir * pa->nkb + kb0 / gblk) * mr : j->ones;
-                j->ukr(kb1 - kb0, ap + kb0 * mr, bs + (kb0 - k0) * nr, cbuf + ir * mr * nr, nr, DG_UKR_SCALE, sap,
-                       sbp);
+                j->ukr(kb1 - kb0, ap + (size_t)(kb0 * mr) * es, bs + (size_t)((kb0 - k0) * nr) * es,
+                       cbuf + ir * mr * nr, nr, DG_UKR_SCALE, sap, sbp);
             }
         }
     }
@@ -387,7 +391,7 @@ static dg_status pp_small(const dg_engine_cfg *cfg, const dg_operand *a, int fol
     pp_job j = {cfg, NULL, pb, cfg->ukr_small[which], mr, gblk, PP_SMALL_KC, NULL};
     j.slice = gblk * (PP_SMALL_KC / gblk > 0 ? PP_SMALL_KC / gblk : 1);
     dg_packed pa;
-    DG_TRY(dg_engine_pack(a, fold_a, gblk, DG_PACK_F32, j.mr, cfg, &pa));
+    DG_TRY(dg_engine_pack(a, fold_a, gblk, cfg->small_fmt, j.mr, cfg, &pa));
     j.pa = &pa;
     const int nr = pb->r;
     const int64_t n = pb->mn, blocks = pb->panels, mpad = pa.panels * j.mr;

@@ -2,7 +2,8 @@
  * smallm.c - the engine's small-M path (decoding: M <= 64, on AVX2 <= 256), bound by reading B once.
  *
  * B is never packed as a whole: each thread takes blocks of NR columns and, for each K slice,
- * transposes that NR x slice piece of B from memory into a float32 L1/L2 buffer (the ISA's
+ * transposes that NR x slice piece of B from memory into an L1/L2 buffer in the small-M
+ * kernels' format (float32, or BF16 pairs where the large-M kernel is VDPBF16PS; the ISA's
  * BF16 packer; BF16 K-major B is read in place, other dtypes/layouts are widened to BF16 rows
  * first), then runs the microkernel over the few A panels (MR = 1, 2, 4 or 8 rows, the same
  * kernel body instantiated per MR), with the per-K-block scale epilogue when scales are not
@@ -64,7 +65,8 @@ typedef struct small_job {
     const float *ones;
 } small_job;
 
-/* B rows [n0, n0 + cols), k in [k0, k0 + kc), as a float32 NR-wide panel slice in bbuf. */
+/* B rows [n0, n0 + cols), k in [k0, k0 + kc), as an NR-wide panel slice in bbuf, in the small-M kernels'
+ * format (cfg->small_fmt: float32, or BF16 pairs). */
 static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, int64_t kc, uint16_t *stage,
                     float *bbuf) {
     const dg_operand *b = j->b;
@@ -72,11 +74,11 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
     const dg_tensor *t = b->data;
     if (t->dtype == DG_BFLOAT16 && t->strides[1] == 1) { /* read in place */
         j->cfg->pack_bf16((const uint16_t *)t->data + n0 * t->strides[0], t->strides[0], cols, nr, k0, kc, b->k,
-                          DG_PACK_F32, bbuf);
+                          j->cfg->small_fmt, bbuf);
         return;
     }
     if (t->dtype == DG_FLOAT8_E4M3 && t->strides[1] == 1 && !(j->plan->fold_b && b->sf) && j->cfg->stage_e4m3 &&
-        nr == 16 && k0 % 8 == 0) { /* FP8 weights, one pass (NaN codes: the exact way below) */
+        nr == 16 && k0 % 8 == 0 && j->cfg->small_fmt == DG_PACK_F32) { /* FP8 weights, one pass (NaN codes: the exact way below) */
         dg_decode_job job;
         memset(&job, 0, sizeof job);
         job.b = (const uint8_t *)t->data + n0 * t->strides[0], job.ldb = t->strides[0];
@@ -85,8 +87,8 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
             return;
     }
     if (t->dtype == DG_BFLOAT16 && t->strides[0] == 1 && j->cfg->pack_bf16_mn) { /* MN-major, in place */
-        j->cfg->pack_bf16_mn((const uint16_t *)t->data + n0, t->strides[1], cols, nr, k0, kc, b->k, DG_PACK_F32,
-                             bbuf);
+        j->cfg->pack_bf16_mn((const uint16_t *)t->data + n0, t->strides[1], cols, nr, k0, kc, b->k,
+                             j->cfg->small_fmt, bbuf);
         return;
     }
     for (int r = 0; r < nr; ++r) {
@@ -95,7 +97,7 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
         else
             memset(stage + r * kc, 0, (size_t)kc * 2);
     }
-    j->cfg->pack_bf16(stage, kc, nr, nr, 0, kc, kc, DG_PACK_F32, bbuf);
+    j->cfg->pack_bf16(stage, kc, nr, nr, 0, kc, kc, j->cfg->small_fmt, bbuf);
 }
 
 /*
@@ -108,6 +110,7 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
     const dg_packed *pa = j->pa;
     const int nr = j->cfg->nr, mr = j->mr, gblk = j->plan->gblk;
     const int64_t kp = pa->kp, per = pa->panels * mr * nr, nblk = dg_ceil_div(cols, nr);
+    const size_t es = j->cfg->small_fmt == DG_PACK_F32 ? 4 : 2; /* bytes per packed element */
     const bool scaled_b = !j->plan->fold_b && j->b->sf;
     memset(cbuf, 0, (size_t)(nblk * per) * sizeof(float));
     for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
@@ -123,15 +126,16 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
                     sb[(bi * nq + q) * nr + s] = s < bc ? dg_operand_scale(j->b, 0, c0 + s, k0 + q * gblk) : 1.0f;
         }
         for (int64_t ir = 0; ir < pa->panels; ++ir) {
-            const float *ap = (const float *)pa->data + ir * kp * mr;
+            const char *ap = (const char *)pa->data + (size_t)(ir * kp * mr) * es;
             for (int64_t bi = 0; bi < nblk; ++bi) {
-                const float *bb = bbuf + bi * (j->slice + 8) * nr;
+                const char *bb = (const char *)(bbuf + bi * (j->slice + 8) * nr);
                 float *cb = cbuf + bi * per + ir * mr * nr;
                 for (int64_t q = 0, kb0 = k0; kb0 < k0 + kc; ++q, kb0 += gblk) { /* one scale epilogue per block */
                     const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
                     const float *sbp = scaled_b ? sb + (bi * nq + q) * nr : j->ones;
                     const float *sap = pa->scales ? pa->scales + (ir * pa->nkb + kb0 / gblk) * mr : j->ones;
-                    j->ukr(kb1 - kb0, ap + kb0 * mr, bb + (kb0 - k0) * nr, cb, nr, DG_UKR_SCALE, sap, sbp);
+                    j->ukr(kb1 - kb0, ap + (size_t)(kb0 * mr) * es, bb + (size_t)((kb0 - k0) * nr) * es, cb, nr,
+                           DG_UKR_SCALE, sap, sbp);
                 }
             }
         }
@@ -501,7 +505,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     small_job j = {cfg, b, plan, NULL, cfg->ukr_small[which], mr, SMALL_KC, NULL};
     j.slice = plan->gblk * (SMALL_KC / plan->gblk > 0 ? SMALL_KC / plan->gblk : 1);
     dg_packed pa;
-    DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_F32, j.mr, cfg, &pa));
+    DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, cfg->small_fmt, j.mr, cfg, &pa));
     j.pa = &pa;
 
     decode_plan dp;

@@ -4,6 +4,8 @@
  * Per k pair: one VDPBF16PS per (row, 16 columns): acc += a_odd * b_odd, then += a_even * b_even,
  * each rounded once (products of BF16 values are exact in float32), i.e. the order stated in
  * src/engine/engine.h; denormal inputs and results are flushed to zero by the instruction.
+ * The small-M path (smallm.c, prepack.c) runs the same body with MR = 1, 2, 4, 8, so a row of D
+ * gets the same bits whatever M, denormals included.
  */
 #include "../../engine/engine.h"
 
@@ -53,4 +55,25 @@ static inline void ukr_body(int64_t kc, const uint32_t *a, const uint32_t *b, fl
 void dg_ukr_bf16_avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                             const float *sa, const float *sb) {
     ukr_body(kc, a, b, c, ldc, mode, sa, sb, BF_MR, BF_NV);
+}
+
+/* Small-M instantiations of the same body (decoding: M = 1 .. 8 rows per A panel). */
+void dg_ukr_bf16_avx512bf16_mr1(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, 1, BF_NV);
+}
+
+void dg_ukr_bf16_avx512bf16_mr2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, 2, BF_NV);
+}
+
+void dg_ukr_bf16_avx512bf16_mr4(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, 4, BF_NV);
+}
+
+void dg_ukr_bf16_avx512bf16_mr8(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
+                                const float *sa, const float *sb) {
+    ukr_body(kc, a, b, c, ldc, mode, sa, sb, 8, BF_NV);
 }
