@@ -47,6 +47,15 @@ void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, i
     }
 }
 
+/* Word w of a k-pair interleave of rows x (k) and y (k + 1): x[w / 2] for even w, y[w / 2] for odd
+ * (kPairIdx0: elements 0..15; kPairIdx1: 16..31), as _mm512_permutex2var_epi16 indices. Static
+ * tables, not stack arrays: GCC 12's AddressSanitizer with detect_stack_use_after_return moved
+ * such an array into a fake frame that the 64-byte load then faulted on (CI on Zen 5). */
+static const uint16_t kPairIdx0[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+static const uint16_t kPairIdx1[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                       24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+
 /*
  * The same panels from an MN-major BF16 operand (unit stride along MN, k stride ld): rows
  * [0, rows) start at src, element (i, kk) at src[i + kk * ld]. The panel order is nearly the
@@ -69,16 +78,7 @@ void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, 
         return;
     }
     /* word w of out0 = x[w / 2] (w even) or y[w / 2] (w odd); out1 the same from element 16 */
-    __m512i idx0, idx1;
-    {
-        uint16_t i0[32], i1[32];
-        for (int w = 0; w < 32; ++w) {
-            i0[w] = (uint16_t)((w & 1) * 32 + w / 2);
-            i1[w] = (uint16_t)((w & 1) * 32 + 16 + w / 2);
-        }
-        idx0 = _mm512_loadu_si512(i0);
-        idx1 = _mm512_loadu_si512(i1);
-    }
+    const __m512i idx0 = _mm512_loadu_si512(kPairIdx0), idx1 = _mm512_loadu_si512(kPairIdx1);
     for (int64_t kk = k0; kk < k0 + kc; kk += 2) {
         const __m512i x = kk < k ? _mm512_maskz_loadu_epi16(load_mask, src + kk * ld) : _mm512_setzero_si512();
         const __m512i y =
@@ -99,16 +99,7 @@ void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, 
 void dg_pack_bf16_mn_amx_a_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t k,
                                   uint16_t *dst) {
     const __mmask32 load_mask = (__mmask32)(rows >= 32 ? 0xffffffffu : (1u << rows) - 1);
-    __m512i idx0, idx1;
-    {
-        uint16_t i0[32], i1[32];
-        for (int w = 0; w < 32; ++w) {
-            i0[w] = (uint16_t)((w & 1) * 32 + w / 2);
-            i1[w] = (uint16_t)((w & 1) * 32 + 16 + w / 2);
-        }
-        idx0 = _mm512_loadu_si512(i0);
-        idx1 = _mm512_loadu_si512(i1);
-    }
+    const __m512i idx0 = _mm512_loadu_si512(kPairIdx0), idx1 = _mm512_loadu_si512(kPairIdx1);
     __m512i lo[16], hi[16], out[16];
     for (int p = 0; p < 16; ++p) {
         const int64_t kk = k0 + 2 * p;
