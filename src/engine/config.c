@@ -51,19 +51,20 @@ static const dg_engine_cfg kCfg[] = {
                      .stage_e4m3 = dg_decode_stage_e4m3_avx2},
     [DG_ISA_AVX512] = {"avx512/f32", DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512,
                        dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
-                       dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL},
+                       dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL,
+                       .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512},
     [DG_ISA_AVX512_BF16] = {"avx512_bf16/bf16", DG_PACK_BF16, 14, 32, 224, 512, 256, dg_ukr_bf16_avx512bf16,
                             dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                             dg_widen_e4m3_avx512, dg_widen_e2m1_avx512,
                             {dg_ukr_bf16_avx512bf16_mr1, dg_ukr_bf16_avx512bf16_mr2, dg_ukr_bf16_avx512bf16_mr4,
                              dg_ukr_bf16_avx512bf16_mr8},
-                            .small_fmt = DG_PACK_BF16},
+                            .small_fmt = DG_PACK_BF16, .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512},
 #if defined(DG_HAVE_AMX)
     [DG_ISA_AMX] = {"amx/bf16", DG_PACK_AMX_B, 32, 32, 512, 512, 256, dg_ukr_bf16_amx,
                     dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                     dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, {NULL},
                     .amx = 1, .fallback = DG_ISA_AVX512_BF16, .ukr_begin = dg_ukr_bf16_amx_begin,
-                    .pack_amx_a_mn = dg_pack_bf16_mn_amx_a_avx512},
+                    .pack_amx_a_mn = dg_pack_bf16_mn_amx_a_avx512, .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512},
 #endif
 #else
     [DG_ISA_AVX2] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},

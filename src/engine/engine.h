@@ -212,6 +212,10 @@ typedef struct dg_engine_cfg {
     /* One DG_PACK_AMX_A k step from MN-major BF16 (NULL: portable; pack_avx512.c). */
     void (*pack_amx_a_mn)(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t k,
                           uint16_t *dst);
+    /* n E2M1 values, value j times scales[(first + j) / blk] (first, blk even): widen_e2m1 over a
+     * row's scale blocks in one call, the same bits (NULL: one widen_e2m1 call per block). */
+    void (*widen_e2m1_blocks)(const uint8_t *src, int64_t n, int64_t first, int64_t blk, const float *scales,
+                              uint16_t *out);
 } dg_engine_cfg;
 
 /* The packed format of A (the MR-row operand) under configuration cfg. */
@@ -283,9 +287,6 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
  * dg_amx_widen_e4m3_rows: the same bits as widening first. Needs AVX512-VBMI: dg_cpu_has_avx512_vbmi. */
 void dg_amx_small_t_e4m3(int64_t steps, const uint8_t *b, int64_t ldb, int64_t pf, const uint16_t *a, int64_t lda,
                          int mt, float *acc, int accumulate, uint16_t *buf);
-/* n E2M1 values (K-contiguous nibble pairs, n even) -> BF16 times scales[q] per blk values
- * (blk % 32 == 0): the values of dg_widen_e2m1_avx512 block by block. */
-void dg_amx_widen_e2m1_row(const uint8_t *src, int64_t n, int64_t blk, const float *scales, uint16_t *out);
 
 void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                                 int64_t k, dg_pack_fmt fmt, void *dst);
@@ -295,6 +296,8 @@ void dg_pack_bf16_mnmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, 
                                  int64_t kc, int64_t k, dg_pack_fmt fmt, void *dst);
 void dg_widen_e4m3_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_widen_e2m1_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out);
+void dg_widen_e2m1_blocks_avx512(const uint8_t *src, int64_t n, int64_t first, int64_t blk, const float *scales,
+                                 uint16_t *out);
 void dg_ukr_bf16_avx512bf16_mr1(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                                 const float *sa, const float *sb);
 void dg_ukr_bf16_avx512bf16_mr2(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,

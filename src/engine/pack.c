@@ -96,6 +96,20 @@ static bool fetch_simd(const dg_operand *op, int64_t i, int fold, int64_t k0, in
     if (scaled && op->gran_k % 2)
         return false;
     const uint8_t *p = (const uint8_t *)t->data + i * t->strides[0];
+    if (scaled && !e4m3 && isa->widen_e2m1_blocks) { /* FP4's short scale blocks: up to 64 per call */
+        float sc[64];
+        const int64_t g = op->gran_k;
+        for (int64_t kb = k0, q0 = k0 / g; kb < ke;) { /* one division: they cost as much as a block's widening */
+            int64_t nq = 0, end = q0 * g;
+            while (end < ke && nq < 64)
+                end += g, ++nq;
+            end = end < ke ? end : ke;
+            dg_operand_block_scales(op, i, q0, nq, sc);
+            isa->widen_e2m1_blocks(p + kb / 2, end - kb, kb - q0 * g, g, sc, out + kb);
+            kb = end, q0 += nq;
+        }
+        return true;
+    }
     for (int64_t kb = k0; kb < ke;) {
         int64_t next = ke;
         float s = 1.0f;

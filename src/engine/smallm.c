@@ -340,7 +340,7 @@ static const uint16_t *amx_stage(const amx_job *j, int64_t n0, int64_t cols, int
                                                base + ((sk0 + q) >> 2) * st->strides[1]] >> (8 * ((sk0 + q) & 3))))
                                          : ((const float *)st->data)[base + (sk0 + q) * st->strides[1]];
             }
-            dg_amx_widen_e2m1_row(row, kv, blk, sc, scratch + r * chunk);
+            dg_widen_e2m1_blocks_avx512(row, kv, 0, blk, sc, scratch + r * chunk);
         }
     } else {
         for (int r = 0; r < cols && more; ++r) { /* this row's next chunk */

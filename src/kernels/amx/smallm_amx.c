@@ -276,30 +276,6 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
     }
 }
 
-/* n E2M1 values (n even; nibble pairs along K, low first) -> BF16, times scales[q] for values
- * [q * blk, (q + 1) * blk) (blk % 32 == 0): the values and rounding of dg_widen_e2m1_avx512. */
-void dg_amx_widen_e2m1_row(const uint8_t *src, int64_t n, int64_t blk, const float *scales, uint16_t *out) {
-    static const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-    const __m512 vals = _mm512_loadu_ps(kE2m1);
-    for (int64_t q = 0; q * blk < n; ++q) {
-        const __m512i f = _mm512_castps_si512(_mm512_mul_ps(vals, _mm512_set1_ps(scales[q])));
-        const __m512i r = _mm512_add_epi32(
-            f, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(f, 16), _mm512_set1_epi32(1))));
-        const __m512i lut = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-        const int64_t end = (q + 1) * blk < n ? (q + 1) * blk : n;
-        for (int64_t i = q * blk; i < end; i += 32) {
-            const int64_t c = end - i < 32 ? end - i : 32;
-            const __mmask16 bmask = (__mmask16)(c >= 32 ? 0xffffu : (1u << ((c + 1) / 2)) - 1);
-            const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bmask, src + i / 2));
-            const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)),
-                                                  _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
-            const __mmask32 omask = (__mmask32)(c >= 32 ? 0xffffffffu : (1u << c) - 1);
-            _mm512_mask_storeu_epi16(out + i, omask, _mm512_permutexvar_epi16(codes, lut));
-        }
-    }
-}
-
 /* ---- FP8 B widened inside the tile loop (dg_amx_small_t_e4m3) --------------------------------
  * Per k step the 16 x 32 codes become one BF16 B tile in a 1 KiB buffer (four in turn, see
  * below), and the step's TDPBF16PS run while the vector unit widens the next ones: about max(widening, tiles) per step

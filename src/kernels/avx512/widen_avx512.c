@@ -73,3 +73,32 @@ void dg_widen_e2m1_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *
         _mm512_mask_storeu_epi16(out + i, omask, _mm512_permutexvar_epi16(codes, lut));
     }
 }
+
+/* n E2M1 values (nibble pairs along K, low nibble of src[0] first) -> BF16, value j times
+ * scales[(first + j) / blk] (first, blk even): a row's scale blocks in one call. Each block's
+ * 16 values are scaled and rounded once, as dg_widen_e2m1_avx512 does, so the bits are its
+ * bits block by block; without the per-block call and scale lookup that cost more than an FP4
+ * block's widening (measured on Zen 5: 40% of an M = 1 FP8 x FP4 GEMM). */
+void dg_widen_e2m1_blocks_avx512(const uint8_t *src, int64_t n, int64_t first, int64_t blk, const float *scales,
+                                 uint16_t *out) {
+    static const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    const __m512 vals = _mm512_loadu_ps(kE2m1);
+    for (int64_t q = 0, j0 = 0; j0 < n; ++q) {
+        const int64_t end = (q + 1) * blk - first < n ? (q + 1) * blk - first : n;
+        const __m512i f = _mm512_castps_si512(_mm512_mul_ps(vals, _mm512_set1_ps(scales[q])));
+        const __m512i r = _mm512_add_epi32(
+            f, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(f, 16), _mm512_set1_epi32(1))));
+        const __m512i lut = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+        for (int64_t i = j0; i < end; i += 32) {
+            const int64_t c = end - i < 32 ? end - i : 32;
+            const __mmask16 bmask = (__mmask16)(c >= 32 ? 0xffffu : (1u << ((c + 1) / 2)) - 1);
+            const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bmask, src + i / 2));
+            const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)),
+                                                  _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
+            const __mmask32 omask = (__mmask32)(c >= 32 ? 0xffffffffu : (1u << c) - 1);
+            _mm512_mask_storeu_epi16(out + i, omask, _mm512_permutexvar_epi16(codes, lut));
+        }
+        j0 = end;
+    }
+}
