@@ -9,7 +9,8 @@
  * Panel format: where the configuration has a small-M path (AVX2, AVX-512 levels) the panels are
  * always DG_PACK_BF16, even when its large-M kernel takes DG_PACK_F32: decoding is bound by
  * reading B, and BF16 pairs are half the bytes. The small-M path reads them in place where its
- * kernels take BF16 pairs (VDPBF16PS), else widens each K slice to float32 in L1 (exact); a large-M call on a float32 kernel widens the whole B once per call
+ * kernels take BF16 pairs (VDPBF16PS), else widens each K slice to float32 in L1 (exact); a
+ * large-M call on a float32 kernel widens the whole B once per call
  * (O(N K), as the unpacked call's own packing). Elsewhere the panels are the kernel's format.
  * On AMX (DG_PACK_AMX_B panels) small M streams the panels with A as 16-row AMX_A tiles
  * (kernels/amx/smallm_amx.c): the large-M kernel's TDPBF16PS steps per element, so the same bits.
