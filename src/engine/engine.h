@@ -252,6 +252,9 @@ void dg_pack_bf16_mnmajor_avx2(const uint16_t *src, int64_t ld, int64_t rows, in
 bool dg_decode_bf16_avx2(const dg_decode_job *j);
 bool dg_decode_e4m3_avx2(const dg_decode_job *j);
 bool dg_decode_e2m1_avx2(const dg_decode_job *j);
+bool dg_decode_bf16_avx512bf16(const dg_decode_job *j);
+bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j);
+bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j);
 bool dg_decode_pairs_avx2(const dg_decode_job *j);
 bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 void dg_widen_e4m3_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);

@@ -37,10 +37,11 @@ struct dg_packed_b {
      * DG_PACKED_SLICE still indexes them), in the block fp8_mem (dg_free). Small-M calls run
      * smallm.c on them as on an unpacked K-major FP8 B (bitwise the unpacked call's D) and read
      * 1 byte per weight instead of the panels' 2.
-     * Not on the AVX-512 levels: their small-M kernels are bound by the float32 FMAs, not by
+     * Not on the plain AVX-512 level: its small-M kernels are bound by the float32 FMAs, not by
      * reading B, and staging codes per K slice cost more than widening BF16 panels (measured:
-     * grouped FP8 decoding 94 ms on codes vs 72 ms on panels). With decode kernels the codes
-     * serve only M <= 2, where reading B is the bound; larger M widens the panels.
+     * grouped FP8 decoding 94 ms on codes vs 72 ms on panels). With decode kernels (AVX2,
+     * AVX-512 BF16) the codes serve only M <= 2, where reading B is the bound; larger M takes
+     * the panels.
      * Large-M calls keep using the BF16 panels (pk): the object then holds both, 3 bytes per
      * weight instead of 2 (+50%), because packing B per large-M call instead was measured at
      * 3.6x the time at M = 65, 1.8x at 256, 1.2x at 1024 (N 2112, K 7168, one thread). */

@@ -530,11 +530,13 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         j.ukr = dg_engine_jit_small_ukr(cfg, j.ukr, j.mr, plan->gblk, pa.kp, a->mn, b->mn,
                                         b->k);
     const int nr = cfg->nr;
-    /* Work items: DG_DECODE_ROWS columns for the decode kernel (whole NR blocks for its fallback), else one
-     * NR block (staging 4 blocks per A pass measured no faster at M = 16 and 64 on Zen 3). */
+    /* Work items: whole NR blocks (for the exact fallback) of whole decode calls: one call of
+     * DG_DECODE_ROWS columns on AVX2 (NR 16), two on AVX-512 (NR 32); else one NR block
+     * (staging 4 blocks per A pass measured no faster at M = 16 and 64 on Zen 3). */
     const int nb = decode && DG_DECODE_ROWS % nr == 0 ? DG_DECODE_ROWS / nr : 1;
     const int64_t n = b->mn, width = (int64_t)nb * nr, mpad = pa.panels * j.mr;
-    decode = decode && width == DG_DECODE_ROWS;
+    const int parts = decode && width % DG_DECODE_ROWS == 0 ? (int)(width / DG_DECODE_ROWS) : 0;
+    decode = decode && parts > 0;
     const int64_t items = dg_ceil_div(n, width);
     const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
     if (decode)
@@ -547,7 +549,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
-    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + 32 * DG_DECODE_MAX_M : 0;
+    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + parts * 32 * DG_DECODE_MAX_M : 0;
     const int64_t sbn = nb * dg_ceil_div(j.slice, plan->gblk) * nr + 8; /* B scales of a slice */
     const int64_t per_thread =
         dg_align(nb * (j.slice * nr + 8 * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
@@ -574,9 +576,17 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
 #pragma omp for schedule(dynamic, 2) /* any item order: each item's result is fixed */
         for (int64_t it = 0; it < items; ++it) {
             const int64_t i0 = it * width, icols = n - i0 < width ? n - i0 : width;
-            if (decode && decode_block(&dp, a, b, plan, i0, icols, dsb, dfm, dout)) {
-                for (int64_t i = 0; i < a->mn; ++i)
-                    dg_engine_store_row(d, c, i, i0, icols, dout + i * 32);
+            bool decoded = decode;
+            for (int part = 0; decoded && part < parts && part * DG_DECODE_ROWS < icols; ++part) {
+                const int64_t c0 = part * DG_DECODE_ROWS, pc = icols - c0 < DG_DECODE_ROWS ? icols - c0 : DG_DECODE_ROWS;
+                decoded = decode_block(&dp, a, b, plan, i0 + c0, pc, dsb, dfm, dout + part * 32 * DG_DECODE_MAX_M);
+            }
+            if (decoded) {
+                for (int part = 0; part < parts && part * DG_DECODE_ROWS < icols; ++part) {
+                    const int64_t c0 = part * DG_DECODE_ROWS, pc = icols - c0 < DG_DECODE_ROWS ? icols - c0 : DG_DECODE_ROWS;
+                    for (int64_t i = 0; i < a->mn; ++i)
+                        dg_engine_store_row(d, c, i, i0 + c0, pc, dout + part * 32 * DG_DECODE_MAX_M + i * 32);
+                }
                 continue;
             }
             if (decode)

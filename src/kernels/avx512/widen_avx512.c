@@ -5,6 +5,7 @@
  * like the portable path). Portable twin: dg_engine_fetch_bf16's scalar loops (pack.c).
  */
 #include "../../engine/engine.h"
+#include "../e4m3_bf16_avx512.h"
 
 #include <immintrin.h>
 
@@ -25,29 +26,12 @@ static inline __m512i scale_bf16(__m512i h, __m512 s) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(out[0])), _mm512_cvtepi32_epi16(out[1]), 1);
 }
 
-/* 32 E4M3 codes (as 16-bit lanes) to BF16 bits. */
-static inline __m512i e4m3_bf16(__m512i w) {
-    /* subnormals m * 2^-9, m = 0..7, as BF16 */
-    static const uint16_t kSub[32] = {0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60};
-    const __m512i sub_lut = _mm512_loadu_si512(kSub);
-    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8);
-    const __m512i e = _mm512_and_si512(_mm512_srli_epi16(w, 3), _mm512_set1_epi16(15));
-    const __m512i m = _mm512_and_si512(w, _mm512_set1_epi16(7));
-    const __m512i normal = _mm512_or_si512(_mm512_slli_epi16(_mm512_add_epi16(e, _mm512_set1_epi16(120)), 7),
-                                           _mm512_slli_epi16(m, 4));
-    const __mmask32 is_sub = _mm512_cmpeq_epi16_mask(e, _mm512_setzero_si512());
-    const __mmask32 is_nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(w, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7f));
-    __m512i v = _mm512_mask_mov_epi16(normal, is_sub, _mm512_permutexvar_epi16(m, sub_lut));
-    v = _mm512_mask_mov_epi16(v, is_nan, _mm512_set1_epi16(0x7fc0));
-    return _mm512_or_si512(v, sign);
-}
-
 void dg_widen_e4m3_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out) {
     const __m512 s = _mm512_set1_ps(scale);
     for (int64_t i = 0; i < n; i += 32) {
         const int64_t c = n - i < 32 ? n - i : 32;
         const __mmask32 mask = (__mmask32)(c >= 32 ? 0xffffffffu : (1u << c) - 1);
-        __m512i v = e4m3_bf16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src + i)));
+        __m512i v = dg_e4m3_bf16_avx512(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, src + i)));
         if (scale != 1.0f)
             v = scale_bf16(v, s);
         _mm512_mask_storeu_epi16(out + i, mask, v);

@@ -1,0 +1,171 @@
+/*
+ * decode_avx512bf16.c - AVX-512 BF16 decoding kernels: 1 .. DG_DECODE_MAX_M rows of A against
+ * DG_DECODE_ROWS (16) rows of B read in place (BF16, E4M3 or E2M1 codes, K contiguous), all of K
+ * in one call (contract: dg_decode_job in src/engine/engine.h), on VDPBF16PS like the level's
+ * small-M and large-M kernels, so every path gives a row of D the same bits.
+ *
+ * Why: the small-M path stages each K slice of B twice (codes widened into BF16 rows, then the
+ * rows transposed into pair panels) and reloads it per A panel; here one step takes 32 k of
+ * the 16 rows, widens each row's piece into one register (16 k pairs as BF16 pairs), transposes
+ * the 16 x 16 words so that register p holds k pair p of the 16 rows (one lane per row), and
+ * feeds the pairs straight to VDPBF16PS for every row of A.
+ *
+ * Values: BF16 as stored; E4M3 and E2M1 codes widened exactly to BF16; a folded power-of-two
+ * scale fm (divided by the format's unit, 2^120 for E4M3) is applied after the transpose, per
+ * lane, by adding its exponent to every nonzero BF16 value (exact: the driver passes only scales
+ * with which value * scale stays a normal number, which is what the small-M path's rounded
+ * product gives then). Per element the chain is the engine's: per k pair one VDPBF16PS
+ * (odd k, then even k), per K block of gblk the scale epilogue total = fma(sa * sb, acc,
+ * total); k pairs past K (rounded up to even) are not part of the chain. E4M3 NaN codes are
+ * detected, and so are scales that would overflow BF16: the call returns false and the caller
+ * recomputes the block exactly.
+ */
+#include "../../engine/engine.h"
+#include "../e4m3_bf16_avx512.h"
+#include "../transpose16_avx512.h"
+
+#include <immintrin.h>
+
+#define DG_INLINE static inline __attribute__((always_inline))
+
+enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2 };
+
+/* Constants of the row widening, hoisted out of the per-row code. */
+typedef struct widen_consts {
+    __m512i lut, low4, m7f;
+} widen_consts;
+
+/* Row r's 32 values from k0 (n valid, 1..32) as 16 BF16 pairs; *nan |= its E4M3 NaN lanes. */
+DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, __mmask16 bm, const widen_consts *wc,
+                           const int fmt, __mmask32 *nan) {
+    if (fmt == FMT_BF16)
+        return _mm512_maskz_loadu_epi16(m, row + 2 * k0);
+    if (fmt == FMT_E4M3) {
+        const __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, row + k0));
+        *nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, wc->m7f), wc->m7f);
+        return dg_e4m3_bf16_avx512(c);
+    }
+    /* E2M1: byte j holds k0 + 2j (low nibble) and k0 + 2j + 1; BF16 of the 16 values by table */
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bm, row + k0 / 2));
+    const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, wc->low4), _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
+    return _mm512_maskz_permutexvar_epi16(m, codes, wc->lut);
+}
+
+/* Per-lane exponent adds for the folded scales of fold block q (both 16-bit halves of a word);
+ * *big gets the lanes whose largest value would leave BF16's range (E2M1 6 * 2^e for e > 125:
+ * the driver admits scales up to 2^127, where the exact path rounds to infinity). */
+DG_INLINE __m512i scale_exps(const float *fm, int64_t q, int unit_log2, int emax, __mmask16 *big) {
+    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(fm + q * 32));
+    const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + unit_log2));
+    *big |= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(emax));
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi32(e, 7), _mm512_set1_epi32(0xffff));
+    return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
+}
+
+/* w times 2^e per lane (e from scale_exps), zeros kept: exact for normal results. */
+DG_INLINE __m512i apply_exps(__m512i w, __m512i add) {
+    return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, add);
+}
+
+DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
+    const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
+    const int unit_log2 = fmt == FMT_E4M3 ? 120 : 0;
+    const int emax = fmt == FMT_E4M3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
+    __m512 acc[DG_DECODE_MAX_M], total[DG_DECODE_MAX_M];
+    for (int m = 0; m < M; ++m)
+        acc[m] = total[m] = _mm512_setzero_ps();
+    __mmask32 nan = 0;
+    __mmask16 big = 0;
+    static const uint16_t kE2m1[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
+                                       0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f)};
+    int64_t kb = 0, kq = 0; /* the current K block's start and index */
+    for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+        const int n = K - k0 < 32 ? (int)(K - k0) : 32;
+        __m512i rows[16], w[16];
+        const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
+        if (off % 64 == 0) /* once per cache line: the line 8 ahead of each row (16 short row streams) */
+            for (int r = 0; r < j->rows; ++r)
+                _mm_prefetch((const char *)j->b + r * j->ldb + off + 512, _MM_HINT_T0);
+        const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
+        const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
+        for (int r = 0; r < 16; ++r)
+            rows[r] = r < j->rows ? load_row(j->b + r * j->ldb, k0, m, bm, &wc, fmt, &nan) : _mm512_setzero_si512();
+        dg_transpose16_epi32(rows, w);
+        if (fmt != FMT_BF16 && j->fm) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
+            const int64_t q0 = k0 / j->fblk, q1 = k0 + 16 < K ? (k0 + 16) / j->fblk : q0; /* fm has no block past K */
+            const __m512i lo = scale_exps(j->fm, q0, unit_log2, emax, &big);
+            const __m512i hi = q1 == q0 ? lo : scale_exps(j->fm, q1, unit_log2, emax, &big);
+            for (int p = 0; p < 16; ++p)
+                w[p] = apply_exps(w[p], p < 8 ? lo : hi);
+        }
+        /* A's 32 values of each row as BF16 pairs (exact: they are BF16 values; zero past K) */
+        uint32_t ab[DG_DECODE_MAX_M][16];
+        for (int m = 0; m < M; ++m) {
+            const float *a = j->a + m * j->lda + k0;
+            const __mmask16 hm = k0 + 16 < j->lda ? 0xffff : 0;
+            const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(a)), 16));
+            const __m256i hi =
+                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(hm, a + 16)), 16));
+            _mm512_storeu_si512(ab[m], _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+        }
+        if (k0 == kb + gblk) { /* the block before k0 ends: its scale epilogue */
+            const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32);
+            for (int m = 0; m < M; ++m) {
+                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
+                total[m] = _mm512_fmadd_ps(s, acc[m], total[m]);
+                acc[m] = _mm512_setzero_ps();
+            }
+            kb += gblk, ++kq;
+        }
+        if (k0 + 32 <= kp && kb + gblk >= k0 + 32) { /* the common step: 16 pairs, no block ends inside */
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; ++p)
+                for (int m = 0; m < M; ++m)
+                    acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32((int)ab[m][p]), (__m512bh)w[p]);
+            continue;
+        }
+        for (int p = 0; p < 16; ++p) { /* a step with K's end or a block end inside */
+            const int64_t k = k0 + 2 * p;
+            if (k >= kp)
+                break;
+            if (k == kb + gblk) { /* the block before k ends: its scale epilogue */
+                const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32);
+                for (int m = 0; m < M; ++m) {
+                    const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
+                    total[m] = _mm512_fmadd_ps(s, acc[m], total[m]);
+                    acc[m] = _mm512_setzero_ps();
+                }
+                kb += gblk, ++kq;
+            }
+            for (int m = 0; m < M; ++m)
+                acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32((int)ab[m][p]), (__m512bh)w[p]);
+        }
+    }
+    if (nan || big)
+        return false;
+    const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32); /* the last block */
+    for (int m = 0; m < M; ++m) {
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
+        _mm512_storeu_ps(j->out + m * 32, _mm512_fmadd_ps(s, acc[m], total[m]));
+    }
+    return true;
+}
+
+#define DECODE_FN(name, fmt)                                                                       \
+    bool name(const dg_decode_job *j) {                                                            \
+        switch (j->m) {                                                                            \
+        case 1: return decode_body(j, fmt, 1);                                                     \
+        case 2: return decode_body(j, fmt, 2);                                                     \
+        case 3: return decode_body(j, fmt, 3);                                                     \
+        case 4: return decode_body(j, fmt, 4);                                                     \
+        case 5: return decode_body(j, fmt, 5);                                                     \
+        case 6: return decode_body(j, fmt, 6);                                                     \
+        case 7: return decode_body(j, fmt, 7);                                                     \
+        default: return decode_body(j, fmt, 8);                                                    \
+        }                                                                                          \
+    }
+
+DECODE_FN(dg_decode_bf16_avx512bf16, FMT_BF16)
+DECODE_FN(dg_decode_e4m3_avx512bf16, FMT_E4M3)
+DECODE_FN(dg_decode_e2m1_avx512bf16, FMT_E2M1)
