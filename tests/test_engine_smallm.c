@@ -207,6 +207,9 @@ static void run_level(dg_isa isa, int dpbf16) {
         {"fp8 ue8m0", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 1, 0, 1e-3},
         {"fp8 x fp4 ue8m0/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 0, 2e-2},
         {"fp8 x fp4 float/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 0, 0, 2e-2},
+        /* blocks of 16: folded scales and accumulation blocks that end inside a decode step of 32 */
+        {"fp8 x fp4 ue8m0/16", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 1, 0, 2e-2},
+        {"fp8 x fp4 float/16", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 0, 0, 2e-2},
     };
     static const int64_t kN[] = {70, 16};
     static const int64_t kK[] = {1, 31, 33, 200, 600};

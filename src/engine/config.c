@@ -30,7 +30,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || defined(_M_X64) /* CMake builds the ISA kernels for x86-64 only */
 #define DG_X86 1
 #else
 #define DG_X86 0

@@ -123,7 +123,7 @@ typedef void (*dg_pack_bf16_fn)(const uint16_t *src, int64_t ld, int64_t rows, i
  * (DG_DECODE_PAIRS: 32, two panels). B row r is
  * at b + r * ldb bytes, K contiguous: BF16 bits, E4M3 codes, or E2M1 nibble pairs (low nibble
  * first); rows >= rows and k >= k read as zero. A: float32 rows at a + m * lda, zero from K up
- * to K rounded to the kernel's step (DG_DECODE_STEP: 8 k; E2M1 16). Per element, exactly the
+ * to K rounded up to a multiple of DG_DECODE_STEP (16 k). Per element, exactly the
  * chain above: per K block of gblk (>= 1, dg_engine_k_block) acc chained from 0 over the block's
  * pairs, total = fma(sa[m * sa_stride + kb] * sb[kb * 32 + r], acc, total) (unit scales where
  * none are unfolded);
@@ -198,7 +198,7 @@ typedef struct dg_engine_cfg {
     /* M up to which the small-M path runs (0: 64), measured per level against the large-M
      * path (the crossover moves with the large-M kernel's efficiency). */
     int small_m_max;
-    /* Decoding kernels per B format (DG_DECODE_*; NULL: M <= 2 takes the small-M kernels). */
+    /* Decoding kernels per B format (DG_DECODE_*; NULL: M <= DG_DECODE_MAX_M takes the small-M kernels). */
     dg_decode_fn decode[4];
     /* The small-M B slice [kc][16] straight from K-major E4M3 codes without folded scales
      * (kernels/avx2/decode_avx2.c; NULL: widen rows, then transpose). */

@@ -1,5 +1,6 @@
 /*
- * smallm.c - the engine's small-M path (decoding: M <= 64, on AVX2 <= 256), bound by reading B once.
+ * smallm.c - the engine's small-M path (decoding: M <= 64; on AVX2 and VDPBF16PS AVX-512 BF16 M <= 256),
+ * bound by reading B once.
  *
  * B is never packed as a whole: each thread takes blocks of NR columns and, for each K slice,
  * transposes that NR x slice piece of B from memory into an L1/L2 buffer in the small-M
@@ -87,8 +88,9 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
     /* Each row's slice after next, fetched while this one is widened: the hardware prefetchers
      * do not follow NR short row streams (FP8 B at M = 16 on Zen 5: the widening waited on
      * memory 80% of its time). */
-    const int64_t kn = k0 ? k0 + 2 * kc : kc, span = k0 ? kc : 2 * kc; /* two slices ahead */
-    const int64_t bytes = t->dtype == DG_BFLOAT16 ? 2 * span : b->fp4_dim == 1 ? span / 2 : span;
+    const int64_t kn = k0 ? k0 + 2 * kc : kc, ahead = k0 ? kc : 2 * kc; /* two slices ahead */
+    const int64_t span = kn + ahead < b->k ? ahead : b->k - kn; /* inside the rows */
+    const int64_t bytes = t->dtype == DG_BFLOAT16 ? 2 * span : b->fp4_dim == 1 ? (span + 1) / 2 : span;
     for (int r = 0; r < cols && kn < b->k; ++r) {
         const char *p = b_row_at(b, n0 + r, kn);
         for (int64_t o = 0; p && o < bytes; o += 64)
