@@ -38,31 +38,11 @@ void dg_widen_e4m3_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *
     }
 }
 
-/* n E2M1 values starting at the low nibble of src[0]. */
-void dg_widen_e2m1_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out) {
-    static const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-    /* the 16 values times the scale, as BF16 (exact unless beyond BF16's range) */
-    const __m512i f = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(kE2m1), _mm512_set1_ps(scale)));
-    const __m512i r = _mm512_add_epi32(f, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                           _mm512_and_si512(_mm512_srli_epi32(f, 16), _mm512_set1_epi32(1))));
-    const __m512i lut = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-    for (int64_t i = 0; i < n; i += 32) {
-        const int64_t c = n - i < 32 ? n - i : 32; /* values; c / 2 bytes (n even) */
-        const __mmask16 bmask = (__mmask16)(c >= 32 ? 0xffffu : (1u << ((c + 1) / 2)) - 1);
-        const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bmask, src + i / 2));
-        const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)),
-                                              _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
-        const __mmask32 omask = (__mmask32)(c >= 32 ? 0xffffffffu : (1u << c) - 1);
-        _mm512_mask_storeu_epi16(out + i, omask, _mm512_permutexvar_epi16(codes, lut));
-    }
-}
-
 /* n E2M1 values (nibble pairs along K, low nibble of src[0] first) -> BF16, value j times
- * scales[(first + j) / blk] (first, blk even): a row's scale blocks in one call. Each block's
- * 16 values are scaled and rounded once, as dg_widen_e2m1_avx512 does, so the bits are its
- * bits block by block; without the per-block call and scale lookup that cost more than an FP4
- * block's widening (measured on Zen 5: 40% of an M = 1 FP8 x FP4 GEMM). */
+ * scales[(first + j) / blk] (first, blk even): a row's scale blocks in one call (one call per
+ * block and its scale lookup cost more than an FP4 block's widening: measured on Zen 5, 40% of
+ * an M = 1 FP8 x FP4 GEMM). Per block the 16 values times the scale are rounded to BF16 once
+ * (exact unless beyond BF16's range), then looked up. */
 void dg_widen_e2m1_blocks_avx512(const uint8_t *src, int64_t n, int64_t first, int64_t blk, const float *scales,
                                  uint16_t *out) {
     static const float kE2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
@@ -85,4 +65,9 @@ void dg_widen_e2m1_blocks_avx512(const uint8_t *src, int64_t n, int64_t first, i
         }
         j0 = end;
     }
+}
+
+/* n E2M1 values starting at the low nibble of src[0], times one scale: a single block. */
+void dg_widen_e2m1_avx512(const uint8_t *src, int64_t n, float scale, uint16_t *out) {
+    dg_widen_e2m1_blocks_avx512(src, n, 0, n + (n & 1), &scale, out);
 }

@@ -67,6 +67,16 @@ DG_INLINE __m512i apply_exps(__m512i w, __m512i add) {
     return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, add);
 }
 
+/* K block kq ends: total = fma(sa * sb, acc, total) per row of A (the engine's epilogue), acc = 0. */
+DG_INLINE void close_block(const dg_decode_job *j, int64_t kq, __m512 *acc, __m512 *total, const int M) {
+    const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32);
+    for (int m = 0; m < M; ++m) {
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
+        total[m] = _mm512_fmadd_ps(s, acc[m], total[m]);
+        acc[m] = _mm512_setzero_ps();
+    }
+}
+
 DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
     const int unit_log2 = fmt == FMT_E4M3 ? 120 : 0;
@@ -109,15 +119,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
                 _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(hm, a + 16)), 16));
             _mm512_storeu_si512(ab[m], _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
         }
-        if (k0 == kb + gblk) { /* the block before k0 ends: its scale epilogue */
-            const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32);
-            for (int m = 0; m < M; ++m) {
-                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
-                total[m] = _mm512_fmadd_ps(s, acc[m], total[m]);
-                acc[m] = _mm512_setzero_ps();
-            }
-            kb += gblk, ++kq;
-        }
+        if (k0 == kb + gblk) /* the block before k0 ends */
+            close_block(j, kq++, acc, total, M), kb += gblk;
         if (k0 + 32 <= kp && kb + gblk >= k0 + 32) { /* the common step: 16 pairs, no block ends inside */
 #pragma GCC unroll 16
             for (int p = 0; p < 16; ++p)
@@ -129,26 +132,17 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
             const int64_t k = k0 + 2 * p;
             if (k >= kp)
                 break;
-            if (k == kb + gblk) { /* the block before k ends: its scale epilogue */
-                const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32);
-                for (int m = 0; m < M; ++m) {
-                    const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
-                    total[m] = _mm512_fmadd_ps(s, acc[m], total[m]);
-                    acc[m] = _mm512_setzero_ps();
-                }
-                kb += gblk, ++kq;
-            }
+            if (k == kb + gblk) /* the block before k ends */
+                close_block(j, kq++, acc, total, M), kb += gblk;
             for (int m = 0; m < M; ++m)
                 acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32((int)ab[m][p]), (__m512bh)w[p]);
         }
     }
     if (nan || big)
         return false;
-    const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32); /* the last block */
-    for (int m = 0; m < M; ++m) {
-        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
-        _mm512_storeu_ps(j->out + m * 32, _mm512_fmadd_ps(s, acc[m], total[m]));
-    }
+    close_block(j, kq, acc, total, M); /* the last block */
+    for (int m = 0; m < M; ++m)
+        _mm512_storeu_ps(j->out + m * 32, total[m]);
     return true;
 }
 
