@@ -4,7 +4,7 @@
  * (no configuration), bit for bit: E4M3 and E2M1 rows, K-contiguous, with and without folded
  * scales (float32 and packed UE8M0; scale blocks 2 .. 256, shorter and longer than the range),
  * ranges that start inside a scale block, odd K, ranges past K, and scales at the ends of
- * BF16's exponent range (rounded, not exact).
+ * BF16's exponent range (rounded, not exact); and every E4M3 code, NaN included, against its value.
  */
 #include "test_util.h"
 #include "engine/engine.h"
@@ -80,6 +80,32 @@ static void check(const dg_engine_cfg *cfg, const wcase *c, tu_rng *r) {
     tu_free(&t);
 }
 
+/* Every E4M3 code (NaN included: a NaN of the code's sign) through the level's widen_e4m3, unscaled,
+ * at every length 0 .. 256 (masked tails), against the portable table. */
+static void check_all_codes(const dg_engine_cfg *cfg) {
+    uint8_t codes[256];
+    uint16_t got[256 + 32];
+    for (int c = 0; c < 256; ++c)
+        codes[c] = (uint8_t)(c * 37 + 11); /* a permutation: every code once, neighbours differ */
+    for (int n = 0; n <= 256; n += n < 40 ? 1 : 27) {
+        memset(got, 0xee, sizeof got);
+        cfg->widen_e4m3(codes, n, 1.0f, got);
+        int bad = -1;
+        for (int i = 0; i < n && bad < 0; ++i) {
+            const uint8_t c = codes[i];
+            const float want = dg_e4m3_to_float(c);
+            const uint32_t bits = (uint32_t)got[i] << 16;
+            float v;
+            memcpy(&v, &bits, 4);
+            const bool ok = (c & 0x7f) == 0x7f ? v != v && (got[i] >> 15) == (c >> 7) : memcmp(&v, &want, 4) == 0;
+            if (!ok)
+                bad = i;
+        }
+        TU_CHECK(bad < 0 && got[n] == 0xeeee, "%s E4M3 widening, n %d: code 0x%02x gives 0x%04x (or wrote past n)",
+                 cfg->name, n, bad < 0 ? 0 : codes[bad], bad < 0 ? got[n] : got[bad]);
+    }
+}
+
 int main(void) {
     const dg_isa best = dg_get_isa();
     tu_rng r = {0x5eed};
@@ -91,6 +117,7 @@ int main(void) {
         if (!cfg->widen_e4m3)
             continue;
         ++levels;
+        check_all_codes(cfg);
         for (size_t ki = 0; ki < 4; ++ki)
             for (size_t gi = 0; gi < 5; ++gi)
                 for (int v = 0; v < 5; ++v) { /* unscaled, float, packed, float extreme, packed extreme */

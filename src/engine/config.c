@@ -41,6 +41,8 @@
  * 9.4-9.9, 256 11.3-11.6 vs 13.6, 512 20.9 vs 24.7, 1024 45.7 vs 45.1 (A no longer in cache);
  * masked g32 x 192 rows (N 7168, K 3072): 394 vs 522 ms (FP8). Past ~768 rows the small-M path
  * loses: it streams all of A once per 32 columns of B. 256: the same bound as AVX2's. */
+/* AVX-512 BF16 wide decode kernels up to M = 64: measured on Zen 5 (see README, Decoding). */
+#define DECODE_WIDE_MAX_M_AVX512BF16 64
 #define AVX512_SMALL {dg_ukr_f32_avx512_mr1, dg_ukr_f32_avx512_mr2, dg_ukr_f32_avx512_mr4, dg_ukr_f32_avx512_mr8}
 /* AVX2 small_m_max 256: measured on Zen 3 (2 threads, N 2112, K 7168, BF16), small-M vs
  * large-M path: M = 65 13.4 vs 20.3 ms, 128 27.1 vs 35.0, 256 48.1-50.5 vs 60.2, 512 113 vs
@@ -64,7 +66,10 @@ static const dg_engine_cfg kCfg[] = {
                             {dg_ukr_bf16_avx512bf16_mr1, dg_ukr_bf16_avx512bf16_mr2, dg_ukr_bf16_avx512bf16_mr4,
                              dg_ukr_bf16_avx512bf16_mr8},
                             .small_fmt = DG_PACK_BF16, .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512, .small_m_max = 256,
-                            .decode = {dg_decode_bf16_avx512bf16, dg_decode_e4m3_avx512bf16, dg_decode_e2m1_avx512bf16}},
+                            .decode = {dg_decode_bf16_avx512bf16, dg_decode_e4m3_avx512bf16, dg_decode_e2m1_avx512bf16},
+                            .decode_wide = {dg_decode_wide_bf16_avx512bf16, dg_decode_wide_e4m3_avx512bf16,
+                                            dg_decode_wide_e2m1_avx512bf16},
+                            .decode_wide_max_m = DECODE_WIDE_MAX_M_AVX512BF16},
 #if defined(DG_HAVE_AMX)
     [DG_ISA_AMX] = {"amx/bf16", DG_PACK_AMX_B, 32, 32, 512, 512, 256, dg_ukr_bf16_amx,
                     dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,

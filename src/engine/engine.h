@@ -138,6 +138,11 @@ typedef void (*dg_pack_bf16_fn)(const uint16_t *src, int64_t ld, int64_t rows, i
 #define DG_DECODE_ROWS 16
 /* Rows of A a row kernel takes (B staged once for all of them; kernels/avx2/decode_avx2.c). */
 #define DG_DECODE_MAX_M 8
+/* The wide kernels (cfg->decode_wide): M = DG_DECODE_MAX_M + 1 .. decode_wide_max_m (at most
+ * DG_DECODE_WIDE_MAX_M) against DG_DECODE_WIDE_ROWS rows of B per call; out, sb and fm as above
+ * with lanes r < 32. */
+#define DG_DECODE_WIDE_MAX_M 64
+#define DG_DECODE_WIDE_ROWS 32
 typedef struct dg_decode_job {
     const uint8_t *b;
     int64_t ldb;
@@ -152,6 +157,9 @@ typedef struct dg_decode_job {
     int64_t fblk;
     const float *fm;
     float *out;
+    /* The wide kernels (decode_wide): A as BF16 pairs, step-major [k / 32][m][16] (pair p of a
+     * step: k = 32 * step + 2p, 2p + 1; zero past K). */
+    const uint32_t *ap;
 } dg_decode_job;
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
 /* 0 turns the decode kernels off (M <= DG_DECODE_MAX_M then runs the small-M kernels: the same
@@ -167,6 +175,7 @@ enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2, DG_DECODE_PAI
  * absent). */
 typedef struct dg_decode_a {
     float *rows, *sa;
+    uint32_t *pairs; /* the rows as BF16 pairs, step-major (dg_decode_job.ap) */
     int64_t lda, nkb;
 } dg_decode_a;
 struct dg_engine_cfg;
@@ -200,6 +209,10 @@ typedef struct dg_engine_cfg {
     int small_m_max;
     /* Decoding kernels per B format (DG_DECODE_*; NULL: M <= DG_DECODE_MAX_M takes the small-M kernels). */
     dg_decode_fn decode[4];
+    /* Decoding kernels for M = DG_DECODE_MAX_M + 1 .. decode_wide_max_m per B format (NULL: those
+     * M take the small-M kernels), 32 rows of B per call. */
+    dg_decode_fn decode_wide[3];
+    int decode_wide_max_m;
     /* The small-M B slice [kc][16] straight from K-major E4M3 codes without folded scales
      * (kernels/avx2/decode_avx2.c; NULL: widen rows, then transpose). */
     bool (*stage_e4m3)(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
@@ -255,6 +268,9 @@ bool dg_decode_e2m1_avx2(const dg_decode_job *j);
 bool dg_decode_bf16_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j);
+bool dg_decode_wide_bf16_avx512bf16(const dg_decode_job *j);
+bool dg_decode_wide_e4m3_avx512bf16(const dg_decode_job *j);
+bool dg_decode_wide_e2m1_avx512bf16(const dg_decode_job *j);
 bool dg_decode_pairs_avx2(const dg_decode_job *j);
 bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 void dg_widen_e4m3_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);

@@ -179,10 +179,16 @@ void dg_engine_set_decode(int use) { atomic_store(&g_decode, use != 0); }
 
 typedef struct decode_plan {
     dg_decode_fn fn;
+    int rows;           /* B rows per call: DG_DECODE_ROWS, or DG_DECODE_WIDE_ROWS (wide kernels) */
     dg_decode_a a;
     int64_t fblk, nkbf; /* fold blocks of B's folded scales (fblk 0: none) */
     float unit;         /* the kernel's value unit for codes (2^120 E4M3, 1 E2M1) */
 } decode_plan;
+
+/* The largest M the configuration's decode kernels take (DG_DECODE_MAX_M, or the wide kernels'). */
+static int64_t decode_max_m(const dg_engine_cfg *cfg) {
+    return cfg->decode_wide[0] && cfg->decode_wide_max_m > DG_DECODE_MAX_M ? cfg->decode_wide_max_m : DG_DECODE_MAX_M;
+}
 
 /* The decode kernel format of B, or -1. */
 static int decode_format(const dg_operand *b) {
@@ -198,11 +204,19 @@ static int decode_format(const dg_operand *b) {
 
 dg_status dg_engine_decode_a(const dg_engine_cfg *cfg, const dg_operand *a, int fold_a, int gblk, dg_decode_a *out) {
     const int64_t m = a->mn;
+    out->pairs = NULL;
     out->lda = dg_align(a->k > 0 ? a->k : 1, DG_DECODE_STEP);
     out->nkb = dg_ceil_div(out->lda, gblk); /* gblk >= 1 (dg_engine_k_block) */
     out->rows = dg_malloc((size_t)(m * out->lda + m * out->nkb + 1) * sizeof(float) + (size_t)out->lda * 2);
     if (!out->rows)
         return dg_fail(DG_ERR_ALLOC, "out of memory for the decoding GEMM's A rows");
+    const int64_t steps = dg_ceil_div(out->lda, 32);
+    out->pairs = dg_malloc((size_t)(steps * m * 16 + 1) * sizeof(uint32_t));
+    if (!out->pairs) {
+        dg_free(out->rows);
+        out->rows = NULL;
+        return dg_fail(DG_ERR_ALLOC, "out of memory for the decoding GEMM's A rows");
+    }
     out->sa = out->rows + m * out->lda;
     uint16_t *row = (uint16_t *)(out->sa + m * out->nkb + 1);
     for (int64_t i = 0; i < m; ++i) {
@@ -212,24 +226,32 @@ dg_status dg_engine_decode_a(const dg_engine_cfg *cfg, const dg_operand *a, int 
         for (int64_t kb = 0; kb < out->nkb; ++kb) /* as pack_scales: 1 where A's scales are folded */
             out->sa[i * out->nkb + kb] =
                 !fold_a && a->sf && kb * gblk < a->k ? dg_operand_scale(a, 0, i, kb * gblk) : 1.0f;
+        for (int64_t s = 0; s < steps; ++s) /* the BF16 bits (the values are BF16) of k pairs, zero past lda */
+            for (int p = 0; p < 16; ++p) {
+                const int64_t k = 32 * s + 2 * p;
+                const uint32_t lo = k < out->lda ? row[k] : 0, hi = k + 1 < out->lda ? row[k + 1] : 0;
+                out->pairs[(s * m + i) * 16 + p] = lo | hi << 16;
+            }
     }
     return DG_OK;
 }
 
 void dg_engine_decode_a_free(dg_decode_a *a) {
     dg_free(a->rows);
+    dg_free(a->pairs);
     a->rows = a->sa = NULL;
+    a->pairs = NULL;
 }
 
 /* Why the decode kernel does not take an M <= DG_DECODE_MAX_M call (the path report), or NULL when it does. */
 static const char *decode_declines(const dg_engine_cfg *cfg, const dg_operand *b, const dg_scale_plan *plan,
-                                   int fmt) {
+                                   int fmt, bool wide) {
     if (!atomic_load(&g_decode))
         return "switched off (dg_engine_set_decode)";
     if (fmt < 0)
         return b->grouped ? "B is grouped" : b->data->strides[1] != 1 ? "B is not K-major"
                : b->data->dtype == DG_BFLOAT16 ? "BF16 B with scales" : "B's format";
-    if (!cfg->decode[fmt])
+    if (!(wide ? cfg->decode_wide[fmt] : cfg->decode[fmt]))
         return "no decode kernel for B's format at this level";
     if (plan->gblk % DG_DECODE_STEP || (plan->fold_b && b->sf && b->gran_k % DG_DECODE_STEP))
         return "the scale block is not a multiple of the kernel's k step";
@@ -242,9 +264,10 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     memset(dp, 0, sizeof *dp);
     *use = false;
     const int fmt = atomic_load(&g_decode) ? decode_format(b) : -1;
-    if (a->mn > DG_DECODE_MAX_M || a->mn < 1 || b->k < 1)
+    const bool wide = a->mn > DG_DECODE_MAX_M;
+    if (a->mn > decode_max_m(cfg) || a->mn < 1 || b->k < 1)
         return DG_OK;
-    const char *why = decode_declines(cfg, b, plan, fmt);
+    const char *why = decode_declines(cfg, b, plan, fmt, wide);
     if (why) {
         DG_PATH("%s small-M kernel [decode kernel declined: %s] | first: m=%lld n=%lld k=%lld", cfg->name, why,
                 (long long)a->mn, (long long)b->mn, (long long)b->k);
@@ -252,7 +275,8 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     }
     if (plan->fold_b && b->sf)
         dp->fblk = b->gran_k, dp->nkbf = dg_ceil_div(b->k, b->gran_k);
-    dp->fn = cfg->decode[fmt];
+    dp->fn = wide ? cfg->decode_wide[fmt] : cfg->decode[fmt];
+    dp->rows = wide ? DG_DECODE_WIDE_ROWS : DG_DECODE_ROWS;
     dp->unit = fmt == DG_DECODE_E4M3 ? 0x1p120f : 1.0f;
     DG_TRY(dg_engine_decode_a(cfg, a, plan->fold_a, plan->gblk, &dp->a));
     *use = true;
@@ -265,7 +289,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
                          int64_t n0, int64_t cols, float *sb, float *fm, float *out) {
     const dg_tensor *t = b->data;
     const bool scaled_b = !plan->fold_b && b->sf;
-    for (int r = 0; r < DG_DECODE_ROWS; ++r) {
+    for (int r = 0; r < dp->rows; ++r) {
         if (scaled_b && r < cols) {
             dg_operand_scale_row(b, n0 + r, plan->gblk, dp->a.nkb, 1.0f, sb + r, 32);
         } else {
@@ -273,7 +297,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
                 sb[kb * 32 + r] = 1.0f;
         }
     }
-    for (int r = 0; r < DG_DECODE_ROWS && dp->nkbf; ++r) {
+    for (int r = 0; r < dp->rows && dp->nkbf; ++r) {
         if (r < cols) {
             dg_operand_scale_row(b, n0 + r, dp->fblk, dp->nkbf, 1.0f, fm + r, 32);
         } else {
@@ -282,7 +306,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
         }
     }
     for (int64_t q = 0; q < dp->nkbf; ++q)
-        for (int r = 0; r < DG_DECODE_ROWS; ++r) {
+        for (int r = 0; r < dp->rows; ++r) {
             const float s = fm[q * 32 + r];
             /* exact as one multiply: value * s stays a normal float32, unit * s is finite */
             if (!(s >= 0x1p-100f && s * dp->unit <= 0x1p127f))
@@ -292,7 +316,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     const int64_t es = t->dtype == DG_BFLOAT16 ? 2 : 1;
     const dg_decode_job job = {(const uint8_t *)t->data + n0 * t->strides[0] * es, t->strides[0] * es, (int)cols,
                                b->k, dp->a.rows, dp->a.lda, (int)a->mn, plan->gblk, dp->a.sa, sb, dp->a.nkb,
-                               dp->fblk, dp->nkbf ? fm : NULL, out};
+                               dp->fblk, dp->nkbf ? fm : NULL, out, dp->a.pairs};
     return dp->fn(&job);
 }
 
@@ -533,17 +557,20 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
                                         b->k);
     const int nr = cfg->nr;
     /* Work items: whole NR blocks (for the exact fallback) of whole decode calls: one call of
-     * DG_DECODE_ROWS columns on AVX2 (NR 16), two on AVX-512 (NR 32); else one NR block
+     * DG_DECODE_ROWS columns on AVX2 (NR 16), two on AVX-512 (NR 32), one of DG_DECODE_WIDE_ROWS
+     * for the wide kernels (M > DG_DECODE_MAX_M); else one NR block
      * (staging 4 blocks per A pass measured no faster at M = 16 and 64 on Zen 3). */
-    const int nb = decode && DG_DECODE_ROWS % nr == 0 ? DG_DECODE_ROWS / nr : 1;
+    const int rows = decode ? dp.rows : DG_DECODE_ROWS; /* B rows per decode call */
+    const int nb = decode && rows % nr == 0 ? rows / nr : 1;
     const int64_t n = b->mn, width = (int64_t)nb * nr, mpad = pa.panels * j.mr;
-    const int parts = decode && width % DG_DECODE_ROWS == 0 ? (int)(width / DG_DECODE_ROWS) : 0;
+    const int parts = decode && width % rows == 0 ? (int)(width / rows) : 0;
     decode = decode && parts > 0;
     const int64_t items = dg_ceil_div(n, width);
     const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
     if (decode)
-        DG_PATH("%s decode kernel (M <= %d, %s B read in place) | first: m=%lld n=%lld k=%lld", cfg->name,
-                DG_DECODE_MAX_M, dg_dtype_name(b->data->dtype), (long long)a->mn, (long long)n, (long long)b->k);
+        DG_PATH("%s decode kernel (M <= %lld, %s B read in place) | first: m=%lld n=%lld k=%lld", cfg->name,
+                (long long)decode_max_m(cfg), dg_dtype_name(b->data->dtype), (long long)a->mn, (long long)n,
+                (long long)b->k);
     else if (a->mn > 2)
         DG_PATH("%s small-M kernel (M <= %lld) | first: m=%lld n=%lld k=%lld", cfg->name,
                 (long long)dg_engine_small_m_max(cfg), (long long)a->mn, (long long)n, (long long)b->k);
@@ -551,7 +578,8 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
-    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + parts * 32 * DG_DECODE_MAX_M : 0;
+    const int64_t ostride = 32 * a->mn; /* a decode call's out [m][32] */
+    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + parts * ostride : 0;
     const int64_t sbn = nb * dg_ceil_div(j.slice, plan->gblk) * nr + 8; /* B scales of a slice */
     const int64_t per_thread =
         dg_align(nb * (j.slice * nr + 8 * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
@@ -579,15 +607,15 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         for (int64_t it = 0; it < items; ++it) {
             const int64_t i0 = it * width, icols = n - i0 < width ? n - i0 : width;
             bool decoded = decode;
-            for (int part = 0; decoded && part < parts && part * DG_DECODE_ROWS < icols; ++part) {
-                const int64_t c0 = part * DG_DECODE_ROWS, pc = icols - c0 < DG_DECODE_ROWS ? icols - c0 : DG_DECODE_ROWS;
-                decoded = decode_block(&dp, a, b, plan, i0 + c0, pc, dsb, dfm, dout + part * 32 * DG_DECODE_MAX_M);
+            for (int part = 0; decoded && part < parts && part * rows < icols; ++part) {
+                const int64_t c0 = part * rows, pc = icols - c0 < rows ? icols - c0 : rows;
+                decoded = decode_block(&dp, a, b, plan, i0 + c0, pc, dsb, dfm, dout + part * ostride);
             }
             if (decoded) {
-                for (int part = 0; part < parts && part * DG_DECODE_ROWS < icols; ++part) {
-                    const int64_t c0 = part * DG_DECODE_ROWS, pc = icols - c0 < DG_DECODE_ROWS ? icols - c0 : DG_DECODE_ROWS;
+                for (int part = 0; part < parts && part * rows < icols; ++part) {
+                    const int64_t c0 = part * rows, pc = icols - c0 < rows ? icols - c0 : rows;
                     for (int64_t i = 0; i < a->mn; ++i)
-                        dg_engine_store_row(d, c, i, i0 + c0, pc, dout + part * 32 * DG_DECODE_MAX_M + i * 32);
+                        dg_engine_store_row(d, c, i, i0 + c0, pc, dout + part * ostride + i * 32);
                 }
                 continue;
             }

@@ -25,6 +25,7 @@
 #include "../transpose16_avx512.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define DG_INLINE static inline __attribute__((always_inline))
 
@@ -77,38 +78,48 @@ DG_INLINE void close_block(const dg_decode_job *j, int64_t kq, __m512 *acc, __m5
     }
 }
 
-DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
-    const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
+/* One step of 16 B rows (b, row stride ldb; rows >= rows read as zero): the 32 k from k0 (n = K - k0
+ * of them valid, at most 32) widened per row and transposed, w[p] = k pair p of the 16 rows (lane r:
+ * row r); folded power-of-two scales fm ([q][32] lanes, this half's first lane) applied. */
+DG_INLINE void load_step(const uint8_t *b, int64_t ldb, int rows, int64_t K, int64_t k0, const float *fm, int64_t fblk,
+                         const widen_consts *wc, const int fmt, __mmask32 *nan, __mmask16 *big, __m512i w[16]) {
     const int unit_log2 = fmt == FMT_E4M3 ? 120 : 0;
     const int emax = fmt == FMT_E4M3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
+    const int n = K - k0 < 32 ? (int)(K - k0) : 32;
+    __m512i in[16];
+    const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
+    if (off % 64 == 0) /* once per cache line: the line 8 ahead of each row (16 short row streams) */
+        for (int r = 0; r < rows; ++r)
+            _mm_prefetch((const char *)b + r * ldb + off + 512, _MM_HINT_T0);
+    const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
+    const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
+    for (int r = 0; r < 16; ++r)
+        in[r] = r < rows ? load_row(b + r * ldb, k0, m, bm, wc, fmt, nan) : _mm512_setzero_si512();
+    dg_transpose16_epi32(in, w);
+    if (fmt != FMT_BF16 && fm) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
+        const int64_t q0 = k0 / fblk, q1 = k0 + 16 < K ? (k0 + 16) / fblk : q0; /* fm has no block past K */
+        const __m512i lo = scale_exps(fm, q0, unit_log2, emax, big);
+        const __m512i hi = q1 == q0 ? lo : scale_exps(fm, q1, unit_log2, emax, big);
+        for (int p = 0; p < 16; ++p)
+            w[p] = apply_exps(w[p], p < 8 ? lo : hi);
+    }
+}
+
+static const uint16_t kE2m1Bf16[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
+                                       0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+
+DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
+    const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
     __m512 acc[DG_DECODE_MAX_M], total[DG_DECODE_MAX_M];
     for (int m = 0; m < M; ++m)
         acc[m] = total[m] = _mm512_setzero_ps();
     __mmask32 nan = 0;
     __mmask16 big = 0;
-    static const uint16_t kE2m1[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
-                                       0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
-    const widen_consts wc = {_mm512_loadu_si512(kE2m1), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f)};
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f)};
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
-        const int n = K - k0 < 32 ? (int)(K - k0) : 32;
-        __m512i rows[16], w[16];
-        const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
-        if (off % 64 == 0) /* once per cache line: the line 8 ahead of each row (16 short row streams) */
-            for (int r = 0; r < j->rows; ++r)
-                _mm_prefetch((const char *)j->b + r * j->ldb + off + 512, _MM_HINT_T0);
-        const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
-        const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
-        for (int r = 0; r < 16; ++r)
-            rows[r] = r < j->rows ? load_row(j->b + r * j->ldb, k0, m, bm, &wc, fmt, &nan) : _mm512_setzero_si512();
-        dg_transpose16_epi32(rows, w);
-        if (fmt != FMT_BF16 && j->fm) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
-            const int64_t q0 = k0 / j->fblk, q1 = k0 + 16 < K ? (k0 + 16) / j->fblk : q0; /* fm has no block past K */
-            const __m512i lo = scale_exps(j->fm, q0, unit_log2, emax, &big);
-            const __m512i hi = q1 == q0 ? lo : scale_exps(j->fm, q1, unit_log2, emax, &big);
-            for (int p = 0; p < 16; ++p)
-                w[p] = apply_exps(w[p], p < 8 ? lo : hi);
-        }
+        __m512i w[16];
+        load_step(j->b, j->ldb, j->rows, K, k0, j->fm, j->fblk, &wc, fmt, &nan, &big, w);
         /* A's 32 values of each row as BF16 pairs (exact: they are BF16 values; zero past K) */
         uint32_t ab[DG_DECODE_MAX_M][16];
         for (int m = 0; m < M; ++m) {
@@ -146,6 +157,104 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     return true;
 }
 
+
+/* ---- M = DG_DECODE_MAX_M + 1 .. DG_DECODE_WIDE_MAX_M: 32 rows of B per call ----------------
+ * Each step's 32 k of the 32 rows is widened and transposed as above (two halves of 16 rows)
+ * into w, one NR = 32 panel step in L1; rows of A then run against it in groups of WIDE_G with
+ * their accumulators in registers across the step's pairs (loaded and stored once per step), so
+ * one broadcast of an A pair feeds two VDPBF16PS, as in the small-M microkernel. The per-element
+ * operations are decode_body's. */
+#define WIDE_G 8
+
+/* Pairs [p0, p1) of the step panel w ([16][32] words) times G rows of A (ap: [G][16] pairs of
+ * this step) into acc ([G][32]). */
+DG_INLINE void wide_group(const uint32_t *ap, const uint32_t *w, float *acc, int p0, int p1, const int G) {
+    __m512 c[WIDE_G][2];
+    for (int m = 0; m < G; ++m)
+        c[m][0] = _mm512_load_ps(acc + m * 32), c[m][1] = _mm512_load_ps(acc + m * 32 + 16);
+    for (int p = p0; p < p1; ++p) {
+        const __m512bh b0 = (__m512bh)_mm512_load_si512(w + p * 32), b1 = (__m512bh)_mm512_load_si512(w + p * 32 + 16);
+        for (int m = 0; m < G; ++m) {
+            const __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[m * 16 + p]);
+            c[m][0] = _mm512_dpbf16_ps(c[m][0], a, b0);
+            c[m][1] = _mm512_dpbf16_ps(c[m][1], a, b1);
+        }
+    }
+    for (int m = 0; m < G; ++m)
+        _mm512_store_ps(acc + m * 32, c[m][0]), _mm512_store_ps(acc + m * 32 + 16, c[m][1]);
+}
+
+static void wide_pairs(const uint32_t *ap, int M, const uint32_t *w, float *acc, int p0, int p1) {
+    int m0 = 0;
+    for (; m0 + WIDE_G <= M; m0 += WIDE_G)
+        wide_group(ap + m0 * 16, w, acc + m0 * 32, p0, p1, WIDE_G);
+    ap += m0 * 16, acc += m0 * 32;
+    switch (M - m0) {
+    case 1: wide_group(ap, w, acc, p0, p1, 1); break;
+    case 2: wide_group(ap, w, acc, p0, p1, 2); break;
+    case 3: wide_group(ap, w, acc, p0, p1, 3); break;
+    case 4: wide_group(ap, w, acc, p0, p1, 4); break;
+    case 5: wide_group(ap, w, acc, p0, p1, 5); break;
+    case 6: wide_group(ap, w, acc, p0, p1, 6); break;
+    case 7: wide_group(ap, w, acc, p0, p1, 7); break;
+    default: break;
+    }
+}
+
+/* K block kq ends for all rows: total = fma(sa * sb, acc, total), acc = 0 (close_block's operations). */
+static void wide_close(const dg_decode_job *j, int64_t kq, float *acc, float *total) {
+    const __m512 sb0 = _mm512_loadu_ps(j->sb + kq * 32), sb1 = _mm512_loadu_ps(j->sb + kq * 32 + 16);
+    for (int m = 0; m < j->m; ++m) {
+        const __m512 sa = _mm512_set1_ps(j->sa[m * j->sa_stride + kq]);
+        float *a = acc + m * 32, *t = total + m * 32;
+        _mm512_store_ps(t, _mm512_fmadd_ps(_mm512_mul_ps(sa, sb0), _mm512_load_ps(a), _mm512_load_ps(t)));
+        _mm512_store_ps(t + 16, _mm512_fmadd_ps(_mm512_mul_ps(sa, sb1), _mm512_load_ps(a + 16), _mm512_load_ps(t + 16)));
+        _mm512_store_ps(a, _mm512_setzero_ps());
+        _mm512_store_ps(a + 16, _mm512_setzero_ps());
+    }
+}
+
+DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
+    const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
+    const int M = j->m;
+    _Alignas(64) float acc[DG_DECODE_WIDE_MAX_M * 32], total[DG_DECODE_WIDE_MAX_M * 32];
+    _Alignas(64) uint32_t w[16 * 32];
+    memset(acc, 0, (size_t)M * 32 * sizeof(float));
+    memset(total, 0, (size_t)M * 32 * sizeof(float));
+    __mmask32 nan = 0;
+    __mmask16 big = 0;
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f)};
+    const int lo_rows = j->rows < 16 ? j->rows : 16, hi_rows = j->rows - lo_rows;
+    int64_t kb = 0, kq = 0; /* the current K block's start and index */
+    for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+        __m512i half[16];
+        load_step(j->b, j->ldb, lo_rows, K, k0, j->fm, j->fblk, &wc, fmt, &nan, &big, half);
+        for (int p = 0; p < 16; ++p)
+            _mm512_store_si512(w + p * 32, half[p]);
+        load_step(hi_rows > 0 ? j->b + 16 * j->ldb : j->b, j->ldb, hi_rows, K, k0, j->fm ? j->fm + 16 : NULL, j->fblk, &wc, fmt, &nan,
+                  &big, half);
+        for (int p = 0; p < 16; ++p)
+            _mm512_store_si512(w + p * 32 + 16, half[p]);
+        const uint32_t *ap = j->ap + (k0 / 32) * M * 16;
+        if (k0 == kb + gblk) /* the block before k0 ends */
+            wide_close(j, kq++, acc, total), kb += gblk;
+        const int pe = kp - k0 < 32 ? (int)((kp - k0) / 2) : 16; /* pairs of this step inside K */
+        if (kb + gblk < k0 + 2 * pe) { /* a block ends inside the step (gblk, kb: multiples of 16) */
+            const int split = (int)((kb + gblk - k0) / 2);
+            wide_pairs(ap, M, w, acc, 0, split);
+            wide_close(j, kq++, acc, total), kb += gblk;
+            wide_pairs(ap, M, w, acc, split, pe);
+        } else {
+            wide_pairs(ap, M, w, acc, 0, pe);
+        }
+    }
+    if (nan || big)
+        return false;
+    wide_close(j, kq, acc, total); /* the last block */
+    memcpy(j->out, total, (size_t)M * 32 * sizeof(float));
+    return true;
+}
+
 #define DECODE_FN(name, fmt)                                                                       \
     bool name(const dg_decode_job *j) {                                                            \
         switch (j->m) {                                                                            \
@@ -163,3 +272,10 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
 DECODE_FN(dg_decode_bf16_avx512bf16, FMT_BF16)
 DECODE_FN(dg_decode_e4m3_avx512bf16, FMT_E4M3)
 DECODE_FN(dg_decode_e2m1_avx512bf16, FMT_E2M1)
+
+#define DECODE_WIDE_FN(name, fmt) \
+    bool name(const dg_decode_job *j) { return wide_body(j, fmt); }
+
+DECODE_WIDE_FN(dg_decode_wide_bf16_avx512bf16, FMT_BF16)
+DECODE_WIDE_FN(dg_decode_wide_e4m3_avx512bf16, FMT_E4M3)
+DECODE_WIDE_FN(dg_decode_wide_e2m1_avx512bf16, FMT_E2M1)
