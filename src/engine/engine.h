@@ -160,6 +160,9 @@ typedef struct dg_decode_job {
     /* The wide kernels (decode_wide): A as BF16 pairs, step-major [k / 32][m][16] (pair p of a
      * step: k = 32 * step + 2p, 2p + 1; zero past K). */
     const uint32_t *ap;
+    /* The rows of B this thread's next call reads (same ldb; NULL: none known), to prefetch
+     * their first lines while this call ends (AVX-512 BF16 kernels). */
+    const uint8_t *next;
 } dg_decode_job;
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
 /* 0 turns the decode kernels off (M <= DG_DECODE_MAX_M then runs the small-M kernels: the same

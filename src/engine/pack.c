@@ -33,21 +33,29 @@ static inline bool is_pow2(float s) {
 
 /* ---- scale plan ------------------------------------------------------------------------ */
 
-/* Every float32 scale of the operand is a positive power of two (UE8M0-valued). */
+/* Every float32 scale of the operand is a positive power of two (UE8M0-valued). The row-major
+ * scan is branch-free (it vectorises) and split over the threads when large: it reads every
+ * scale before the GEMM starts (FP4 weights with 1 x 32 float scales: a quarter of the weight
+ * bytes), and one thread scanning alone had kept the other idle for 6% of an M = 1 call. */
 static bool all_scales_pow2(const dg_operand *op) {
     const dg_tensor *t = op->sf;
     if (dg_tensor_numel(t) == 0) /* none (K = 0 or MN = 0): the data pointer may be NULL */
         return true;
     if (!op->grouped && t->strides[1] == 1) { /* row-major float32: scan the rows directly */
-        for (int64_t r = 0; r < t->shape[0]; ++r) {
+        const int64_t rows = t->shape[0], cols = t->shape[1];
+        uint32_t bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static) num_threads(dg_num_threads()) if (rows * cols >= (1 << 18))
+        for (int64_t r = 0; r < rows; ++r) {
             const float *row = (const float *)t->data + r * t->strides[0];
-            bool ok = true;
-            for (int64_t q = 0; q < t->shape[1]; ++q)
-                ok &= is_pow2(row[q]);
-            if (!ok)
-                return false;
+            uint32_t b = 0;
+            for (int64_t q = 0; q < cols; ++q) { /* sign and mantissa zero, exponent field 1 .. 254 */
+                uint32_t u;
+                memcpy(&u, row + q, 4);
+                b |= (u & 0x807fffffu) | (uint32_t)(u - 0x00800000u >= 0x7f000000u);
+            }
+            bad |= b;
         }
-        return true;
+        return bad == 0;
     }
     for (int64_t i = 0; i < op->mn; i += op->gran_mn)
         for (int64_t kk = 0; kk < op->k; kk += op->gran_k)

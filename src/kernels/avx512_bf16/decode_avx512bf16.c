@@ -68,29 +68,25 @@ DG_INLINE __m512i apply_exps(__m512i w, __m512i add) {
     return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, add);
 }
 
-/* K block kq ends: total = fma(sa * sb, acc, total) per row of A (the engine's epilogue), acc = 0. */
-DG_INLINE void close_block(const dg_decode_job *j, int64_t kq, __m512 *acc, __m512 *total, const int M) {
-    const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32);
-    for (int m = 0; m < M; ++m) {
-        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
-        total[m] = _mm512_fmadd_ps(s, acc[m], total[m]);
-        acc[m] = _mm512_setzero_ps();
-    }
-}
-
 /* One step of 16 B rows (b, row stride ldb; rows >= rows read as zero): the 32 k from k0 (n = K - k0
  * of them valid, at most 32) widened per row and transposed, w[p] = k pair p of the 16 rows (lane r:
  * row r); folded power-of-two scales fm ([q][32] lanes, this half's first lane) applied. */
-DG_INLINE void load_step(const uint8_t *b, int64_t ldb, int rows, int64_t K, int64_t k0, const float *fm, int64_t fblk,
-                         const widen_consts *wc, const int fmt, __mmask32 *nan, __mmask16 *big, __m512i w[16]) {
+DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
+                         const float *fm, int64_t fblk, const widen_consts *wc, const int fmt, __mmask32 *nan,
+                         __mmask16 *big, __m512i w[16]) {
     const int unit_log2 = fmt == FMT_E4M3 ? 120 : 0;
     const int emax = fmt == FMT_E4M3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
     const int n = K - k0 < 32 ? (int)(K - k0) : 32;
     __m512i in[16];
     const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
-    if (off % 64 == 0) /* once per cache line: the line 8 ahead of each row (16 short row streams) */
+    /* Once per cache line: the line 8 ahead of each row (16 short row streams); past a row's end,
+     * the next block's row (next: the driver's next call on this thread), so that its first lines
+     * are not demand misses (they were: FP4 rows of 1 KiB at M = 1 on Zen 5 waited on memory). */
+    const int64_t row_bytes = fmt == FMT_BF16 ? 2 * K : fmt == FMT_E4M3 ? K : (K + 1) / 2, ahead = off + 512;
+    if (off % 64 == 0)
         for (int r = 0; r < rows; ++r)
-            _mm_prefetch((const char *)b + r * ldb + off + 512, _MM_HINT_T0);
+            _mm_prefetch(ahead < row_bytes || !next ? (const char *)b + r * ldb + ahead
+                                                    : (const char *)next + r * ldb + (ahead - row_bytes), _MM_HINT_T0);
     const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
     const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
     for (int r = 0; r < 16; ++r)
@@ -108,6 +104,19 @@ DG_INLINE void load_step(const uint8_t *b, int64_t ldb, int rows, int64_t K, int
 static const uint16_t kE2m1Bf16[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
                                        0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
 
+/* K block kq ends: total = fma(sa * sb, acc, total) per row of A (the engine's epilogue), acc = 0. */
+DG_INLINE void close_block(const dg_decode_job *j, int64_t kq, __m512 *acc, __m512 *total, const int M) {
+    const __m512 sb = _mm512_loadu_ps(j->sb + kq * 32);
+    for (int m = 0; m < M; ++m) {
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kq]), sb);
+        total[m] = _mm512_fmadd_ps(s, acc[m], total[m]);
+        acc[m] = _mm512_setzero_ps();
+    }
+}
+
+/* Two VDPBF16PS chains per step at M = 1 (32 rows per call) measured no faster on Zen 5 than
+ * one: the step's shuffles (widening, transpose), not the chain's latency, bound it once A's
+ * pairs are broadcast from memory. */
 DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
     __m512 acc[DG_DECODE_MAX_M], total[DG_DECODE_MAX_M];
@@ -119,24 +128,16 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         __m512i w[16];
-        load_step(j->b, j->ldb, j->rows, K, k0, j->fm, j->fblk, &wc, fmt, &nan, &big, w);
-        /* A's 32 values of each row as BF16 pairs (exact: they are BF16 values; zero past K) */
-        uint32_t ab[DG_DECODE_MAX_M][16];
-        for (int m = 0; m < M; ++m) {
-            const float *a = j->a + m * j->lda + k0;
-            const __mmask16 hm = k0 + 16 < j->lda ? 0xffff : 0;
-            const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(a)), 16));
-            const __m256i hi =
-                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(hm, a + 16)), 16));
-            _mm512_storeu_si512(ab[m], _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-        }
+        load_step(j->b, j->next, j->ldb, j->rows, K, k0, j->fm, j->fblk, &wc, fmt, &nan, &big, w);
+        /* A's pairs of this step (j->ap: step-major, zero past K), broadcast from memory: no shuffles */
+        const uint32_t *ab = j->ap + (k0 / 32) * M * 16;
         if (k0 == kb + gblk) /* the block before k0 ends */
             close_block(j, kq++, acc, total, M), kb += gblk;
         if (k0 + 32 <= kp && kb + gblk >= k0 + 32) { /* the common step: 16 pairs, no block ends inside */
 #pragma GCC unroll 16
             for (int p = 0; p < 16; ++p)
                 for (int m = 0; m < M; ++m)
-                    acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32((int)ab[m][p]), (__m512bh)w[p]);
+                    acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32((int)ab[m * 16 + p]), (__m512bh)w[p]);
             continue;
         }
         for (int p = 0; p < 16; ++p) { /* a step with K's end or a block end inside */
@@ -146,7 +147,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
             if (k == kb + gblk) /* the block before k ends */
                 close_block(j, kq++, acc, total, M), kb += gblk;
             for (int m = 0; m < M; ++m)
-                acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32((int)ab[m][p]), (__m512bh)w[p]);
+                acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32((int)ab[m * 16 + p]), (__m512bh)w[p]);
         }
     }
     if (nan || big)
@@ -156,7 +157,6 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
         _mm512_storeu_ps(j->out + m * 32, total[m]);
     return true;
 }
-
 
 /* ---- M = DG_DECODE_MAX_M + 1 .. DG_DECODE_WIDE_MAX_M: 32 rows of B per call ----------------
  * Each step's 32 k of the 32 rows is widened and transposed as above (two halves of 16 rows)
@@ -228,10 +228,10 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         __m512i half[16];
-        load_step(j->b, j->ldb, lo_rows, K, k0, j->fm, j->fblk, &wc, fmt, &nan, &big, half);
+        load_step(j->b, j->next, j->ldb, lo_rows, K, k0, j->fm, j->fblk, &wc, fmt, &nan, &big, half);
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(w + p * 32, half[p]);
-        load_step(hi_rows > 0 ? j->b + 16 * j->ldb : j->b, j->ldb, hi_rows, K, k0, j->fm ? j->fm + 16 : NULL, j->fblk, &wc, fmt, &nan,
+        load_step(hi_rows > 0 ? j->b + 16 * j->ldb : j->b, j->next ? j->next + 16 * j->ldb : NULL, j->ldb, hi_rows, K, k0, j->fm ? j->fm + 16 : NULL, j->fblk, &wc, fmt, &nan,
                   &big, half);
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(w + p * 32 + 16, half[p]);
