@@ -166,8 +166,9 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
     }
 }
 
-/* ---- decoding (M <= DG_DECODE_MAX_M): B read in place by the configuration's decode kernel ----
- * Items of DG_DECODE_ROWS columns (engine.h: dg_decode_job). The kernel's per-element operations are the
+/* ---- decoding (M <= DG_DECODE_MAX_M, or the wide kernels' bound): B read in place by the
+ * configuration's decode kernel ----
+ * Calls of DG_DECODE_ROWS columns (wide kernels: DG_DECODE_WIDE_ROWS; engine.h: dg_decode_job). The kernel's per-element operations are the
  * small-M kernels' (same chain, same epilogue, same folded values), so a block may fall back
  * to run_block at any time without changing bits: when the kernel met an E4M3 NaN code, or
  * when a folded scale is outside the range where value * scale is one exact multiply. */

@@ -1,6 +1,7 @@
 /*
  * decode_avx512bf16.c - AVX-512 BF16 decoding kernels: 1 .. DG_DECODE_MAX_M rows of A against
- * DG_DECODE_ROWS (16) rows of B read in place (BF16, E4M3 or E2M1 codes, K contiguous), all of K
+ * DG_DECODE_ROWS (16) rows of B, and (the wide kernels, below) DG_DECODE_MAX_M + 1 ..
+ * DG_DECODE_WIDE_MAX_M rows against 32, read in place (BF16, E4M3 or E2M1 codes, K contiguous), all of K
  * in one call (contract: dg_decode_job in src/engine/engine.h), on VDPBF16PS like the level's
  * small-M and large-M kernels, so every path gives a row of D the same bits.
  *
