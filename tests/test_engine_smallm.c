@@ -212,11 +212,11 @@ static void run_level(dg_isa isa, int dpbf16) {
         {"fp8 x fp4 float/16", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 0, 0, 2e-2},
     };
     static const int64_t kN[] = {90, 16}; /* 90: a last item of 26 columns (AVX-512: 16 + 10) */
-    static const int64_t kK[] = {1, 31, 33, 200, 600};
+    static const int64_t kK[] = {1, 31, 33, 48, 200, 600}; /* 48: FP4 blocks of 16 ending inside a short K */
     tu_rng r = {0xa3c5};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
         for (size_t ni = 0; ni < 2; ++ni)
-            for (size_t ki = 0; ki < 5; ++ki)
+            for (size_t ki = 0; ki < sizeof kK / sizeof kK[0]; ++ki)
                 check(&cases[c], kN[ni], kK[ki], &r);
     check_special(&cases[2], 70, 600, &r, NAN_CODES);
     check_special(&cases[3], 70, 600, &r, NAN_CODES);

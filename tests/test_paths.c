@@ -100,6 +100,14 @@ static void test_levels_and_declines(void) {
             const char *why[] = {"decode kernel declined: B is not K-major", NULL};
             TU_CHECK(has_line(r, dec) && has_line(r, why), "avx2 decode and its decline; got:\n%s", r);
         }
+        if (isa == DG_ISA_AVX512_BF16) { /* on VDPBF16PS (AMD's choice) M = 9..64 takes the wide decode kernels */
+            dg_clear_path_report();
+            TU_CHECK_OK(gemm(16, 1));
+            char *w = report();
+            const char *dp[] = {"avx512_bf16/bf16", NULL}, *wide[] = {"decode kernel (M <= 64", NULL};
+            TU_CHECK(!has_line(w, dp) || has_line(w, wide), "avx512_bf16 wide decode at M = 16; got:\n%s", w);
+            free(w);
+        }
         if (isa == DG_ISA_GENERIC) {
             const char *none[] = {"small-M path: none at this level", NULL};
             TU_CHECK(has_line(r, none), "generic says it has no small-M path; got:\n%s", r);

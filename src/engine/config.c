@@ -43,6 +43,8 @@
  * loses: it streams all of A once per 32 columns of B. 256: the same bound as AVX2's. */
 /* AVX-512 BF16 wide decode kernels up to M = 64: measured on Zen 5 (see README, Decoding). */
 #define DECODE_WIDE_MAX_M_AVX512BF16 64
+_Static_assert(DECODE_WIDE_MAX_M_AVX512BF16 <= DG_DECODE_WIDE_MAX_M,
+               "the wide kernels' buffers hold DG_DECODE_WIDE_MAX_M rows");
 #define AVX512_SMALL {dg_ukr_f32_avx512_mr1, dg_ukr_f32_avx512_mr2, dg_ukr_f32_avx512_mr4, dg_ukr_f32_avx512_mr8}
 /* AVX2 small_m_max 256: measured on Zen 3 (2 threads, N 2112, K 7168, BF16), small-M vs
  * large-M path: M = 65 13.4 vs 20.3 ms, 128 27.1 vs 35.0, 256 48.1-50.5 vs 60.2, 512 113 vs

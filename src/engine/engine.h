@@ -157,8 +157,9 @@ typedef struct dg_decode_job {
     int64_t fblk;
     const float *fm;
     float *out;
-    /* The wide kernels (decode_wide): A as BF16 pairs, step-major [k / 32][m][16] (pair p of a
-     * step: k = 32 * step + 2p, 2p + 1; zero past K). */
+    /* A as BF16 pairs, step-major [k / 32][m][16] (pair p of a step: k = 32 * step + 2p, 2p + 1;
+     * zero past K): read by the AVX-512 BF16 kernels (narrow and wide), which therefore need it
+     * set; the AVX2 kernels read `a`. */
     const uint32_t *ap;
     /* The rows of B this thread's next call reads (same ldb; NULL: none known), to prefetch
      * their first lines while this call ends (AVX-512 BF16 kernels). */

@@ -168,8 +168,8 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
 
 /* ---- decoding (M <= DG_DECODE_MAX_M, or the wide kernels' bound): B read in place by the
  * configuration's decode kernel ----
- * Calls of DG_DECODE_ROWS columns (wide kernels: DG_DECODE_WIDE_ROWS; engine.h: dg_decode_job). The kernel's per-element operations are the
- * small-M kernels' (same chain, same epilogue, same folded values), so a block may fall back
+ * Calls of DG_DECODE_ROWS columns (wide kernels: DG_DECODE_WIDE_ROWS; engine.h: dg_decode_job).
+ * The kernel's per-element operations are the small-M kernels' (same chain, same epilogue, same folded values), so a block may fall back
  * to run_block at any time without changing bits: when the kernel met an E4M3 NaN code, or
  * when a folded scale is outside the range where value * scale is one exact multiply. */
 
@@ -188,7 +188,9 @@ typedef struct decode_plan {
 
 /* The largest M the configuration's decode kernels take (DG_DECODE_MAX_M, or the wide kernels'). */
 static int64_t decode_max_m(const dg_engine_cfg *cfg) {
-    return cfg->decode_wide[0] && cfg->decode_wide_max_m > DG_DECODE_MAX_M ? cfg->decode_wide_max_m : DG_DECODE_MAX_M;
+    if (!cfg->decode_wide[0] || cfg->decode_wide_max_m <= DG_DECODE_MAX_M)
+        return DG_DECODE_MAX_M;
+    return cfg->decode_wide_max_m < DG_DECODE_WIDE_MAX_M ? cfg->decode_wide_max_m : DG_DECODE_WIDE_MAX_M;
 }
 
 /* The decode kernel format of B, or -1. */
@@ -303,7 +305,7 @@ static void block_scales(const dg_operand *b, int64_t n0, int rows, int nrows, i
             continue;
         }
         const char *row = (const char *)t->data + ((n0 + r) / b->gran_mn) * t->strides[0] * 4;
-        if (b->sf_packed) /* four UE8M0 bytes per int32, little-endian: byte q is block q */
+        if (b->sf_packed) /* four UE8M0 bytes per int32, little-endian (x86): byte q is block q */
             for (int64_t q = 0; q < n; ++q)
                 out[q * 32 + r] = dg_ue8m0_to_float((uint8_t)row[q]);
         else
@@ -655,7 +657,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
         }
     }
     if (atomic_load(&exact_blocks)) /* noted here: worker threads have no entry point name */
-        DG_PATH("%s decode kernel: some 16-row blocks ran the exact small-M path [E4M3 NaN codes, or folded "
+        DG_PATH("%s decode kernel: some blocks of B rows ran the exact small-M path [E4M3 NaN codes, or folded "
                 "scales a single multiply cannot apply exactly]", cfg->name);
     dg_engine_decode_a_free(&dp.a);
     dg_free(mem);
