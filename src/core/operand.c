@@ -153,14 +153,14 @@ void dg_operand_scale_row(const dg_operand *op, int64_t i, int64_t step, int64_t
     }
 }
 
-void dg_operand_block_scales(const dg_operand *op, int64_t i, int64_t q0, int64_t count, float *out) {
+void dg_operand_block_scales(const dg_operand *op, int64_t i, int64_t q0, int64_t count, float *out, int64_t ostride) {
     const dg_tensor *t = op->sf;
     const int b = op->grouped ? 1 : 0;
     const int64_t s1 = t->strides[b + 1];
     const char *row = (const char *)t->data + (op->gran_mn == 1 ? i : i / op->gran_mn) * t->strides[b] * 4;
     for (int64_t q = 0; q < count; ++q) {
         const int64_t sk = q0 + q;
-        out[q] = !op->sf_packed ? ((const float *)row)[sk * s1]
+        out[q * ostride] = !op->sf_packed ? ((const float *)row)[sk * s1]
                                 : dg_ue8m0_to_float((uint8_t)(((const uint32_t *)row)[(sk >> 2) * s1] >> (8 * (sk & 3))));
     }
 }

@@ -97,9 +97,9 @@ static inline float dg_operand_scale(const dg_operand *op, int64_t g, int64_t i,
  */
 void dg_operand_scale_row(const dg_operand *op, int64_t i, int64_t step, int64_t count, float mult, float *out,
                           int64_t ostride);
-/* out[q] = scale(0, i, (q0 + q) * gran_k) for q < count: the scales of row i's K blocks q0 ..
- * q0 + count - 1 (all inside K), the row located once (the operand has scales). */
-void dg_operand_block_scales(const dg_operand *op, int64_t i, int64_t q0, int64_t count, float *out);
+/* out[q * ostride] = scale(0, i, (q0 + q) * gran_k) for q < count: the scales of row i's K blocks
+ * q0 .. q0 + count - 1 (all inside K), the row located once (the operand has scales). */
+void dg_operand_block_scales(const dg_operand *op, int64_t i, int64_t q0, int64_t count, float *out, int64_t ostride);
 
 static inline float dg_operand_get(const dg_operand *op, int64_t g, int64_t i, int64_t kk) {
     return dg_operand_raw(op, g, i, kk) * dg_operand_scale(op, g, i, kk);

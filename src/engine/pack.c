@@ -112,7 +112,7 @@ static bool fetch_simd(const dg_operand *op, int64_t i, int fold, int64_t k0, in
             while (end < ke && nq < 64)
                 end += g, ++nq;
             end = end < ke ? end : ke;
-            dg_operand_block_scales(op, i, q0, nq, sc);
+            dg_operand_block_scales(op, i, q0, nq, sc, 1);
             isa->widen_e2m1_blocks(p + kb / 2, end - kb, kb - q0 * g, g, sc, out + kb);
             kb = end, q0 += nq;
         }

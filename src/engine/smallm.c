@@ -288,30 +288,19 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
 
 /* B's scales of rows [n0, n0 + rows) (zero rows: none) per K step of `step`, count steps, into
  * out[q * 32 + r] (1 past K and for rows <= r < nrows): what dg_operand_scale_row gives, read
- * directly when a scale block is one step and the scales are contiguous along K (the common
- * FP4 / FP8 weight layouts: its general per-row loop had cost 13% of an M = 1 FP8 x FP4 GEMM). */
+ * with dg_operand_block_scales when a scale block is one step (the common FP4 / FP8 weight
+ * layouts: the general per-row routine had cost 13% of an M = 1 FP8 x FP4 GEMM). */
 static void block_scales(const dg_operand *b, int64_t n0, int rows, int nrows, int64_t step, int64_t count,
                          float *out) {
-    const dg_tensor *t = b->sf;
     const int64_t valid = dg_ceil_div(b->k, step), n = valid < count ? valid : count;
-    const bool direct = t && step == b->gran_k && t->strides[1] == 1 && !b->grouped;
+    const bool direct = b->sf && step == b->gran_k;
     for (int r = 0; r < nrows; ++r) {
-        if (r >= rows || !direct) {
-            if (r < rows)
-                dg_operand_scale_row(b, n0 + r, step, count, 1.0f, out + r, 32);
-            else
-                for (int64_t q = 0; q < count; ++q)
-                    out[q * 32 + r] = 1.0f;
-            continue;
-        }
-        const char *row = (const char *)t->data + ((n0 + r) / b->gran_mn) * t->strides[0] * 4;
-        if (b->sf_packed) /* four UE8M0 bytes per int32, little-endian (x86): byte q is block q */
-            for (int64_t q = 0; q < n; ++q)
-                out[q * 32 + r] = dg_ue8m0_to_float((uint8_t)row[q]);
-        else
-            for (int64_t q = 0; q < n; ++q)
-                out[q * 32 + r] = ((const float *)row)[q];
-        for (int64_t q = n; q < count; ++q)
+        int64_t q = 0;
+        if (r < rows && direct)
+            dg_operand_block_scales(b, n0 + r, 0, n, out + r, 32), q = n;
+        else if (r < rows)
+            dg_operand_scale_row(b, n0 + r, step, count, 1.0f, out + r, 32), q = count;
+        for (; q < count; ++q)
             out[q * 32 + r] = 1.0f;
     }
 }

@@ -1,6 +1,6 @@
 /*
  * e4m3_bf16_avx512.h - E4M3 codes to BF16 bits in 16-bit lanes, shared by the AVX-512 row
- * widening (widen_avx512.c) and the AVX-512 BF16 decode kernels. Include only from translation
+ * widening (widen_avx512.c), the AVX-512 BF16 decode kernels and the AMX widening without VBMI. Include only from translation
  * units compiled for AVX-512 (BW).
  */
 #ifndef DG_KERNELS_E4M3_BF16_AVX512_H
@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 /* BF16 bits of E4M3 magnitudes 0 .. 127 (code & 0x7f; 127 is NaN: a quiet NaN). */
-static const uint16_t dg_kE4m3Bf16Mag[128] = {
+static const uint16_t dg_kE4m3Bf16Mag[128] __attribute__((aligned(64))) = {
     0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60,
     0x3c80, 0x3c90, 0x3ca0, 0x3cb0, 0x3cc0, 0x3cd0, 0x3ce0, 0x3cf0,
     0x3d00, 0x3d10, 0x3d20, 0x3d30, 0x3d40, 0x3d50, 0x3d60, 0x3d70,

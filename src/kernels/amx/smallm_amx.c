@@ -12,6 +12,7 @@
  */
 #include "../../engine/engine.h"
 #include "amx_tiles.h"
+#include "../e4m3_bf16_avx512.h"
 #include "e4m3_bf16_bytes.h"
 
 #include <immintrin.h>
@@ -174,27 +175,7 @@ void dg_amx_small_pp_scale(const float *acc, float *total, const float *sa, cons
     }
 }
 
-/* E4M3 code & 0x7f -> BF16 bits: exactly dg_widen_e4m3_avx512's values (NaN: 0x7fc0). */
-static const uint16_t kE4m3[128] __attribute__((aligned(64))) = {
-    0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60,
-    0x3c80, 0x3c90, 0x3ca0, 0x3cb0, 0x3cc0, 0x3cd0, 0x3ce0, 0x3cf0,
-    0x3d00, 0x3d10, 0x3d20, 0x3d30, 0x3d40, 0x3d50, 0x3d60, 0x3d70,
-    0x3d80, 0x3d90, 0x3da0, 0x3db0, 0x3dc0, 0x3dd0, 0x3de0, 0x3df0,
-    0x3e00, 0x3e10, 0x3e20, 0x3e30, 0x3e40, 0x3e50, 0x3e60, 0x3e70,
-    0x3e80, 0x3e90, 0x3ea0, 0x3eb0, 0x3ec0, 0x3ed0, 0x3ee0, 0x3ef0,
-    0x3f00, 0x3f10, 0x3f20, 0x3f30, 0x3f40, 0x3f50, 0x3f60, 0x3f70,
-    0x3f80, 0x3f90, 0x3fa0, 0x3fb0, 0x3fc0, 0x3fd0, 0x3fe0, 0x3ff0,
-    0x4000, 0x4010, 0x4020, 0x4030, 0x4040, 0x4050, 0x4060, 0x4070,
-    0x4080, 0x4090, 0x40a0, 0x40b0, 0x40c0, 0x40d0, 0x40e0, 0x40f0,
-    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
-    0x4180, 0x4190, 0x41a0, 0x41b0, 0x41c0, 0x41d0, 0x41e0, 0x41f0,
-    0x4200, 0x4210, 0x4220, 0x4230, 0x4240, 0x4250, 0x4260, 0x4270,
-    0x4280, 0x4290, 0x42a0, 0x42b0, 0x42c0, 0x42d0, 0x42e0, 0x42f0,
-    0x4300, 0x4310, 0x4320, 0x4330, 0x4340, 0x4350, 0x4360, 0x4370,
-    0x4380, 0x4390, 0x43a0, 0x43b0, 0x43c0, 0x43d0, 0x43e0, 0x7fc0,
-};
-
-/* kE4m3's high bytes (the low bytes: e4m3_bf16_bytes.h), the byte-table widening's lookups. */
+/* dg_kE4m3Bf16Mag's high bytes (the low bytes: e4m3_bf16_bytes.h), the byte-table widening's lookups. */
 static const uint8_t kE4m3Hi[128] __attribute__((aligned(64))) = {
     0x00, 0x3b, 0x3b, 0x3b, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c,
     0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d,
@@ -212,7 +193,7 @@ static inline void prefetch_ahead(const uint8_t *s, int64_t n, int64_t ahead) {
         _mm_prefetch((const char *)s + ahead + l, _MM_HINT_T1);
 }
 
-/* Byte q of table half h: kE4m3[64 h + q]'s low byte (lo_t) and high byte (hi_t). */
+/* Byte q of table half h: dg_kE4m3Bf16Mag[64 h + q]'s low byte (lo_t) and high byte (hi_t). */
 static inline void e4m3_byte_tables(__m512i lo_t[2], __m512i hi_t[2]) {
     for (int h = 0; h < 2; ++h) {
         lo_t[h] = _mm512_load_si512(dg_e4m3_bf16_lo + 64 * h);
@@ -258,9 +239,6 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
         widen_e4m3_vbmi(src, ld, rows, n, ahead, dst, ldd);
         return;
     }
-    const __m512i t0 = _mm512_load_si512(kE4m3), t1 = _mm512_load_si512(kE4m3 + 32);
-    const __m512i t2 = _mm512_load_si512(kE4m3 + 64), t3 = _mm512_load_si512(kE4m3 + 96);
-    const __m512i bit6 = _mm512_set1_epi16(0x40), sign = _mm512_set1_epi16((short)0x8000);
     for (int r = 0; r < rows; ++r) {
         const uint8_t *s = src + r * ld;
         uint16_t *o = dst + r * ldd;
@@ -268,10 +246,7 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
         for (int64_t i = 0; i < n; i += 32) {
             const __mmask32 mask = n - i >= 32 ? 0xffffffffu : (1u << (n - i)) - 1;
             const __m512i v = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, s + i));
-            const __m512i lo = _mm512_permutex2var_epi16(t0, v, t1), hi = _mm512_permutex2var_epi16(t2, v, t3);
-            const __m512i w = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(v, bit6), lo, hi);
-            /* w | ((v << 8) & 0x8000) */
-            _mm512_mask_storeu_epi16(o + i, mask, _mm512_ternarylogic_epi32(w, _mm512_slli_epi16(v, 8), sign, 0xf8));
+            _mm512_mask_storeu_epi16(o + i, mask, dg_e4m3_bf16_avx512(v));
         }
     }
 }
