@@ -1,8 +1,9 @@
 /*
  * test_gemm_packed.c - pre-packed B (dg_pack_b, dg_*_gemm_nt_packed): on every ISA level this
  * CPU runs (AVX-512 BF16 with both kernels), D from the packed call is bitwise D from the
- * unpacked `_nt` call on the same inputs, for M = 1, 16, 17, 33, 64, 300 (small-M and large-M
- * paths; small M on FP8 B reads its kept E4M3 codes on AMX), N and K tails, K- and MN-major
+ * unpacked `_nt` call on the same inputs, for M = 1, 5, 16, 17, 33, 64, 300 (small-M and large-M
+ * paths; small M on FP8 B reads its kept E4M3 codes on AMX, on FP4 B the decode panels on
+ * AVX-512 BF16), N and K tails, K- and MN-major
  * B, BF16 / FP8 float scales (1D2D and 1D1D, A's gran_k finer than B's, B's gran_mn 96: kept
  * scales at 32-row blocks) / UE8M0 / FP8 x FP4 / FP4 x FP4, BF16 and FP32 D, C separate and in place; one
  * packed B serves several A. D is also checked against the naive formula (loose bound), so
@@ -83,11 +84,13 @@ static int64_t count_far(const top *a, const top *b, const dg_tensor *d, const d
 
 /* One case on the current ISA: pack B once, then each M (and C mode) against the unpacked call. */
 static void run_case(const pcase *e, const char *isa_name, tu_rng *r) {
-    const int64_t ms[6] = {1, 16, 17, 33, 64, 300}; /* AMX small M: 1 and 2 tiles, odd rows */
+    /* AMX small M: 1 and 2 tiles, odd rows; AVX-512 BF16 FP4 B: the narrow (1, 5) and wide
+     * (16 .. 64) decode kernels on the decode panels */
+    const int64_t ms[7] = {1, 5, 16, 17, 33, 64, 300};
     top b = top_make(r, e->db, e->n, e->k, e->b_mn_major, e->gran_b[0], e->gran_b[1], e->packed, 0);
     dg_packed_b *pb = NULL;
     TU_CHECK_OK(pack(e, &b, &pb));
-    for (int mi = 0; mi < 6 && pb; ++mi) {
+    for (int mi = 0; mi < 7 && pb; ++mi) {
         const int64_t m = ms[mi];
         top a = top_make(r, e->da, m, e->k, 0, e->gran_a[0], e->gran_a[1], e->packed, 0);
         const dg_dtype out = mi % 2 ? DG_BFLOAT16 : DG_FLOAT32;
@@ -128,6 +131,12 @@ static const pcase kCases[] = {
     {"fp8 ue8m0", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 1, 70, 300, 0},
     {"fp8 x fp4 ue8m0/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 70, 300, 0},
     {"fp4 x fp4 ue8m0/32", DG_FP4_E2M1X2, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 38, 160, 0},
+    /* DeepSeek's FP8 x FP4 recipe (B's scales folded per 32 k); N 49, 30, 40: M <= 2 calls of
+     * 4, 2, 3 groups of 16 rows, the last with 1, 14, 8 rows; K: steps of 32 with a tail,
+     * blocks of 128 across them */
+    {"fp8 1x128 x fp4 1x32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, 49, 350, 0},
+    {"fp8 1x128 x fp4 1x32, K 48", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, 30, 48, 0},
+    {"fp8 1x128 x fp4 1x32, N 40", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, 40, 162, 0},
 };
 
 static void test_equivalence(void) {
@@ -163,6 +172,36 @@ static void test_threads(void) {
         free(d0.data), free(d1.data), free(d2.data);
         top_free(&a);
     }
+    dg_packed_b_free(pb);
+    top_free(&b);
+}
+
+/* Where the level has E2M1 decode panel kernels, a pre-packed FP4 B serves decoding (M 1 and
+ * 40: the narrow and the wide kernels) from them: the equivalence above then tested them. */
+static void test_fp4_panels_used(void) {
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    if (!cfg->decode[DG_DECODE_E2M1P])
+        return;
+    tu_rng r = {4242};
+    const pcase *e = &kCases[11];
+    top b = top_make(&r, e->db, e->n, e->k, 0, e->gran_b[0], e->gran_b[1], e->packed, 0);
+    dg_packed_b *pb = NULL;
+    TU_CHECK_OK(pack(e, &b, &pb));
+    const int mode = dg_get_print_paths();
+    dg_set_print_paths(2);
+    for (int64_t m = 1; m <= 40 && pb; m += 39) {
+        top a = top_make(&r, e->da, m, e->k, 0, e->gran_a[0], e->gran_a[1], e->packed, 0);
+        dg_tensor d = tg_out(&r, DG_FLOAT32, m, e->n, 0, 0);
+        dg_clear_path_report();
+        TU_CHECK_OK(packed(e, &a, pb, &d, NULL));
+        char rep[2048];
+        dg_get_path_report(rep, sizeof rep);
+        TU_CHECK(strstr(rep, "from pre-packed E2M1 decode panels") != NULL, "M=%lld: panels not used; report:\n%s",
+                 (long long)m, rep);
+        free(d.data);
+        top_free(&a);
+    }
+    dg_set_print_paths(mode);
     dg_packed_b_free(pb);
     top_free(&b);
 }
@@ -269,6 +308,7 @@ static void test_bad(void) {
 int main(void) {
     test_equivalence();
     test_threads();
+    test_fp4_panels_used();
     test_bad();
     return tu_finish();
 }

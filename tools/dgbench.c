@@ -168,6 +168,8 @@ static void print_peaks(const bench_peaks *p) {
         printf("  fp32  %10.1f GFLOPS   FMA %s\n", p->fp32_gflops, p->fp32_isa);
     else
         printf("  fp32         n/a          (no AVX2/FMA)\n");
+    if (p->fp32_ymm_gflops > 0 && p->fp32_isa && strcmp(p->fp32_isa, "avx2") != 0)
+        printf("  fp32_ymm %7.1f GFLOPS   FMA avx2 (the limit of isa avx2)\n", p->fp32_ymm_gflops);
     if (p->int8_gops > 0)
         printf("  int8  %10.1f GOPS     VPDPBUSD zmm\n", p->int8_gops);
     else
@@ -184,25 +186,33 @@ static void print_peaks(const bench_peaks *p) {
 }
 
 /* The compute limit for a case: the fastest measured instruction of the ISA level the library
- * runs that can do its arithmetic. On isa amx the kernels use tiles, so BF16 and INT8 cases
- * are rated against TDPBF16PS / TDPBSSD. Otherwise BF16 products are exact in FP32, so FP32
- * FMA counts for BF16 too (on some CPUs it is the faster of the two); INT8 falls back to FP32
- * when VNNI is absent. */
+ * runs that can do its arithmetic, so that a lower level (DG_ISA) is rated against its own
+ * ceiling, not the machine's best. On isa amx the kernels use tiles, so BF16 and INT8 cases
+ * are rated against TDPBF16PS / TDPBSSD. At avx512_bf16 BF16 products are exact in FP32, so
+ * zmm FMA counts for BF16 too (on some CPUs it is the faster of the two); INT8 uses VPDPBUSD.
+ * avx512 has neither VDPBF16PS nor VNNI: every kind is rated against zmm FMA. avx2 and portable
+ * C against ymm FMA (the compiler may vectorize portable C to that width at most). */
 static double compute_peak(const bench_peaks *p, bench_limit l, const char **name) {
     *name = NULL;
-    double best = 0;
-    if (dg_get_isa() == DG_ISA_AMX) {
+    if (l == BENCH_LIMIT_DRAM)
+        return 0;
+    const dg_isa isa = dg_get_isa();
+    if (isa == DG_ISA_AMX) {
         if (l == BENCH_LIMIT_BF16 && p->amx_bf16_gflops > 0)
             return *name = "amx_bf16", p->amx_bf16_gflops;
         if (l == BENCH_LIMIT_INT8 && p->amx_int8_gops > 0)
             return *name = "amx_int8", p->amx_int8_gops;
     }
-    if (l == BENCH_LIMIT_BF16 && p->bf16_gflops > best)
-        *name = "bf16", best = p->bf16_gflops;
-    if (l == BENCH_LIMIT_INT8 && p->int8_gops > best)
-        *name = "int8", best = p->int8_gops;
-    if (l != BENCH_LIMIT_DRAM && (best == 0 || (l == BENCH_LIMIT_BF16 || l == BENCH_LIMIT_FP32)) &&
-        p->fp32_gflops > best)
+    if (isa <= DG_ISA_AVX2)
+        return p->fp32_ymm_gflops > 0 ? (*name = "fp32_ymm", p->fp32_ymm_gflops) : 0;
+    double best = 0;
+    if (isa >= DG_ISA_AVX512_BF16) {
+        if (l == BENCH_LIMIT_BF16 && p->bf16_gflops > 0)
+            *name = "bf16", best = p->bf16_gflops;
+        if (l == BENCH_LIMIT_INT8 && p->int8_gops > 0)
+            *name = "int8", best = p->int8_gops;
+    }
+    if ((best == 0 || l == BENCH_LIMIT_BF16) && p->fp32_gflops > best)
         *name = "fp32", best = p->fp32_gflops;
     return best;
 }
@@ -353,10 +363,12 @@ static int write_json(const char *path, const bench_peaks *p, const result *rs, 
     fprintf(f, ",\n  \"isa\": \"%s\",\n  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"quick\": %s,\n",
             dg_isa_name(dg_get_isa()), dg_get_num_sms(),
             dg_get_backend() == DG_BACKEND_REFERENCE ? "reference" : "auto", quick ? "true" : "false");
-    fprintf(f, "  \"limits\": {\"bf16_gflops\": %.3f, \"fp32_gflops\": %.3f, \"int8_gops\": %.3f, "
+    fprintf(f, "  \"limits\": {\"bf16_gflops\": %.3f, \"fp32_gflops\": %.3f, "
+               "\"fp32_ymm_gflops\": %.3f, \"int8_gops\": %.3f, "
                "\"dram_gbps\": %.3f, \"amx_bf16_gflops\": %.3f, \"amx_int8_gops\": %.3f},\n"
                "  \"peer_libraries\": ",
-            p->bf16_gflops, p->fp32_gflops, p->int8_gops, p->dram_gbps, p->amx_bf16_gflops,
+            p->bf16_gflops, p->fp32_gflops, p->fp32_ymm_gflops, p->int8_gops, p->dram_gbps,
+            p->amx_bf16_gflops,
             p->amx_int8_gops);
     bench_peers_json(f);
     fprintf(f, ",\n  \"cases\": [");

@@ -19,7 +19,8 @@
 
 typedef struct bench_peaks {
     double bf16_gflops; /* VDPBF16PS, all threads */
-    double fp32_gflops; /* FMA (AVX-512 or AVX2), all threads */
+    double fp32_gflops; /* FMA on the widest registers (zmm with AVX-512, else ymm), all threads */
+    double fp32_ymm_gflops; /* FMA on ymm registers (AVX2), all threads: the limit of isa avx2 */
     double int8_gops;   /* VPDPBUSD, all threads */
     double dram_gbps;   /* streaming read over a buffer much larger than the last-level cache */
     double amx_bf16_gflops; /* TDPBF16PS tiles, all threads (the BF16 limit on isa amx) */
@@ -36,8 +37,10 @@ size_t bench_llc_bytes(void);
 
 /* Which compute limit a case is measured against; memory traffic is always compared with
  * dram_gbps as well and the larger of the two lower bounds on time is the case's limit.
- * The instruction behind a limit follows the ISA level the library runs (dg_get_isa()):
- * on DG_ISA_AMX, BF16 and INT8 cases are rated against the AMX tile peaks (dgbench.c). */
+ * The instruction behind a limit follows the ISA level the library runs (dg_get_isa()), so
+ * that DG_ISA=avx2 on an AVX-512 machine is rated against what avx2 can do: amx uses the tile
+ * peaks for BF16 and INT8, avx512_bf16 VDPBF16PS / VPDPBUSD / zmm FMA, avx512 zmm FMA for
+ * every kind, avx2 (and portable C) ymm FMA for every kind (compute_peak in dgbench.c). */
 typedef enum bench_limit {
     BENCH_LIMIT_BF16 = 0, /* BF16 dot products (FP8/FP4 are expected to be widened to BF16) */
     BENCH_LIMIT_FP32 = 1,

@@ -2,7 +2,8 @@
  * dgbench_peak.c - this machine's limits, measured in the same run as the kernels, on all
  * kernel threads at once (pthreads):
  *   BF16   VDPBF16PS on zmm registers: 16 lanes x 2 products x 2 = 64 flops per instruction
- *   FP32   FMA on zmm (32 flops) or ymm (16 flops) registers, whichever the CPU has
+ *   FP32   FMA on zmm (32 flops) registers where the CPU has AVX-512, and on ymm (16 flops)
+ *          registers wherever it has AVX2 + FMA (the limit of the avx2 level, see compute_peak)
  *   INT8   VPDPBUSD on zmm registers: 64 products x 2 = 128 ops per instruction
  *   DRAM   a streaming read over a buffer several times the last-level cache
  *   AMX    (where the CPU, compiler and kernel allow it) TDPBF16PS / TDPBSSD on tiles, four
@@ -22,8 +23,9 @@
  *   Intel Sapphire Rapids class (two 512-bit FMA ports; VDPBF16PS about one per two cycles):
  *              FP32 ~ 2 x BF16. Measured on such a 2-core VM (CPUID GenuineIntel family 6,
  *              AMX and AVX512-FP16 present): per core BF16 ~114, FP32 ~229 GFLOPS.
- * BF16 products are exact in FP32, so a BF16 GEMM may use either; below isa amx dgbench.c
- * rates BF16 cases against the larger of the two (compute_peak).
+ * BF16 products are exact in FP32, so a BF16 GEMM may use either; at isa avx512_bf16 dgbench.c
+ * rates BF16 cases against the larger of the two (compute_peak), and at a lower level against
+ * the FMA rate of that level's registers.
  */
 #include "dgbench.h"
 
@@ -430,11 +432,13 @@ void bench_measure_peaks(bench_peaks *p, int threads, int quick) {
     if (dg_get_cpu_info(&ci) == DG_OK) {
         if (ci.avx512f && ci.avx512_bf16)
             p->bf16_gflops = 1e-9 * measure_loop(loop_bf16, 12 * 64.0, threads, secs);
+        if (ci.avx2 && ci.fma) /* the limit of isa avx2, also where AVX-512 is present */
+            p->fp32_ymm_gflops = 1e-9 * measure_loop(loop_fp32_avx2, 12 * 16.0, threads, secs);
         if (ci.avx512f) {
             p->fp32_gflops = 1e-9 * measure_loop(loop_fp32_avx512, 12 * 32.0, threads, secs);
             p->fp32_isa = "avx512";
-        } else if (ci.avx2 && ci.fma) {
-            p->fp32_gflops = 1e-9 * measure_loop(loop_fp32_avx2, 12 * 16.0, threads, secs);
+        } else if (p->fp32_ymm_gflops > 0) {
+            p->fp32_gflops = p->fp32_ymm_gflops;
             p->fp32_isa = "avx2";
         }
         if (ci.avx512f && ci.avx512_vnni)

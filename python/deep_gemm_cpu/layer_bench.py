@@ -197,10 +197,15 @@ def measure_limits(how, quick):
 
 
 def compute_peak(lim, kind):
-    """dgbench's rule: FP8/FP4 GEMMs widened to BF16 count as BF16, rated against AMX BF16 where
-    the library runs on AMX, else the larger of the BF16 and FP32 peaks; FP32 kernels: FP32."""
-    if kind == 'bf16':
-        if dg.get_isa() == 'amx' and lim.get('amx_bf16_gflops', 0) > 0:
+    """dgbench's rule (compute_peak in tools/dgbench.c): the fastest instruction of the ISA level
+    the library runs. FP8/FP4 GEMMs widened to BF16 count as BF16: AMX BF16 tiles on amx, else at
+    avx512_bf16 the larger of the VDPBF16PS and zmm FMA peaks; avx512 rates every kernel against
+    zmm FMA, avx2 (and portable C) against ymm FMA, so DG_ISA=avx2 is rated against its own ceiling."""
+    isa = dg.get_isa()
+    if isa in ('avx2', 'generic') and lim.get('fp32_ymm_gflops', 0) > 0:
+        return lim['fp32_ymm_gflops'], 'fp32_ymm'
+    if kind == 'bf16' and isa in ('amx', 'avx512_bf16'):
+        if isa == 'amx' and lim.get('amx_bf16_gflops', 0) > 0:
             return lim['amx_bf16_gflops'], 'amx_bf16'
         if lim.get('bf16_gflops', 0) > lim.get('fp32_gflops', 0):
             return lim['bf16_gflops'], 'bf16'

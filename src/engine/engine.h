@@ -164,14 +164,31 @@ typedef struct dg_decode_job {
     /* The rows of B this thread's next call reads (same ldb; NULL: none known), to prefetch
      * their first lines while this call ends (AVX-512 BF16 kernels). */
     const uint8_t *next;
+    /* The lane stride of sb, fm and out: 32 for every kernel but the E2M1P ones at M <= 2,
+     * which take up to 64 rows per call (DG_DECODE_PANEL_ROWS; decode_avx512bf16.c). */
+    int64_t lanes;
+    /* E2M1P kernels only: the folded scales as exponent bytes instead of fm (dg_e2m1_panels.sfe:
+     * [q][16] per group of 16 rows, groups fme_group bytes apart), or NULL. */
+    const uint8_t *fme;
+    int64_t fme_group;
 } dg_decode_job;
+#define DG_DECODE_PANEL_ROWS 64
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
 /* 0 turns the decode kernels off (M <= DG_DECODE_MAX_M then runs the small-M kernels: the same
  * bits; tests). */
 void dg_engine_set_decode(int use);
 /* DG_DECODE_PAIRS: pre-packed BF16-pair panels instead of B rows (prepack.c): two 16-row
  * panels, the second at b + ldb bytes (read when rows > 16), k = the panels' padded K. */
-enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2, DG_DECODE_PAIRS = 3 };
+/* DG_DECODE_E2M1P: pre-packed E2M1 decode panels (prepack.c, dg_engine_pack_e2m1_panels) instead
+ * of B rows: panel P holds rows 16P .. 16P + 15 over all of K in steps of 32 k, 256 bytes per
+ * step, panels ldb bytes apart (the second 16 rows of a wide call at b + ldb); codes past K and
+ * past B's rows are zero. In step s, pair p = 4c + t (k = 32s + 2p + e, e = 0, 1) of row
+ * r = 4L + q sits in byte 256s + 64c + 16L + 2q + 8(t & 1) + e, low nibble for t < 2, high nibble
+ * for t >= 2: the order in which in-lane byte shuffles give each 32-bit lane r its row's pair
+ * (decode_avx512bf16.c, load_panel_e2m1). */
+enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2, DG_DECODE_PAIRS = 3, DG_DECODE_E2M1P = 4,
+       DG_DECODE_FORMATS = 5 };
+#define DG_E2M1P_STEP_BYTES 256
 
 /* A's side of a decode call (smallm.c): rows [m][lda] float32 (A's values as the small-M
  * kernels see them: BF16-rounded, folded scales applied; zero from K up to lda, a multiple of
@@ -212,10 +229,10 @@ typedef struct dg_engine_cfg {
      * path (the crossover moves with the large-M kernel's efficiency). */
     int small_m_max;
     /* Decoding kernels per B format (DG_DECODE_*; NULL: M <= DG_DECODE_MAX_M takes the small-M kernels). */
-    dg_decode_fn decode[4];
+    dg_decode_fn decode[DG_DECODE_FORMATS];
     /* Decoding kernels for M = DG_DECODE_MAX_M + 1 .. decode_wide_max_m per B format (NULL: those
      * M take the small-M kernels), 32 rows of B per call. */
-    dg_decode_fn decode_wide[3];
+    dg_decode_fn decode_wide[DG_DECODE_FORMATS];
     int decode_wide_max_m;
     /* The small-M B slice [kc][16] straight from K-major E4M3 codes without folded scales
      * (kernels/avx2/decode_avx2.c; NULL: widen rows, then transpose). */
@@ -272,9 +289,11 @@ bool dg_decode_e2m1_avx2(const dg_decode_job *j);
 bool dg_decode_bf16_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j);
+bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j);
 bool dg_decode_wide_bf16_avx512bf16(const dg_decode_job *j);
 bool dg_decode_wide_e4m3_avx512bf16(const dg_decode_job *j);
 bool dg_decode_wide_e2m1_avx512bf16(const dg_decode_job *j);
+bool dg_decode_wide_e2m1p_avx512bf16(const dg_decode_job *j);
 bool dg_decode_pairs_avx2(const dg_decode_job *j);
 bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 void dg_widen_e4m3_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
@@ -388,6 +407,23 @@ int64_t dg_engine_small_m_max(const dg_engine_cfg *cfg);
 bool dg_engine_small_applies(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b);
 dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c);
+/* A K-major E2M1 B (fp4_dim 1) pre-packed for the decode kernels (prepack.c): its codes as
+ * DG_DECODE_E2M1P panels and, when every scale of B is a power of two (UE8M0, the FP4 weight
+ * recipes), the scales' biased exponents per panel of 16 rows, sfe [panel][q][16] for the K
+ * blocks q of gran_k (127, i.e. 1, past B's rows; NULL: other scales), so that a call reads
+ * 16 bytes per panel and block instead of B's float scales element by element (which had cost
+ * a third of an M = 1 call); exact[panel] = 1 when every scale s of the panel has
+ * 2^-100 <= s <= 2^127 (the folded scales a single multiply applies exactly: smallm.c). */
+typedef struct dg_e2m1_panels {
+    const uint8_t *codes;
+    const uint8_t *sfe;
+    const uint8_t *exact;
+} dg_e2m1_panels;
+/* The same call where b also exists as such panels (NULL: none): the decode kernels read the
+ * panels, anything else (other M, the exact fallback) reads b. The same bits either way. */
+dg_status dg_engine_gemm_small_panels(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
+                                      const dg_e2m1_panels *panels, const dg_scale_plan *plan,
+                                      const dg_tensor *d, const dg_tensor *c);
 
 /*
  * D = C + A @ B^T with the current ISA and thread count. Returns DG_ERR_UNSUPPORTED (without

@@ -138,6 +138,14 @@ static void slice_panels(const struct dg_packed_b *gb, int64_t p0, int64_t np, s
     if (gb->fp4_codes) { /* the kept FP4 rows of these columns (prepack.h) */
         out->fp4_codes = gb->fp4_codes + p0 * pk->r * ((gb->k + 1) / 2);
         out->fp4_sf = gb->fp4_sf + p0 * pk->r * dg_ceil_div(gb->k, gb->gran_b[1]);
+        if (gb->fp4p.codes) { /* p0 * r: a multiple of CHUNK, so of the panels' 16 rows */
+            const int64_t panel0 = p0 * pk->r / 16;
+            out->fp4p.codes = gb->fp4p.codes + panel0 * dg_ceil_div(gb->k, 32) * DG_E2M1P_STEP_BYTES;
+            if (gb->fp4p.sfe) {
+                out->fp4p.sfe = gb->fp4p.sfe + panel0 * dg_ceil_div(gb->k, gb->gran_b[1]) * 16;
+                out->fp4p.exact = gb->fp4p.exact + panel0;
+            }
+        }
     }
     if (gb->fp8_codes) { /* the kept FP8 rows; p0 * r is a multiple of CHUNK, so of fp8_gran_mn */
         out->fp8_codes = gb->fp8_codes + p0 * pk->r * gb->k;

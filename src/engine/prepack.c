@@ -89,20 +89,69 @@ static dg_status keep_fp8(const dg_operand *b, struct dg_packed_b *out) {
     return DG_OK;
 }
 
-/* The FP4 copy of b for FP4 x FP4 calls (prepack.h: fp4_codes). */
-static dg_status keep_fp4(const dg_operand *b, struct dg_packed_b *out) {
-    const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_k);
+/* K-major E2M1 codes [n][ceil(k / 2)] (low nibble first) rearranged into the decode panels of
+ * engine.h (DG_DECODE_E2M1P), zero past K and past row n. */
+static void pack_e2m1_panels(const uint8_t *codes, int64_t n, int64_t k, uint8_t *out) {
+    const int64_t kh = (k + 1) / 2, steps = dg_ceil_div(k, 32), panels = dg_ceil_div(n, 16);
+    memset(out, 0, (size_t)(panels * steps * DG_E2M1P_STEP_BYTES));
+    for (int64_t row = 0; row < n; ++row) {
+        uint8_t *panel = out + row / 16 * steps * DG_E2M1P_STEP_BYTES;
+        const int r = (int)(row % 16), L = r / 4, q = r % 4;
+        for (int64_t kk = 0; kk < k; ++kk) {
+            const int code = (codes[row * kh + kk / 2] >> (4 * (kk & 1))) & 15;
+            const int p = (int)(kk % 32) / 2, c = p / 4, t = p % 4, e = (int)(kk & 1);
+            panel[kk / 32 * DG_E2M1P_STEP_BYTES + 64 * c + 16 * L + 2 * q + 8 * (t & 1) + e] |=
+                (uint8_t)(code << (4 * (t >> 1)));
+        }
+    }
+}
+
+/* The FP4 copy of b (prepack.h: fp4_codes, fp4_sf) and, where the configuration has kernels for
+ * them, its decode panels and their scales (fp4p), in one block. */
+static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct dg_packed_b *out) {
+    const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_k), panels = dg_ceil_div(b->mn, 16);
     const size_t code_bytes = (size_t)dg_align(b->mn * kh, 64);
-    uint8_t *mem = dg_calloc(code_bytes + (size_t)(b->mn * nkb) * sizeof(float) + 64, 1);
+    const bool dec = cfg->decode[DG_DECODE_E2M1P] && !cfg->amx;
+    const size_t pcode_bytes = dec ? (size_t)(panels * dg_ceil_div(b->k, 32) * DG_E2M1P_STEP_BYTES) : 0;
+    const size_t psf_bytes = dec ? (size_t)dg_align(panels * nkb * 16 + panels, 64) : 0; /* sfe, exact */
+    const size_t sf_bytes = (size_t)(b->mn * nkb) * sizeof(float);
+    uint8_t *mem = dg_calloc(code_bytes + pcode_bytes + psf_bytes + sf_bytes + 64, 1);
     DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for a packed FP4 B");
-    float *sf = (float *)(void *)(mem + code_bytes);
+    uint8_t *sfe = mem + code_bytes + pcode_bytes, *exact = sfe + panels * nkb * 16;
+    float *sf = (float *)(void *)(mem + code_bytes + pcode_bytes + psf_bytes);
+    int pow2 = 1; /* every scale a power of two with a normal float32 exponent */
     for (int64_t j = 0; j < b->mn; ++j) {
         for (int64_t kk = 0; kk < b->k; ++kk)
             mem[j * kh + kk / 2] |= (uint8_t)(dg_float_to_e2m1(dg_operand_raw(b, 0, j, kk)) << (4 * (kk & 1)));
-        for (int64_t q = 0; q < nkb; ++q)
-            sf[j * nkb + q] = dg_operand_scale(b, 0, j, q * b->gran_k);
+        for (int64_t q = 0; q < nkb; ++q) {
+            const float s = dg_operand_scale(b, 0, j, q * b->gran_k);
+            uint32_t bits;
+            memcpy(&bits, &s, sizeof bits);
+            pow2 &= (bits & 0x807fffffu) == 0 && bits != 0 && bits < 0x7f800000u;
+            sf[j * nkb + q] = s;
+        }
     }
     out->fp4_mem = mem, out->fp4_codes = mem, out->fp4_sf = sf;
+    memset(&out->fp4p, 0, sizeof out->fp4p);
+    if (!dec)
+        return DG_OK;
+    pack_e2m1_panels(mem, b->mn, b->k, mem + code_bytes);
+    out->fp4p.codes = mem + code_bytes;
+    if (!pow2) /* the decode call reads B's float scales (smallm.c, block_scales) */
+        return DG_OK;
+    for (int64_t p = 0; p < panels; ++p) {
+        int ok = 1;
+        for (int64_t q = 0; q < nkb; ++q)
+            for (int r = 0; r < 16; ++r) {
+                const float s = 16 * p + r < b->mn ? sf[(16 * p + r) * nkb + q] : 1.0f;
+                uint32_t bits;
+                memcpy(&bits, &s, sizeof bits);
+                sfe[(p * nkb + q) * 16 + r] = (uint8_t)(bits >> 23);
+                ok &= s >= 0x1p-100f && s <= 0x1p127f;
+            }
+        exact[p] = (uint8_t)ok;
+    }
+    out->fp4p.sfe = sfe, out->fp4p.exact = exact;
     return DG_OK;
 }
 
@@ -119,7 +168,7 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
     out->n = b->mn, out->k = b->k;
     const dg_pack_fmt fmt = cfg->pack_bf16 && cfg->ukr_small[0] ? DG_PACK_BF16 : cfg->fmt;
     if (b->data->dtype == DG_FP4_E2M1X2 && b->k > 0 && b->sf)
-        DG_TRY(keep_fp4(b, out));
+        DG_TRY(keep_fp4(cfg, b, out));
     dg_operand one; /* whether this configuration has a small-M path at all */
     memset(&one, 0, sizeof one);
     one.mn = 1;
@@ -134,6 +183,7 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
         dg_free(out->fp4_mem);
         dg_free(out->fp8_mem);
         out->fp4_mem = NULL, out->fp4_codes = NULL, out->fp4_sf = NULL;
+        memset(&out->fp4p, 0, sizeof out->fp4p);
         out->fp8_mem = NULL, out->fp8_codes = NULL, out->fp8_sf = NULL;
     }
     return st;
@@ -368,7 +418,8 @@ static dg_status pp_decode(const dg_engine_cfg *cfg, const dg_operand *a, int fo
                 }
             const size_t panel_bytes = (size_t)(pb->kp * 16) * 2;
             const dg_decode_job job = {(const uint8_t *)pb->data + p0 * panel_bytes, (int64_t)panel_bytes, (int)cols,
-                                       pb->kp, da.rows, da.lda, (int)a->mn, gblk, da.sa, sb, nkb, 0, NULL, out, NULL, NULL};
+                                       pb->kp, da.rows, da.lda, (int)a->mn, gblk, da.sa, sb, nkb, 0, NULL, out, NULL, NULL, 32,
+                                       NULL, 0};
             cfg->decode[DG_DECODE_PAIRS](&job);
             for (int64_t i = 0; i < a->mn; ++i)
                 dg_engine_store_row(d, c, i, n0, cols, out + i * 32);
@@ -450,13 +501,17 @@ static bool fp8_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
     return true;
 }
 
-/* A decoding call (M <= 2, a configuration with decode kernels) with an FP4 B and another A
- * runs the unpacked call's small-M path on B's kept codes (0.5 bytes per weight instead of
- * the panels' 2), with the plan the unpacked call makes (B's part fixed at packing). */
+/* A decoding call (a configuration with decode kernels; M <= 2, or with decode panels M up to
+ * the decode kernels' bound) with an FP4 B and another A runs the unpacked call's small-M path
+ * on B's kept codes (0.5 bytes per weight instead of the BF16 panels' 2), the decode kernels
+ * on its decode panels where it has them, with the plan the unpacked call makes (B's part
+ * fixed at packing). */
 static bool fp4_small(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *b, int fold_a,
                       int gblk, const dg_tensor *d, const dg_tensor *c, dg_status *st) {
+    const int64_t max_m = !b->fp4p.codes ? 2 : cfg->decode_wide[DG_DECODE_E2M1P] ? cfg->decode_wide_max_m
+                                                                                 : DG_DECODE_MAX_M;
     if (!b->fp4_codes || a->data->dtype == DG_FP4_E2M1X2 || cfg->amx || !cfg->decode[DG_DECODE_E2M1] ||
-        a->mn > 2)
+        a->mn > max_m)
         return false;
     const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_b[1]);
     dg_tensor t = dg_tensor_2d((void *)b->fp4_codes, DG_FP4_E2M1X2, b->n, kh);
@@ -468,7 +523,7 @@ static bool fp4_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
     if (!dg_engine_small_applies(cfg, a, &ob))
         return false;
     const dg_scale_plan plan = {fold_a, b->fold_b, gblk};
-    *st = dg_engine_gemm_small(cfg, a, &ob, &plan, d, c);
+    *st = dg_engine_gemm_small_panels(cfg, a, &ob, b->fp4p.codes ? &b->fp4p : NULL, &plan, d, c);
     return true;
 }
 

@@ -30,6 +30,12 @@ struct dg_packed_b {
     void *fp4_mem;
     const uint8_t *fp4_codes;
     const float *fp4_sf;
+    /* The same codes and scales as decode panels (engine.h, dg_e2m1_panels: 16 rows x 32 k per
+     * 256 bytes) on configurations with kernels for them (AVX-512 BF16; else fp4p.codes NULL):
+     * decoding calls with another A, M up to the decode kernels' bound, read these (0.5 bytes
+     * per weight, widened in 128-bit lanes with no transpose) and the bytes above serve the
+     * rest. 1 byte per weight in all with the codes, plus the BF16 panels' 2. */
+    dg_e2m1_panels fp4p;
     /* FP8 B on AMX configurations and on those with decode kernels (AVX2): its E4M3 codes
      * K-major [n][k] (1 byte per weight) and, with
      * scales, float32 scales [ceil(n / fp8_gran_mn)][ceil(k / gran_b[1])], fp8_gran_mn =

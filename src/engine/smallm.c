@@ -180,6 +180,11 @@ void dg_engine_set_decode(int use) { atomic_store(&g_decode, use != 0); }
 
 typedef struct decode_plan {
     dg_decode_fn fn;
+    const uint8_t *panels; /* B's pre-packed E2M1 decode panels (DG_DECODE_E2M1P), or NULL: B's rows */
+    const uint8_t *psfe;   /* their scales' exponents per panel (dg_e2m1_panels), or NULL */
+    const uint8_t *pexact;
+    int64_t panel_bytes;   /* one panel of 16 rows over all of K */
+    int64_t lanes;         /* the lane stride of the kernels' scales and output (dg_decode_job) */
     int rows;           /* B rows per call: DG_DECODE_ROWS, or DG_DECODE_WIDE_ROWS (wide kernels) */
     dg_decode_a a;
     int64_t fblk, nkbf; /* fold blocks of B's folded scales (fblk 0: none) */
@@ -263,11 +268,17 @@ static const char *decode_declines(const dg_engine_cfg *cfg, const dg_operand *b
 
 /* Fills dp and sets *use when the decode kernel takes this call. */
 static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
-                                const dg_scale_plan *plan, decode_plan *dp, bool *use) {
+                                const dg_scale_plan *plan, const dg_e2m1_panels *panels, decode_plan *dp,
+                                bool *use) {
     memset(dp, 0, sizeof *dp);
     *use = false;
-    const int fmt = atomic_load(&g_decode) ? decode_format(b) : -1;
+    int fmt = atomic_load(&g_decode) ? decode_format(b) : -1;
     const bool wide = a->mn > DG_DECODE_MAX_M;
+    if (fmt == DG_DECODE_E2M1 && panels && (wide ? cfg->decode_wide[DG_DECODE_E2M1P] : cfg->decode[DG_DECODE_E2M1P])) {
+        fmt = DG_DECODE_E2M1P;
+        dp->panels = panels->codes, dp->psfe = panels->sfe, dp->pexact = panels->exact;
+        dp->panel_bytes = dg_ceil_div(b->k, 32) * DG_E2M1P_STEP_BYTES;
+    }
     if (a->mn > decode_max_m(cfg) || a->mn < 1 || b->k < 1)
         return DG_OK;
     const char *why = decode_declines(cfg, b, plan, fmt, wide);
@@ -279,7 +290,11 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     if (plan->fold_b && b->sf)
         dp->fblk = b->gran_k, dp->nkbf = dg_ceil_div(b->k, b->gran_k);
     dp->fn = wide ? cfg->decode_wide[fmt] : cfg->decode[fmt];
-    dp->rows = wide ? DG_DECODE_WIDE_ROWS : DG_DECODE_ROWS;
+    /* decode panels at M <= 2: four groups of 16 rows per call (decode_avx512bf16.c, panel_body) */
+    dp->rows = fmt == DG_DECODE_E2M1P && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
+               : wide                               ? DG_DECODE_WIDE_ROWS
+                                                    : DG_DECODE_ROWS;
+    dp->lanes = dp->rows > 32 ? dp->rows : 32;
     dp->unit = fmt == DG_DECODE_E4M3 ? 0x1p120f : 1.0f;
     DG_TRY(dg_engine_decode_a(cfg, a, plan->fold_a, plan->gblk, &dp->a));
     *use = true;
@@ -287,49 +302,81 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
 }
 
 /* B's scales of rows [n0, n0 + rows) (zero rows: none) per K step of `step`, count steps, into
- * out[q * 32 + r] (1 past K and for rows <= r < nrows): what dg_operand_scale_row gives, read
+ * out[q * lanes + r] (1 past K and for rows <= r < nrows): what dg_operand_scale_row gives, read
  * with dg_operand_block_scales when a scale block is one step (the common FP4 / FP8 weight
  * layouts: the general per-row routine had cost 13% of an M = 1 FP8 x FP4 GEMM). */
 static void block_scales(const dg_operand *b, int64_t n0, int rows, int nrows, int64_t step, int64_t count,
-                         float *out) {
+                         int64_t lanes, float *out) {
     const int64_t valid = dg_ceil_div(b->k, step), n = valid < count ? valid : count;
     const bool direct = b->sf && step == b->gran_k;
     for (int r = 0; r < nrows; ++r) {
         int64_t q = 0;
         if (r < rows && direct)
-            dg_operand_block_scales(b, n0 + r, 0, n, out + r, 32), q = n;
+            dg_operand_block_scales(b, n0 + r, 0, n, out + r, lanes), q = n;
         else if (r < rows)
-            dg_operand_scale_row(b, n0 + r, step, count, 1.0f, out + r, 32), q = count;
+            dg_operand_scale_row(b, n0 + r, step, count, 1.0f, out + r, lanes), q = count;
         for (; q < count; ++q)
-            out[q * 32 + r] = 1.0f;
+            out[q * lanes + r] = 1.0f;
     }
 }
 
-/* Columns [n0, n0 + cols) (cols <= dp->rows) through the decode kernel into out [m][32]; false when
+/* The pre-packed scales (exponents) of panels n0 / 16 .. for rows [n0, n0 + cols) as floats into
+ * out[q * lanes + r], count blocks (1 past K), all dp->rows lanes (1 past these rows' panels). */
+static void panel_scales(const decode_plan *dp, const dg_operand *b, int64_t n0, int cols, int64_t count,
+                         float *out) {
+    const int64_t nkb = dg_ceil_div(b->k, b->gran_k), lanes = dp->lanes;
+    for (int g = 0; g * 16 < dp->rows; ++g)
+        for (int64_t q = 0; q < count; ++q) {
+            float *o = out + q * lanes + 16 * g;
+            const uint8_t *e = g * 16 < cols && q < nkb ? dp->psfe + ((n0 / 16 + g) * nkb + q) * 16 : NULL;
+            for (int r = 0; r < 16; ++r) {
+                const uint32_t bits = (e ? e[r] : 127u) << 23;
+                memcpy(o + r, &bits, sizeof bits);
+            }
+        }
+}
+
+/* Columns [n0, n0 + cols) (cols <= dp->rows) through the decode kernel into out [m][lanes]; false when
  * the block must take the exact path instead. sb, fm: per-thread scratch. */
 static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_operand *b, const dg_scale_plan *plan,
-                         int64_t n0, int64_t cols, int64_t next_n0, float *sb, float *fm, float *out) {
+                         int64_t n0, int64_t cols, int64_t next_n0, float *sb, bool *sb_ones, float *fm,
+                         float *out) {
     const dg_tensor *t = b->data;
     const bool scaled_b = !plan->fold_b && b->sf;
     const int nr = dp->rows;
-    block_scales(b, n0, scaled_b ? (int)cols : 0, nr, plan->gblk, dp->a.nkb, sb);
-    if (dp->nkbf)
-        block_scales(b, n0, (int)cols, nr, dp->fblk, dp->nkbf, fm);
+    const int64_t lanes = dp->lanes;
+    if (scaled_b && dp->psfe && plan->gblk == b->gran_k)
+        panel_scales(dp, b, n0, (int)cols, dp->a.nkb, sb);
+    else if (scaled_b || !*sb_ones) /* unscaled: ones, written once per thread (sb_ones) */
+        block_scales(b, n0, scaled_b ? (int)cols : 0, nr, plan->gblk, dp->a.nkb, lanes, sb);
+    *sb_ones = !scaled_b;
+    const uint8_t *fme = NULL; /* the kernel reads the packed exponents in place */
+    if (dp->nkbf && dp->psfe) { /* fblk = gran_k; the range check was made at packing */
+        for (int64_t g = 0; g * 16 < cols; ++g)
+            if (!dp->pexact[n0 / 16 + g])
+                return false;
+        fme = dp->psfe + n0 / 16 * dp->nkbf * 16;
+    } else if (dp->nkbf) {
+        block_scales(b, n0, (int)cols, nr, dp->fblk, dp->nkbf, lanes, fm);
+    }
     const float unit = dp->unit;
     int ok = 1; /* exact as one multiply: value * s stays a normal float32, unit * s is finite */
-    for (int64_t q = 0; q < dp->nkbf; ++q)
+    for (int64_t q = 0; q < (dp->psfe ? 0 : dp->nkbf); ++q) /* panels: unit 1, checked at packing */
         for (int r = 0; r < nr; ++r) { /* branch-free: it vectorises */
-            const float s = fm[q * 32 + r];
+            const float s = fm[q * lanes + r];
             ok &= (s >= 0x1p-100f) & (s * unit <= 0x1p127f);
-            fm[q * 32 + r] = s * unit;
+            fm[q * lanes + r] = s * unit;
         }
     if (!ok)
         return false;
     const int64_t es = t->dtype == DG_BFLOAT16 ? 2 : 1;
-    const dg_decode_job job = {(const uint8_t *)t->data + n0 * t->strides[0] * es, t->strides[0] * es, (int)cols,
-                               b->k, dp->a.rows, dp->a.lda, (int)a->mn, plan->gblk, dp->a.sa, sb, dp->a.nkb,
-                               dp->fblk, dp->nkbf ? fm : NULL, out, dp->a.pairs,
-                               next_n0 < b->mn ? (const uint8_t *)t->data + next_n0 * t->strides[0] * es : NULL};
+    /* B rows in place, or (panels) panel n0 / 16 with panels as "rows" ldb apart */
+    const uint8_t *base = dp->panels ? dp->panels : (const uint8_t *)t->data;
+    const int64_t ld = dp->panels ? dp->panel_bytes : t->strides[0] * es, per = dp->panels ? 16 : 1;
+    const dg_decode_job job = {base + n0 / per * ld, ld, (int)cols, b->k, dp->a.rows, dp->a.lda, (int)a->mn,
+                               plan->gblk, dp->a.sa, sb, dp->a.nkb, dp->fblk, dp->nkbf && !fme ? fm : NULL, out,
+                               dp->a.pairs, next_n0 < b->mn ? base + next_n0 / per * ld : NULL, lanes, fme,
+                               dp->nkbf * 16};
     return dp->fn(&job);
 }
 
@@ -546,6 +593,12 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
 
 dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c) {
+    return dg_engine_gemm_small_panels(cfg, a, b, NULL, plan, d, c);
+}
+
+dg_status dg_engine_gemm_small_panels(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
+                                      const dg_e2m1_panels *panels, const dg_scale_plan *plan,
+                                      const dg_tensor *d, const dg_tensor *c) {
 #if DG_X86 && defined(DG_HAVE_AMX)
     if (cfg->amx)
         return amx_small(cfg, a, b, plan, d, c);
@@ -560,7 +613,7 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
 
     decode_plan dp;
     bool decode = false;
-    const dg_status dst = decode_prepare(cfg, a, b, plan, &dp, &decode);
+    const dg_status dst = decode_prepare(cfg, a, b, plan, panels, &dp, &decode);
     if (dst != DG_OK) {
         dg_engine_packed_free(&pa);
         return dst;
@@ -581,8 +634,9 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     const int64_t items = dg_ceil_div(n, width);
     const int threads = (int)(items < dg_num_threads() ? items : dg_num_threads());
     if (decode)
-        DG_PATH("%s decode kernel (M <= %lld, %s B read in place) | first: m=%lld n=%lld k=%lld", cfg->name,
-                (long long)decode_max_m(cfg), dg_dtype_name(b->data->dtype), (long long)a->mn, (long long)n,
+        DG_PATH("%s decode kernel (M <= %lld, %s B %s) | first: m=%lld n=%lld k=%lld", cfg->name,
+                (long long)decode_max_m(cfg), dg_dtype_name(b->data->dtype),
+                dp.panels ? "from pre-packed E2M1 decode panels" : "read in place", (long long)a->mn, (long long)n,
                 (long long)b->k);
     else if (a->mn > 2)
         DG_PATH("%s small-M kernel (M <= %lld) | first: m=%lld n=%lld k=%lld", cfg->name,
@@ -591,8 +645,8 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
     /* Every thread's buffers up front (floats): B slice, accumulators, ones, B scales, the
      * decode kernel's scales and output, then the BF16 staging rows; a failure returns before
      * anything is written. */
-    const int64_t ostride = 32 * a->mn; /* a decode call's out [m][32] */
-    const int64_t dec = decode ? 32 * (dp.a.nkb + dp.nkbf) + parts * ostride : 0;
+    const int64_t ostride = dp.lanes * a->mn; /* a decode call's out [m][lanes] */
+    const int64_t dec = decode ? dp.lanes * (dp.a.nkb + dp.nkbf) + parts * ostride : 0;
     const int64_t sbn = nb * dg_ceil_div(j.slice, plan->gblk) * nr + 8; /* B scales of a slice */
     const int64_t per_thread =
         dg_align(nb * (j.slice * nr + 8 * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
@@ -610,9 +664,10 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
 #endif
         /* B slices of (slice + 8) k: the E4M3 stage writes up to a whole step of 8 past a slice */
         float *bbuf = mem + tid * per_thread, *cbuf = bbuf + nb * (j.slice + 8) * nr, *ones = cbuf + nb * mpad * nr;
-        float *sbuf = ones + nr + 8, *dsb = sbuf + sbn, *dfm = dsb + 32 * dp.a.nkb, *dout = dfm + 32 * dp.nkbf;
+        float *sbuf = ones + nr + 8, *dsb = sbuf + sbn, *dfm = dsb + dp.lanes * dp.a.nkb, *dout = dfm + dp.lanes * dp.nkbf;
         uint16_t *stage = (uint16_t *)(sbuf + sbn + dec);
         small_job jt = j;
+        bool sb_ones = false; /* dsb holds the unscaled ones (decode_block) */
         for (int s = 0; s < nr + 8; ++s)
             ones[s] = 1.0f;
         jt.ones = ones;
@@ -625,13 +680,13 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
                 /* the next call on this thread: the item's next part, or the next item of this
                  * thread's chunk of two (schedule below) */
                 const int64_t next = part + 1 < parts ? i0 + c0 + rows : it % 2 == 0 ? i0 + width : n;
-                decoded = decode_block(&dp, a, b, plan, i0 + c0, pc, next, dsb, dfm, dout + part * ostride);
+                decoded = decode_block(&dp, a, b, plan, i0 + c0, pc, next, dsb, &sb_ones, dfm, dout + part * ostride);
             }
             if (decoded) {
                 for (int part = 0; part < parts && part * rows < icols; ++part) {
                     const int64_t c0 = part * rows, pc = icols - c0 < rows ? icols - c0 : rows;
                     for (int64_t i = 0; i < a->mn; ++i)
-                        dg_engine_store_row(d, c, i, i0 + c0, pc, dout + part * ostride + i * 32);
+                        dg_engine_store_row(d, c, i, i0 + c0, pc, dout + part * ostride + i * dp.lanes);
                 }
                 continue;
             }
