@@ -290,9 +290,10 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     if (plan->fold_b && b->sf)
         dp->fblk = b->gran_k, dp->nkbf = dg_ceil_div(b->k, b->gran_k);
     dp->fn = wide ? cfg->decode_wide[fmt] : cfg->decode[fmt];
-    /* decode panels at M <= 2: four groups of 16 rows per call (decode_avx512bf16.c, panel_body) */
+    /* decode panels: four groups of 16 rows per call at M <= 2, two up to DG_DECODE_MAX_M
+     * (decode_avx512bf16.c, panel_body) */
     dp->rows = fmt == DG_DECODE_E2M1P && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
-               : wide                               ? DG_DECODE_WIDE_ROWS
+               : wide || fmt == DG_DECODE_E2M1P     ? DG_DECODE_WIDE_ROWS
                                                     : DG_DECODE_ROWS;
     dp->lanes = dp->rows > 32 ? dp->rows : 32;
     dp->unit = fmt == DG_DECODE_E4M3 ? 0x1p120f : 1.0f;

@@ -227,17 +227,21 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     return true;
 }
 
-/* ---- Decode panels at M <= 2: G (2 .. 4) groups of 16 rows per call -------------------------
+/* ---- Decode panels, M <= 8: G (2 .. 4) groups of 16 rows per call ---------------------------
  * Widened from panels, a step costs few shuffles, and one group's 16 dependent VDPBF16PS per
- * step (per row of A) become the bound (measured on Zen 4: the chain took the samples). So a
- * call takes up to four groups and runs their chains side by side, chunk by chunk (4 pairs of
- * every group, then the next 4), which keeps 4 x 4 pair registers live instead of 4 x 16.
+ * step (per row of A) become the bound (measured on Zen 4 at M = 1: the chain took the
+ * samples). So a call takes up to four groups at M <= 2 and two at M = 3..8 (more accumulators
+ * would not fit in registers) and runs their chains side by side, chunk by chunk (4 pairs of
+ * every group, then the next 4), which keeps G x 4 pair registers live instead of G x 16; one
+ * broadcast of A feeds G VDPBF16PS. Measured on Zen 4, pre-packed FP4 B 7168 x 2048, 2 threads:
+ * M = 1 0.31-0.37 ms (one group per call: 0.7-1.2), M = 6 0.68-0.74 ms (one group: 1.0-1.3).
  * Per element the operations are decode_body's. */
 /* Chunk c (pairs 4c .. 4c + 3) of step st for the G groups: widened from the panels (with the
  * groups' exponent adds ex), then the chains. common: all 4 pairs inside K, no block end
  * among them (no checks: the compiler keeps it all in registers). */
 DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scaled, const __m512i ex[4][2],
-                           const uint32_t *ab, int pe, int split, int64_t kq, __m512 acc[4][2], __m512 total[4][2],
+                           const uint32_t *ab, int pe, int split, int64_t kq, __m512 acc[4][DG_DECODE_MAX_M],
+                           __m512 total[4][DG_DECODE_MAX_M],
                            const int M, const int G, const bool common) {
     const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Lo));
     const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Hi));
@@ -273,7 +277,7 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
 #define PANEL_AHEAD 4
 DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G) {
     const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk, steps = (K + 31) / 32;
-    __m512 acc[4][2], total[4][2];
+    __m512 acc[4][DG_DECODE_MAX_M], total[4][DG_DECODE_MAX_M];
     for (int h = 0; h < G; ++h)
         for (int m = 0; m < M; ++m)
             acc[h][m] = total[h][m] = _mm512_setzero_ps();
@@ -447,16 +451,21 @@ DECODE_FN(dg_decode_e2m1_avx512bf16, FMT_E2M1)
 /* Decode panels: M <= 2 takes four groups of 16 rows per call (panel_body), M > 2 one. */
 bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) {
     const int groups = (j->rows + 15) / 16;
-    if (j->m <= 2 && groups > 1) {
-        switch (groups + 4 * (j->m - 1)) {
+    if (groups > 1) /* M <= 2: up to 4 groups; M 3..8: 2 (the driver's calls: DG_DECODE_PANEL_ROWS, 32) */
+        switch (j->m <= 2 ? groups + 4 * (j->m - 1) : 8 + j->m) {
         case 2: return panel_body(j, 1, 2);
         case 3: return panel_body(j, 1, 3);
         case 4: return panel_body(j, 1, 4);
         case 6: return panel_body(j, 2, 2);
         case 7: return panel_body(j, 2, 3);
-        default: return panel_body(j, 2, 4);
+        case 8: return panel_body(j, 2, 4);
+        case 11: return panel_body(j, 3, 2);
+        case 12: return panel_body(j, 4, 2);
+        case 13: return panel_body(j, 5, 2);
+        case 14: return panel_body(j, 6, 2);
+        case 15: return panel_body(j, 7, 2);
+        default: return panel_body(j, 8, 2);
         }
-    }
     switch (j->m) {
     case 1: return decode_body(j, FMT_E2M1P, 1);
     case 2: return decode_body(j, FMT_E2M1P, 2);
