@@ -1,7 +1,7 @@
 /*
  * test_gemm_packed.c - pre-packed B (dg_pack_b, dg_*_gemm_nt_packed): on every ISA level this
  * CPU runs (AVX-512 BF16 with both kernels), D from the packed call is bitwise D from the
- * unpacked `_nt` call on the same inputs, for M = 1, 5, 16, 17, 33, 64, 300 (small-M and large-M
+ * unpacked `_nt` call on the same inputs, for M = 1, 2, 5, 8, 16, 17, 33, 64, 300 (small-M and large-M
  * paths; small M on FP8 B reads its kept E4M3 codes on AMX, on FP4 B the decode panels on
  * AVX-512 BF16), N and K tails, K- and MN-major
  * B, BF16 / FP8 float scales (1D2D and 1D1D, A's gran_k finer than B's, B's gran_mn 96: kept
@@ -85,12 +85,12 @@ static int64_t count_far(const top *a, const top *b, const dg_tensor *d, const d
 /* One case on the current ISA: pack B once, then each M (and C mode) against the unpacked call. */
 static void run_case(const pcase *e, const char *isa_name, tu_rng *r) {
     /* AMX small M: 1 and 2 tiles, odd rows; AVX-512 BF16 FP4 B: the narrow (1, 5) and wide
-     * (16 .. 64) decode kernels on the decode panels */
-    const int64_t ms[7] = {1, 5, 16, 17, 33, 64, 300};
+     * (16 .. 64) decode kernels on the decode panels, one to four groups of 16 rows per call */
+    const int64_t ms[9] = {1, 2, 5, 8, 16, 17, 33, 64, 300};
     top b = top_make(r, e->db, e->n, e->k, e->b_mn_major, e->gran_b[0], e->gran_b[1], e->packed, 0);
     dg_packed_b *pb = NULL;
     TU_CHECK_OK(pack(e, &b, &pb));
-    for (int mi = 0; mi < 7 && pb; ++mi) {
+    for (int mi = 0; mi < 9 && pb; ++mi) {
         const int64_t m = ms[mi];
         top a = top_make(r, e->da, m, e->k, 0, e->gran_a[0], e->gran_a[1], e->packed, 0);
         const dg_dtype out = mi % 2 ? DG_BFLOAT16 : DG_FLOAT32;
@@ -137,6 +137,10 @@ static const pcase kCases[] = {
     {"fp8 1x128 x fp4 1x32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, 49, 350, 0},
     {"fp8 1x128 x fp4 1x32, K 48", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, 30, 48, 0},
     {"fp8 1x128 x fp4 1x32, N 40", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, 40, 162, 0},
+    /* one panel, long K: a wide call's absent second group reads no scales (it had read past them) */
+    {"fp8 1x128 x fp4 1x32, N 1, K 4096", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 1, 1, 4096, 0},
+    /* float (not power-of-two) scales: no exponent bytes, B's scales read per call */
+    {"fp8 x fp4 float 1x32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 128}, {1, 32}, 0, 33, 256, 0},
 };
 
 static void test_equivalence(void) {

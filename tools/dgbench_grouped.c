@@ -10,6 +10,8 @@
  *                      max_m is trimmed to 1.3x expected (rows past masked_m are never read)
  *   {bf16,fp8}_masked_prepacked  the decoding shapes with the weights packed once at setup by
  *                      dg_pack_b_grouped (as an inference server packs its experts)
+ *   fp8_fp4_masked[_prepacked]  the (32, 20) / (6, 20) decoding shapes with FP4 weights
+ *                      (packed E2M1, power-of-two 1x32 scales) and FP8 activations
  *   k_{bf16,fp8}_tn    weight gradients, DeepGEMM's (G, M, N, K/group) = (4, 4096, 7168, 8192)
  *                      and (8, 7168, 2048, 4096) with K/group scaled by 1/8
  * FP8: A (activations) 1x128 float32 scales, B (weights) 128x128 float32 scales; k-grouped FP8
@@ -20,7 +22,8 @@
  * every run reads them from DRAM, so GB/s is the weight bandwidth and %lim its share of the
  * measured DRAM limit. Prepacked cases rotate packed copies the same way and count the weight
  * bytes the run streams for the non-empty groups (packed_group_bytes: FP8 weights their kept
- * E4M3 codes on the AMX level; else BF16 panels from AVX2 up, float32 panels below). The m20
+ * E4M3 codes on the AMX level, FP4 weights their decode panels on AVX-512 BF16; else BF16
+ * panels from AVX2 up, float32 panels below). The m20
  * decoding cases are rated like the dense ones, against the larger of the compute and DRAM
  * bounds: at 20 rows per expert a CPU without AMX is compute-bound (AVX2: 20 FMAs per weight).
  * diff: the reference backend computes a sample of rows (first and last computed row of the
@@ -41,7 +44,8 @@ typedef enum gkind { G_CONTIG, G_MASKED, G_KGROUPED } gkind;
 
 typedef struct gparams {
     gkind kind;
-    int fp8, G, expected; /* expected rows (k-grouped: K) per group, before scaling */
+    int fp8, G, expected; /* fp8: 0 BF16, 1 FP8 weights, 2 FP4 weights (FP8 A); expected rows
+                           * (k-grouped: K) per group, before scaling */
     int64_t m, n, k;      /* k-grouped: M, N of the gradient; else m unused */
     int scale_div;        /* expected is divided by this (see top) */
     int prepacked;        /* masked only: B packed once at setup (dg_pack_b_grouped) */
@@ -82,24 +86,36 @@ static void grouped_free(void *state) {
  * powers of two (this tool's 0.5..2 uniform ones), one float per column and 128 of K. */
 static double packed_group_bytes(const gstate *s) {
     const double kb = (double)((s->k + 127) / 128);
+    if (s->p->fp8 == 2 && dg_get_isa() == DG_ISA_AVX512_BF16) /* decode panels: codes, exponent bytes */
+        return (double)s->n * s->k / 2 + (double)s->n * (s->k / 32);
+    if (s->p->fp8 == 2) /* BF16 panels, the power-of-two scales folded */
+        return (double)s->n * s->k * (dg_get_isa() >= DG_ISA_AVX2 ? 2 : 4);
     if (s->p->fp8 && dg_get_isa() >= DG_ISA_AMX)
         return (double)s->n * s->k + (double)((s->n + 127) / 128) * kb * 4;
     const double es = dg_get_isa() >= DG_ISA_AVX2 ? 2 : 4; /* levels with a small-M path pack BF16 pairs */
     return (double)s->n * s->k * es + (s->sfb ? (double)s->n * kb * 4 : 0);
 }
 
-/* B [copies * G, N, K] (+ 128x128 scales), copy 0 random, the others identical. */
+/* B [copies * G, N, K] (+ 128x128 scales; FP4: packed [.., N, K / 2] with power-of-two 1x32
+ * scales, DeepSeek's FP4 weight recipe), copy 0 random, the others identical. */
 static void setup_b(gstate *s) {
     const int64_t G = s->G * s->copies;
-    s->b = bench_pool_new(&s->pool, s->p->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, 3, (int64_t[]){G, s->n, s->k});
-    if (s->p->fp8)
+    const int fp4 = s->p->fp8 == 2;
+    s->b = bench_pool_new(&s->pool, fp4 ? DG_FP4_E2M1X2 : s->p->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, 3,
+                          (int64_t[]){G, s->n, fp4 ? s->k / 2 : s->k});
+    if (fp4)
+        s->sfb = bench_pool_new(&s->pool, DG_FLOAT32, 3, (int64_t[]){G, s->n, (s->k + 31) / 32});
+    else if (s->p->fp8)
         s->sfb = bench_pool_new(&s->pool, DG_FLOAT32, 3, (int64_t[]){G, (s->n + 127) / 128, (s->k + 127) / 128});
     if (s->pool.failed)
         return;
     dg_tensor b0 = *s->b, sf0 = s->sfb ? *s->sfb : b0;
     b0.shape[0] = sf0.shape[0] = s->G;
     bench_fill(&b0, 12, 1.0f);
-    if (s->sfb)
+    if (s->sfb && fp4) /* 2^-6 .. 2^-3 */
+        for (int64_t i = 0; i < dg_tensor_numel(&sf0); ++i)
+            ((float *)sf0.data)[i] = (float)(1 << (i * 7 % 4)) / 64;
+    else if (s->sfb)
         bench_fill_uniform(&sf0, 14, 0.5f, 2.0f);
     for (int64_t c = 1; c < s->copies; ++c) {
         memcpy((char *)s->b->data + c * (size_t)nb(&b0), b0.data, (size_t)nb(&b0));
@@ -265,9 +281,11 @@ static int grouped_setup(const bench_case *c, int size, bench_work *w) {
     if (s->exp < 1)
         s->exp = 1;
     s->o = dg_gemm_options_default();
+    if (p->fp8 == 2) /* FP8 x FP4: A 1x128, B 1x32 */
+        s->o.recipe_a[0] = 1, s->o.recipe_a[1] = 128, s->o.recipe_b[0] = 1, s->o.recipe_b[1] = 32;
     s->copies = 1;
     if (p->kind == G_MASKED && p->expected <= 64 && !quick && !p->prepacked) { /* decoding: weights from DRAM */
-        const double bytes = (double)s->G * s->n * s->k * (p->fp8 ? 1 : 2);
+        const double bytes = (double)s->G * s->n * s->k * (p->fp8 == 2 ? 0.5 : p->fp8 ? 1 : 2);
         s->copies = (int64_t)(1.1 * 1024 * 1024 * 1024 / bytes) + 1;
         s->copies = s->copies > COPIES_MAX ? COPIES_MAX : s->copies;
     }
@@ -294,6 +312,8 @@ static dg_status m_call(gstate *s, const dg_tensor *a, const dg_tensor *sfa, con
         return s->p->fp8 ? dg_m_grouped_fp8_fp4_gemm_nt_masked_packed(a, sfa, pb, d, layout, (int)s->exp, &s->o)
                          : dg_m_grouped_bf16_gemm_nt_masked_packed(a, pb, d, layout, (int)s->exp, &s->o);
     }
+    if (s->p->kind == G_MASKED && s->p->fp8 == 2)
+        return dg_m_grouped_fp8_fp4_gemm_nt_masked(a, sfa, b, sfb, d, layout, (int)s->exp, &s->o);
     if (s->p->kind == G_MASKED)
         return s->p->fp8 ? dg_m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, d, layout, (int)s->exp, &s->o)
                          : dg_m_grouped_bf16_gemm_nt_masked(a, b, d, layout, (int)s->exp, &s->o);
@@ -387,6 +407,8 @@ static const gparams P[] = {
     {G_KGROUPED, 1, 4, 8192, 4096, 7168, 0, 8, 0}, {G_KGROUPED, 1, 8, 4096, 7168, 2048, 0, 8, 0},
     {G_MASKED, 0, 32, 20, 0, 7168, 3072, 1, 1}, {G_MASKED, 0, 6, 20, 0, 7168, 3072, 1, 1},
     {G_MASKED, 1, 32, 20, 0, 7168, 3072, 1, 1}, {G_MASKED, 1, 6, 20, 0, 7168, 3072, 1, 1},
+    {G_MASKED, 2, 32, 20, 0, 7168, 3072, 1, 0}, {G_MASKED, 2, 32, 20, 0, 7168, 3072, 1, 1},
+    {G_MASKED, 2, 6, 20, 0, 7168, 3072, 1, 1},
 };
 
 #define CASE(name, lim, i) {name, lim, &P[i], grouped_setup, grouped_run, grouped_free}
@@ -407,6 +429,9 @@ static const bench_case CASES[] = {
     CASE("grouped/bf16_masked_prepacked/g6_m20_n7168_k3072", BENCH_LIMIT_BF16, 17),
     CASE("grouped/fp8_masked_prepacked/g32_m20_n7168_k3072", BENCH_LIMIT_BF16, 18),
     CASE("grouped/fp8_masked_prepacked/g6_m20_n7168_k3072", BENCH_LIMIT_BF16, 19),
+    CASE("grouped/fp8_fp4_masked/g32_m20_n7168_k3072", BENCH_LIMIT_BF16, 20),
+    CASE("grouped/fp8_fp4_masked_prepacked/g32_m20_n7168_k3072", BENCH_LIMIT_BF16, 21),
+    CASE("grouped/fp8_fp4_masked_prepacked/g6_m20_n7168_k3072", BENCH_LIMIT_BF16, 22),
     CASE("grouped/k_bf16_tn/g4_m4096_n7168_k8192div8", BENCH_LIMIT_BF16, 12),
     CASE("grouped/k_bf16_tn/g8_m7168_n2048_k4096div8", BENCH_LIMIT_BF16, 13),
     CASE("grouped/k_fp8_tn/g4_m4096_n7168_k8192div8", BENCH_LIMIT_BF16, 14),

@@ -117,7 +117,7 @@ static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct 
     const size_t sf_bytes = (size_t)(b->mn * nkb) * sizeof(float);
     uint8_t *mem = dg_calloc(code_bytes + pcode_bytes + psf_bytes + sf_bytes + 64, 1);
     DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for a packed FP4 B");
-    uint8_t *sfe = mem + code_bytes + pcode_bytes, *exact = sfe + panels * nkb * 16;
+    uint8_t *sfe = mem + code_bytes + pcode_bytes, *exact = dec ? sfe + panels * nkb * 16 : NULL;
     float *sf = (float *)(void *)(mem + code_bytes + pcode_bytes + psf_bytes);
     int pow2 = 1; /* every scale a power of two with a normal float32 exponent */
     for (int64_t j = 0; j < b->mn; ++j) {
@@ -512,6 +512,10 @@ static bool fp4_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
                                                                                  : DG_DECODE_MAX_M;
     if (!b->fp4_codes || a->data->dtype == DG_FP4_E2M1X2 || cfg->amx || !cfg->decode[DG_DECODE_E2M1] ||
         a->mn > max_m)
+        return false;
+    /* above M = 2 only where the decode kernels take the blocks (smallm.c, decode_declines):
+     * the small-M kernels on codes are slower than on the BF16 panels */
+    if (a->mn > 2 && (gblk % DG_DECODE_STEP || (b->fold_b && b->gran_b[1] % DG_DECODE_STEP)))
         return false;
     const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_b[1]);
     dg_tensor t = dg_tensor_2d((void *)b->fp4_codes, DG_FP4_E2M1X2, b->n, kh);

@@ -407,7 +407,7 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
             _mm512_store_si512(w + p * 32, half[p]);
         const int64_t half_off = fmt == FMT_E2M1P ? j->ldb : 16 * j->ldb; /* the second 16 rows */
         load_step(hi_rows > 0 ? j->b + half_off : j->b, j->next ? j->next + half_off : NULL, j->ldb, hi_rows, K, k0,
-                  j->fm ? j->fm + 16 : NULL, j->fme ? j->fme + j->fme_group : NULL, j->fblk, 32, &wc, fmt, &nan,
+                  j->fm ? j->fm + 16 : NULL, hi_rows > 0 && j->fme ? j->fme + j->fme_group : NULL, j->fblk, 32, &wc, fmt, &nan,
                   &big, half);
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(w + p * 32 + 16, half[p]);
