@@ -85,26 +85,29 @@ static const uint8_t kE2m1Bf16Lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80
 static const uint8_t kE2m1Bf16Hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
                                         0x80, 0xbf, 0xbf, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0};
 
-/* One step of a pre-packed E2M1 panel (256 bytes at s, engine.h DG_DECODE_E2M1P) into w[p] =
- * k pair p of the 16 rows, with no transpose and no lane crossing: chunk c's low nibbles are
+/* Chunk c (64 bytes at s) of a step of a pre-packed E2M1 panel (256 bytes per step, engine.h
+ * DG_DECODE_E2M1P) into w[t] = k pair 4c + t of the 16 rows, with no transpose and no lane
+ * crossing: chunk c's low nibbles are
  * pairs 4c, 4c + 1 and its high nibbles pairs 4c + 2, 4c + 3, in the byte order that VPSHUFB
  * (the two bytes of each BF16 value by table) and VPUNPCK{L,H}BW (bytes to words) turn into
  * one pair per 32-bit lane, row r in lane r. 11 instructions per 4 pairs, where row loads
  * take 6 per row and the transpose 4 per pair. */
-DG_INLINE void load_panel_e2m1(const uint8_t *s, __m512i w[16]) {
+DG_INLINE void widen_panel_chunk(const uint8_t *s, __m512i w[4]) {
     const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Lo));
     const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Hi));
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    for (int c = 0; c < 4; ++c) {
-        const __m512i x = _mm512_loadu_si512(s + 64 * c);
-        const __m512i lo = _mm512_and_si512(x, low4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
-        const __m512i l0 = _mm512_shuffle_epi8(tlo, lo), h0 = _mm512_shuffle_epi8(thi, lo);
-        const __m512i l1 = _mm512_shuffle_epi8(tlo, hi), h1 = _mm512_shuffle_epi8(thi, hi);
-        w[4 * c] = _mm512_unpacklo_epi8(l0, h0);
-        w[4 * c + 1] = _mm512_unpackhi_epi8(l0, h0);
-        w[4 * c + 2] = _mm512_unpacklo_epi8(l1, h1);
-        w[4 * c + 3] = _mm512_unpackhi_epi8(l1, h1);
-    }
+    const __m512i x = _mm512_loadu_si512(s);
+    const __m512i lo = _mm512_and_si512(x, low4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+    const __m512i l0 = _mm512_shuffle_epi8(tlo, lo), h0 = _mm512_shuffle_epi8(thi, lo);
+    const __m512i l1 = _mm512_shuffle_epi8(tlo, hi), h1 = _mm512_shuffle_epi8(thi, hi);
+    w[0] = _mm512_unpacklo_epi8(l0, h0), w[1] = _mm512_unpackhi_epi8(l0, h0);
+    w[2] = _mm512_unpacklo_epi8(l1, h1), w[3] = _mm512_unpackhi_epi8(l1, h1);
+}
+
+/* A whole step (4 chunks of 64 bytes at s): w[p], p = 0..15. */
+DG_INLINE void load_panel_e2m1(const uint8_t *s, __m512i w[16]) {
+    for (int c = 0; c < 4; ++c)
+        widen_panel_chunk(s + 64 * c, w + 4 * c);
 }
 
 /* The 32 k from k0 of 16 B rows (b, row stride ldb; rows >= rows read as zero; n = K - k0 of
@@ -243,17 +246,9 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
                            const uint32_t *ab, int pe, int split, int64_t kq, __m512 acc[4][DG_DECODE_MAX_M],
                            __m512 total[4][DG_DECODE_MAX_M],
                            const int M, const int G, const bool common) {
-    const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Lo));
-    const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Hi));
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512i w[4][4];
     for (int h = 0; h < G; ++h) {
-        const __m512i x = _mm512_loadu_si512(j->b + h * j->ldb + st * 256 + 64 * c);
-        const __m512i lo = _mm512_and_si512(x, low4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
-        const __m512i l0 = _mm512_shuffle_epi8(tlo, lo), h0 = _mm512_shuffle_epi8(thi, lo);
-        const __m512i l1 = _mm512_shuffle_epi8(tlo, hi), h1 = _mm512_shuffle_epi8(thi, hi);
-        w[h][0] = _mm512_unpacklo_epi8(l0, h0), w[h][1] = _mm512_unpackhi_epi8(l0, h0);
-        w[h][2] = _mm512_unpacklo_epi8(l1, h1), w[h][3] = _mm512_unpackhi_epi8(l1, h1);
+        widen_panel_chunk(j->b + h * j->ldb + st * 256 + 64 * c, w[h]);
         if (scaled)
             for (int t = 0; t < 4; ++t)
                 w[h][t] = apply_exps(w[h][t], ex[h][c >> 1]);
