@@ -220,8 +220,10 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
         dg_tensor yy = dg_tensor_2d(y2, DG_BFLOAT16, n, H);
         const int st2 = fp8 ? dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, SH(sh), b, NULL, 10.0f)
                             : dg_bf16_mega_moe(&yy, &l1, &l2, NULL, NULL, b, NULL, 10.0f);
-        if (st2 != DG_OK || memcmp(y2, ybuf, (size_t)n * H * 2) != 0)
-            st[2] = 100 + (int)st2; /* reported by the parent */
+        if (st2 != DG_OK || memcmp(y2, ybuf, (size_t)n * H * 2) != 0) {
+            st[2] = 100 + (int)st2; /* reported by the parent, with the second call's message */
+            snprintf(g_out->msg[r][2], 256, "second call: %s", st2 != DG_OK ? dg_last_error() : "y differs");
+        }
     } else if (!untouched) {
         st[2] = 200; /* a failed call wrote y */
     } else if (m == M_BAD_Y_ON_1 || m == M_BAD_TOPK_ON_0 || m == M_WRONG_VARIANT_ON_1) {

@@ -70,12 +70,20 @@ dg_status dg_symm_barrier(dg_symm_buffer *b, uint64_t value, dg_status mine, con
             pause_briefly(spins++);
             if ((spins & 255) != 0)
                 continue;
+            /* A dead peer may have posted `value` after the load above and then, this being its
+             * last barrier, returned and exited: once it is seen dead its post can no longer
+             * change, so read it again (seen in CI: a descheduled rank failed the second of two
+             * calls that its peers had finished). */
             if (!process_alive(h->pid)) {
+                if (atomic_load_explicit(&h->arrive, memory_order_acquire) >= value)
+                    break;
                 b->broken = 1;
                 return dg_fail(DG_ERR_COMM, "rank %d (pid %d) exited before reaching the call's %s barrier",
                                r, h->pid, value % 2 ? "dispatch" : "combine");
             }
             if (now_seconds() > deadline) {
+                if (atomic_load_explicit(&h->arrive, memory_order_acquire) >= value)
+                    break; /* arrived while this rank was descheduled */
                 b->broken = 1;
                 return dg_fail(DG_ERR_COMM,
                                "rank %d (pid %d) did not reach the call's %s barrier within DG_COMM_TIMEOUT = "
