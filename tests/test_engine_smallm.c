@@ -79,7 +79,7 @@ static double diff_vs_exact(const top *a, int64_t r0, const top *b, const dg_ten
 
 /* Special contents: B for the decode kernels' fallbacks; tiny BF16 A and B whose products and
  * partial sums are float32 denormals (flushed by VDPBF16PS: the small-M path must flush the same). */
-enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2, TINY_VALUES = 3, HUGE_SCALES = 4 };
+enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2, TINY_VALUES = 3, HUGE_SCALES = 4, TINY_SCALES = 5 };
 
 /* Every BF16 value of x times 2^-64 (exactly: the exponent field lowered; below the normal
  * range the value becomes a signed zero), so that products fall around 2^-128. */
@@ -98,9 +98,11 @@ static void put_nans(top *b) {
         ((uint8_t *)b->mem)[i * b->t.strides[0] + (i * 7) % b->k] = (uint8_t)(i & 1 ? 0xff : 0x7f);
 }
 
-/* A packed UE8M0 scale (byte: 147 = 2^20, 253 = 2^126) for the first K block of every other row
- * of b: 2^20 is beyond one exact multiply in the AVX2 decode kernels, 2^126 makes E2M1 values
- * overflow BF16 in the AVX-512 ones, so those blocks take the exact path. */
+/* A packed UE8M0 scale (byte: 147 = 2^20, 253 = 2^126, 20 = 2^-107) for the first K block of
+ * every other row of b: 2^20 is beyond one exact multiply in the AVX2 decode kernels, 2^126
+ * makes E2M1 values overflow BF16 in the AVX-512 ones, 2^-107 is below what one multiply keeps
+ * normal (the driver's check; for pre-packed FP4 panels, made at packing), so those blocks take
+ * the exact path. */
 static void put_big_scales(top *b, uint32_t byte) {
     for (int64_t i = 0; i < b->sf.shape[0]; i += 2) {
         uint32_t *w = (uint32_t *)b->sf.data + i * b->sf.strides[0];
@@ -122,8 +124,8 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
     top b = top_make(r, c->db, n, k, c->b_mn_major, c->gran_b[0], c->gran_b[1], c->packed, 0);
     if (special == NAN_CODES)
         put_nans(&b);
-    if (special == BIG_SCALES || special == HUGE_SCALES)
-        put_big_scales(&b, special == BIG_SCALES ? 147u : 253u);
+    if (special == BIG_SCALES || special == HUGE_SCALES || special == TINY_SCALES)
+        put_big_scales(&b, special == BIG_SCALES ? 147u : special == HUGE_SCALES ? 253u : 20u);
     if (special == TINY_VALUES)
         make_tiny(&a), make_tiny(&b);
     dg_packed_b *pb = NULL;
@@ -223,6 +225,7 @@ static void run_level(dg_isa isa, int dpbf16) {
     check_special(&cases[3], 70, 600, &r, BIG_SCALES);
     check_special(&cases[4], 70, 600, &r, BIG_SCALES);
     check_special(&cases[4], 70, 600, &r, HUGE_SCALES);
+    check_special(&cases[4], 70, 600, &r, TINY_SCALES);
     check_special(&cases[0], 70, 600, &r, TINY_VALUES);
     check_special(&cases[1], 16, 600, &r, TINY_VALUES);
     dg_engine_set_dpbf16(-1);

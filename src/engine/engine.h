@@ -179,7 +179,7 @@ typedef bool (*dg_decode_fn)(const dg_decode_job *j);
 void dg_engine_set_decode(int use);
 /* DG_DECODE_PAIRS: pre-packed BF16-pair panels instead of B rows (prepack.c): two 16-row
  * panels, the second at b + ldb bytes (read when rows > 16), k = the panels' padded K. */
-/* DG_DECODE_E2M1P: pre-packed E2M1 decode panels (prepack.c, dg_engine_pack_e2m1_panels) instead
+/* DG_DECODE_E2M1P: pre-packed E2M1 decode panels (prepack.c, pack_e2m1_panels) instead
  * of B rows: panel P holds rows 16P .. 16P + 15 over all of K in steps of 32 k, 256 bytes per
  * step, panels ldb bytes apart (the second 16 rows of a wide call at b + ldb); codes past K and
  * past B's rows are zero. In step s, pair p = 4c + t (k = 32s + 2p + e, e = 0, 1) of row
@@ -408,12 +408,17 @@ bool dg_engine_small_applies(const dg_engine_cfg *cfg, const dg_operand *a, cons
 dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c);
 /* A K-major E2M1 B (fp4_dim 1) pre-packed for the decode kernels (prepack.c): its codes as
- * DG_DECODE_E2M1P panels and, when every scale of B is a power of two (UE8M0, the FP4 weight
+ * DG_DECODE_E2M1P panels and, when B's scales are folded (powers of two: UE8M0, the FP4 weight
  * recipes), the scales' biased exponents per panel of 16 rows, sfe [panel][q][16] for the K
  * blocks q of gran_k (127, i.e. 1, past B's rows; NULL: other scales), so that a call reads
  * 16 bytes per panel and block instead of B's float scales element by element (which had cost
- * a third of an M = 1 call); exact[panel] = 1 when every scale s of the panel has
- * 2^-100 <= s <= 2^127 (the folded scales a single multiply applies exactly: smallm.c). */
+ * a third of an M = 1 call); exact[panel] = 1 when every scale of the panel passes
+ * dg_decode_fold_exact (unit 1). */
+/* Whether a folded scale s can be applied to a code's value (the format's unit times s) by one
+ * exact multiply: value * s stays a normal float32 and unit * s is finite. Checked per call by
+ * the decode driver (smallm.c) and once at packing for decode panels (prepack.c). */
+static inline int dg_decode_fold_exact(float s, float unit) { return (s >= 0x1p-100f) & (s * unit <= 0x1p127f); }
+
 typedef struct dg_e2m1_panels {
     const uint8_t *codes;
     const uint8_t *sfe;

@@ -107,7 +107,8 @@ static void pack_e2m1_panels(const uint8_t *codes, int64_t n, int64_t k, uint8_t
 }
 
 /* The FP4 copy of b (prepack.h: fp4_codes, fp4_sf) and, where the configuration has kernels for
- * them, its decode panels and their scales (fp4p), in one block. */
+ * them, its decode panels and their folded scales' exponents (fp4p), in one block; out->fold_b
+ * is set. */
 static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct dg_packed_b *out) {
     const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_k), panels = dg_ceil_div(b->mn, 16);
     const size_t code_bytes = (size_t)dg_align(b->mn * kh, 64);
@@ -119,17 +120,11 @@ static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct 
     DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for a packed FP4 B");
     uint8_t *sfe = mem + code_bytes + pcode_bytes, *exact = dec ? sfe + panels * nkb * 16 : NULL;
     float *sf = (float *)(void *)(mem + code_bytes + pcode_bytes + psf_bytes);
-    int pow2 = 1; /* every scale a power of two with a normal float32 exponent */
     for (int64_t j = 0; j < b->mn; ++j) {
         for (int64_t kk = 0; kk < b->k; ++kk)
             mem[j * kh + kk / 2] |= (uint8_t)(dg_float_to_e2m1(dg_operand_raw(b, 0, j, kk)) << (4 * (kk & 1)));
-        for (int64_t q = 0; q < nkb; ++q) {
-            const float s = dg_operand_scale(b, 0, j, q * b->gran_k);
-            uint32_t bits;
-            memcpy(&bits, &s, sizeof bits);
-            pow2 &= (bits & 0x807fffffu) == 0 && bits != 0 && bits < 0x7f800000u;
-            sf[j * nkb + q] = s;
-        }
+        for (int64_t q = 0; q < nkb; ++q)
+            sf[j * nkb + q] = dg_operand_scale(b, 0, j, q * b->gran_k);
     }
     out->fp4_mem = mem, out->fp4_codes = mem, out->fp4_sf = sf;
     memset(&out->fp4p, 0, sizeof out->fp4p);
@@ -137,7 +132,7 @@ static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct 
         return DG_OK;
     pack_e2m1_panels(mem, b->mn, b->k, mem + code_bytes);
     out->fp4p.codes = mem + code_bytes;
-    if (!pow2) /* the decode call reads B's float scales (smallm.c, block_scales) */
+    if (!out->fold_b) /* kept scales: the decode call reads them as floats (smallm.c, block_scales) */
         return DG_OK;
     for (int64_t p = 0; p < panels; ++p) {
         int ok = 1;
@@ -146,8 +141,8 @@ static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct 
                 const float s = 16 * p + r < b->mn ? sf[(16 * p + r) * nkb + q] : 1.0f;
                 uint32_t bits;
                 memcpy(&bits, &s, sizeof bits);
-                sfe[(p * nkb + q) * 16 + r] = (uint8_t)(bits >> 23);
-                ok &= s >= 0x1p-100f && s <= 0x1p127f;
+                sfe[(p * nkb + q) * 16 + r] = (uint8_t)(bits >> 23); /* 2^(byte - 127) where exact */
+                ok &= dg_decode_fold_exact(s, 1.0f);
             }
         exact[p] = (uint8_t)ok;
     }

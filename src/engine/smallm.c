@@ -181,7 +181,7 @@ void dg_engine_set_decode(int use) { atomic_store(&g_decode, use != 0); }
 typedef struct decode_plan {
     dg_decode_fn fn;
     const uint8_t *panels; /* B's pre-packed E2M1 decode panels (DG_DECODE_E2M1P), or NULL: B's rows */
-    const uint8_t *psfe;   /* their scales' exponents per panel (dg_e2m1_panels), or NULL */
+    const uint8_t *psfe;   /* their folded scales' exponents per panel (dg_e2m1_panels), or NULL */
     const uint8_t *pexact;
     int64_t panel_bytes;   /* one panel of 16 rows over all of K */
     int64_t lanes;         /* the lane stride of the kernels' scales and output (dg_decode_job) */
@@ -321,22 +321,6 @@ static void block_scales(const dg_operand *b, int64_t n0, int rows, int nrows, i
     }
 }
 
-/* The pre-packed scales (exponents) of panels n0 / 16 .. for rows [n0, n0 + cols) as floats into
- * out[q * lanes + r], count blocks (1 past K), all dp->rows lanes (1 past these rows' panels). */
-static void panel_scales(const decode_plan *dp, const dg_operand *b, int64_t n0, int cols, int64_t count,
-                         float *out) {
-    const int64_t nkb = dg_ceil_div(b->k, b->gran_k), lanes = dp->lanes;
-    for (int g = 0; g * 16 < dp->rows; ++g)
-        for (int64_t q = 0; q < count; ++q) {
-            float *o = out + q * lanes + 16 * g;
-            const uint8_t *e = g * 16 < cols && q < nkb ? dp->psfe + ((n0 / 16 + g) * nkb + q) * 16 : NULL;
-            for (int r = 0; r < 16; ++r) {
-                const uint32_t bits = (e ? e[r] : 127u) << 23;
-                memcpy(o + r, &bits, sizeof bits);
-            }
-        }
-}
-
 /* Columns [n0, n0 + cols) (cols <= dp->rows) through the decode kernel into out [m][lanes]; false when
  * the block must take the exact path instead. sb, fm: per-thread scratch. */
 static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_operand *b, const dg_scale_plan *plan,
@@ -346,9 +330,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     const bool scaled_b = !plan->fold_b && b->sf;
     const int nr = dp->rows;
     const int64_t lanes = dp->lanes;
-    if (scaled_b && dp->psfe && plan->gblk == b->gran_k)
-        panel_scales(dp, b, n0, (int)cols, dp->a.nkb, sb);
-    else if (scaled_b || !*sb_ones) /* unscaled: ones, written once per thread (sb_ones) */
+    if (scaled_b || !*sb_ones) /* unscaled: ones, written once per thread (sb_ones) */
         block_scales(b, n0, scaled_b ? (int)cols : 0, nr, plan->gblk, dp->a.nkb, lanes, sb);
     *sb_ones = !scaled_b;
     const uint8_t *fme = NULL; /* the kernel reads the packed exponents in place */
@@ -361,11 +343,11 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
         block_scales(b, n0, (int)cols, nr, dp->fblk, dp->nkbf, lanes, fm);
     }
     const float unit = dp->unit;
-    int ok = 1; /* exact as one multiply: value * s stays a normal float32, unit * s is finite */
+    int ok = 1; /* dg_decode_fold_exact for every folded scale */
     for (int64_t q = 0; q < (dp->psfe ? 0 : dp->nkbf); ++q) /* panels: unit 1, checked at packing */
         for (int r = 0; r < nr; ++r) { /* branch-free: it vectorises */
             const float s = fm[q * lanes + r];
-            ok &= (s >= 0x1p-100f) & (s * unit <= 0x1p127f);
+            ok &= dg_decode_fold_exact(s, unit);
             fm[q * lanes + r] = s * unit;
         }
     if (!ok)

@@ -57,20 +57,22 @@ DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, __mmask1
 /* Per-lane exponent adds for the folded scales of fold block q (both 16-bit halves of a word);
  * *big gets the lanes whose largest value would leave BF16's range (E2M1 6 * 2^e for e > 125:
  * the driver admits scales up to 2^127, where the exact path rounds to infinity). */
-DG_INLINE __m512i scale_exps(const float *fm, int64_t q, int64_t lanes, int unit_log2, int emax, __mmask16 *big) {
-    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(fm + q * lanes));
-    const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + unit_log2));
+DG_INLINE __m512i exps_of(__m512i e, int emax, __mmask16 *big) {
     *big |= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(emax));
     const __m512i h = _mm512_and_si512(_mm512_slli_epi32(e, 7), _mm512_set1_epi32(0xffff));
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
 }
 
-/* The same from pre-packed exponent bytes (dg_decode_job.fme: 16 per block, 127 = 2^0; unit 1). */
-DG_INLINE __m512i scale_exps_e(const uint8_t *e16, int emax, __mmask16 *big) {
-    const __m512i e = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)e16)), _mm512_set1_epi32(127));
-    *big |= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(emax));
-    const __m512i h = _mm512_and_si512(_mm512_slli_epi32(e, 7), _mm512_set1_epi32(0xffff));
-    return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
+/* Block q's adds for 16 rows: from the float scales fm ([q][lanes]), or from pre-packed exponent
+ * bytes fme when given (dg_decode_job.fme: [q][16], 127 = 2^0; unit 1, E2M1P only). */
+DG_INLINE __m512i scale_exps(const float *fm, const uint8_t *fme, int64_t q, int64_t lanes, int unit_log2, int emax,
+                             __mmask16 *big) {
+    if (fme)
+        return exps_of(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(fme + q * 16))),
+                                        _mm512_set1_epi32(127)),
+                       emax, big);
+    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(fm + q * lanes));
+    return exps_of(_mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + unit_log2)), emax, big);
 }
 
 /* w times 2^e per lane (e from scale_exps), zeros kept: exact for normal results. */
@@ -102,6 +104,19 @@ DG_INLINE void widen_panel_chunk(const uint8_t *s, __m512i w[4]) {
     const __m512i l1 = _mm512_shuffle_epi8(tlo, hi), h1 = _mm512_shuffle_epi8(thi, hi);
     w[0] = _mm512_unpacklo_epi8(l0, h0), w[1] = _mm512_unpackhi_epi8(l0, h0);
     w[2] = _mm512_unpacklo_epi8(l1, h1), w[3] = _mm512_unpackhi_epi8(l1, h1);
+}
+
+/* Steps prefetched ahead along a panel (4, 8 and 16 measured alike on Zen 4 at M = 1) */
+#define PANEL_AHEAD 4
+
+/* The panel at b (K's steps of 256 bytes) PANEL_AHEAD steps past step st, then the first steps
+ * of this thread's next call (next, NULL: none): one stream per panel, not 16 row streams. */
+DG_INLINE void prefetch_panel(const uint8_t *b, const uint8_t *next, int64_t K, int64_t st) {
+    const int64_t steps = (K + 31) / 32, ah = st + PANEL_AHEAD;
+    const uint8_t *pf = ah < steps ? b + ah * 256 : next ? next + (ah - steps) * 256 : NULL;
+    if (pf)
+        for (int c = 0; c < 4; ++c)
+            _mm_prefetch((const char *)pf + 64 * c, _MM_HINT_T0);
 }
 
 /* A whole step (4 chunks of 64 bytes at s): w[p], p = 0..15. */
@@ -142,23 +157,16 @@ DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int
     const int unit_log2 = fmt == FMT_E4M3 ? 120 : 0;
     const int emax = fmt == FMT_E4M3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
     if (fmt == FMT_E2M1P) {
-        /* 4 steps ahead along the panel, then the next panel's first steps (next: this thread's
-         * next call); one stream per panel instead of 16 row streams */
-        const int64_t steps = (K + 31) / 32, ahead = k0 / 32 + 4;
-        const uint8_t *pf = ahead < steps ? b + ahead * 256 : next ? next + (ahead - steps) * 256 : NULL;
-        if (pf)
-            for (int c = 0; c < 4; ++c)
-                _mm_prefetch((const char *)pf + 64 * c, _MM_HINT_T0);
+        prefetch_panel(b, next, K, k0 / 32);
         load_panel_e2m1(b + (k0 / 32) * 256, w);
     } else {
         load_rows(b, next, ldb, rows, K, k0, wc, fmt, nan, w);
     }
-    if (fmt != FMT_BF16 && (fm || fme)) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
+    if (fmt != FMT_BF16 && (fm || (fmt == FMT_E2M1P && fme))) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
         const int64_t q0 = k0 / fblk, q1 = k0 + 16 < K ? (k0 + 16) / fblk : q0; /* fm has no block past K */
-        const __m512i lo = fme ? scale_exps_e(fme + q0 * 16, emax, big) : scale_exps(fm, q0, lanes, unit_log2, emax, big);
-        const __m512i hi = q1 == q0 ? lo
-                           : fme    ? scale_exps_e(fme + q1 * 16, emax, big)
-                                    : scale_exps(fm, q1, lanes, unit_log2, emax, big);
+        const uint8_t *e = fmt == FMT_E2M1P ? fme : NULL; /* known NULL for the other formats */
+        const __m512i lo = scale_exps(fm, e, q0, lanes, unit_log2, emax, big);
+        const __m512i hi = q1 == q0 ? lo : scale_exps(fm, e, q1, lanes, unit_log2, emax, big);
         for (int p = 0; p < 16; ++p)
             w[p] = apply_exps(w[p], p < 8 ? lo : hi);
     }
@@ -268,10 +276,8 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
     }
 }
 
-/* Steps prefetched ahead along each panel (4, 8 and 16 measured alike on Zen 4 at M = 1) */
-#define PANEL_AHEAD 4
 DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G) {
-    const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk, steps = (K + 31) / 32;
+    const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
     __m512 acc[4][DG_DECODE_MAX_M], total[4][DG_DECODE_MAX_M];
     for (int h = 0; h < G; ++h)
         for (int m = 0; m < M; ++m)
@@ -293,21 +299,14 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G) {
         if (scaled) {
             const int64_t q0 = k0 / j->fblk, q1 = k0 + 16 < K ? (k0 + 16) / j->fblk : q0;
             for (int h = 0; h < G; ++h) {
+                const float *f = j->fm ? j->fm + 16 * h : NULL;
                 const uint8_t *e = j->fme ? j->fme + h * j->fme_group : NULL;
-                ex[h][0] = e ? scale_exps_e(e + q0 * 16, 125, &big) : scale_exps(j->fm + 16 * h, q0, j->lanes, 0, 125, &big);
-                ex[h][1] = q1 == q0 ? ex[h][0]
-                           : e      ? scale_exps_e(e + q1 * 16, 125, &big)
-                                    : scale_exps(j->fm + 16 * h, q1, j->lanes, 0, 125, &big);
+                ex[h][0] = scale_exps(f, e, q0, j->lanes, 0, 125, &big);
+                ex[h][1] = q1 == q0 ? ex[h][0] : scale_exps(f, e, q1, j->lanes, 0, 125, &big);
             }
         }
-        for (int h = 0; h < G; ++h) { /* PANEL_AHEAD steps ahead, then the next call's panels */
-            const int64_t ah = st + PANEL_AHEAD;
-            const uint8_t *pf = ah < steps ? j->b + h * j->ldb + ah * 256
-                                : j->next  ? j->next + h * j->ldb + (ah - steps) * 256 : NULL;
-            if (pf)
-                for (int c = 0; c < 4; ++c)
-                    _mm_prefetch((const char *)pf + 64 * c, _MM_HINT_T0);
-        }
+        for (int h = 0; h < G; ++h)
+            prefetch_panel(j->b + h * j->ldb, j->next ? j->next + h * j->ldb : NULL, K, st);
         if (pe == 16 && split < 0) /* the common step: no K end, no block end inside */
             for (int c = 0; c < 4; ++c)
                 panel_chunk(j, st, c, scaled, ex, ab, 16, -1, kq, acc, total, M, G, true);
@@ -443,7 +442,8 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
 DECODE_FN(dg_decode_bf16_avx512bf16, FMT_BF16)
 DECODE_FN(dg_decode_e4m3_avx512bf16, FMT_E4M3)
 DECODE_FN(dg_decode_e2m1_avx512bf16, FMT_E2M1)
-/* Decode panels: M <= 2 takes four groups of 16 rows per call (panel_body), M > 2 one. */
+/* Decode panels: calls of several groups of 16 rows run panel_body (up to four at M <= 2, two
+ * at M = 3..8), a call of one group (B's last rows) decode_body. */
 bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) {
     const int groups = (j->rows + 15) / 16;
     if (groups > 1) /* M <= 2: up to 4 groups; M 3..8: 2 (the driver's calls: DG_DECODE_PANEL_ROWS, 32) */
