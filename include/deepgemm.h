@@ -86,7 +86,8 @@ typedef enum dg_dtype {
     DG_INT64 = 6,
     DG_UINT8 = 7,         /* raw bytes (e.g. the paged KV cache) */
     DG_INT8 = 8,
-    DG_DTYPE_COUNT = 9
+    DG_FLOAT16 = 9,       /* IEEE binary16, stored as uint16_t: accepted as MQA logits weights */
+    DG_DTYPE_COUNT = 10
 } dg_dtype;
 
 /*
@@ -210,6 +211,8 @@ DG_API int dg_get_theoretical_mk_alignment_for_contiguous_layout(int expected_m)
 
 DG_API uint16_t dg_float_to_bf16(float x);   /* round to nearest even; NaN stays NaN */
 DG_API float dg_bf16_to_float(uint16_t x);
+DG_API uint16_t dg_float_to_f16(float x);    /* IEEE binary16, round to nearest even (as torch) */
+DG_API float dg_f16_to_float(uint16_t x);    /* exact */
 DG_API uint8_t dg_float_to_e4m3(float x);    /* bit-identical to torch's float8_e4m3fn cast */
 DG_API float dg_e4m3_to_float(uint8_t x);
 DG_API uint8_t dg_float_to_e2m1(float x);    /* DeepGEMM's midpoint rule; a 4-bit code */
@@ -703,7 +706,9 @@ DG_API dg_status dg_k_grouped_fp4_gemm_nt_contiguous(const dg_tensor *a, const d
  *   kv, kv_sf  FP8: FLOAT8_E4M3 [SK, D] and FLOAT32 [SK].  FP4: FP4_E2M1X2 [SK, D/2] and
  *            INT32 [SK] packed UE8M0.  MXFP8: FLOAT8_E4M3 [SK, D] and INT32 [SK] packed UE8M0.
  *            Contiguous. (The format must match q's.)
- *   weights  FLOAT32 [S, H], or BFLOAT16 when logits are BFLOAT16; unit stride along H.
+ *   weights  FLOAT32 [S, H], FLOAT16 (DeepGEMM 2.8; widened exactly to float32, so the logits
+ *            are those of float32 weights of the same values), or BFLOAT16 when logits are
+ *            BFLOAT16; unit stride along H.
  *   ks, ke   INT32 [S] (DeepGEMM's cu_seq_len_k_start/end), 0 <= ks[i] <= ke[i] <= SK.
  *   clean_logits  DeepGEMM's default is 1: entries outside [ks[i], ke[i]) become -inf; with 0
  *            they are left unwritten.
@@ -749,7 +754,7 @@ DG_API dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf
  *   q         FP8: FLOAT8_E4M3 [B, next_n, H, D], q_sf NULL. FP4: FP4_E2M1X2 [B, next_n, H, D/2]
  *             and q_sf INT32 [B, next_n, H]. MXFP8: FLOAT8_E4M3 [B, next_n, H, D] and q_sf INT32
  *             [B, next_n, H] (the cache's scales are then packed UE8M0). Contiguous.
- *   weights   FLOAT32 [B * next_n, H] (BFLOAT16 when logits are BFLOAT16), unit stride along H
+ *   weights   FLOAT32 or FLOAT16 [B * next_n, H] (BFLOAT16 when logits are BFLOAT16), unit stride along H
  *             (contiguous for FP8 without q_sf).
  *   schedule_meta  INT32 [dg_get_num_sms() + 1, 2] from dg_get_paged_mqa_logits_metadata; it is
  *             checked to equal that function's answer for these context_lens, indices and block_kv.
@@ -822,8 +827,8 @@ DG_API dg_status dg_fp8_fp4_mqa_logits_scheduled(const dg_tensor *q, const dg_te
  *       dg_fp8_fp4_paged_mqa_logits column t with 2-D context_lens), when j < nb(i) and
  *       ks[i] <= t < ke[i] (paged: 0 <= t < context_lens[i]); every other column is -inf (DeepGEMM
  *       leaves them unspecified). Query form: row stride align(N * sparse_block_kv, 1024 / elem).
- *   weights  [S, H] with unit stride along H: BFLOAT16 (DeepGEMM's only choice), or FLOAT32 with
- *       FLOAT32 logits.
+ *   weights  [S, H] with unit stride along H: BFLOAT16 (DeepGEMM's only choice; BFLOAT16 logits),
+ *       or FLOAT32 or FLOAT16 (widened exactly) with either logits dtype.
  *   q/kv formats: MXFP4 or MXFP8 as dg_fp8_fp4_mqa_logits (q FP4_E2M1X2 or FLOAT8_E4M3 with
  *       q_sf INT32, kv_sf INT32), DeepGEMM's two, or FP8 without q scale (q_sf NULL; kv float32
  *       per-row scales) as a CPU extra. Any H, D the dense kernels take (DeepGEMM: H = 32,

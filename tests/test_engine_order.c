@@ -3,9 +3,9 @@
  * order") pinned against a scalar model of it, bitwise, on every path a BF16 GEMM can take:
  * the decode kernels (M <= 8), the small-M kernels, the large-M loop, pre-packed B (small and
  * large M), the m-grouped masked GEMM, and einsum on the batched engine ('bhr,hdr->bhd', and
- * 'bmk,bnk->mn' whose K runs over the batch). The model: K padded to even, cut into blocks of
- * DG_ACC_BLOCK; per block a float32 FMA chain from 0 over the k pairs (high element first);
- * the blocks' sums added in order. The model's result also differs from one chain over all
+ * 'bmk,bnk->mn' whose K runs over the batch, with its extra level of group sums: batched.h).
+ * The model: K padded to even, cut into blocks of DG_ACC_BLOCK; per block a float32 FMA chain
+ * from 0 over the k pairs (high element first); the blocks' sums added in order. The model's result also differs from one chain over all
  * of K on these inputs (checked), so the test fails if a path falls back to the long chain.
  * Runs on every kernel variant of this CPU except AMX, whose tile unit sums in its own way
  * (engine.h); VDPBF16PS gives the same bits here (no denormal products in these inputs).
@@ -13,7 +13,7 @@
 #include "test_util.h"
 
 #include "common/engine_variants.h"
-#include "engine/engine.h"
+#include "engine/batched.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,11 +28,14 @@ static void fill_bf16(tu_rng *r, dg_tensor *t) {
         p[i] = dg_float_to_bf16((float)(tu_normal(r) * ldexp(1.0, (int)tu_randint(r, -6, 6))));
 }
 
-/* x, y: k BF16 values at strides sx, sy. blocked: the engine's order; else one chain. */
-static float model_dot(const uint16_t *x, int64_t sx, const uint16_t *y, int64_t sy, int64_t k, int blocked) {
-    const int64_t kp = k + (k & 1), blk = blocked ? DG_ACC_BLOCK : kp;
-    float total = 0.0f;
-    for (int64_t k0 = 0; k0 < kp; k0 += blk) {
+/* x, y: k BF16 values at strides sx, sy. blocks = 0: one chain over K; 1: the engine's order
+ * (blocks of DG_ACC_BLOCK added in order); G > 1: the segmented order of batched.h (runs of G
+ * blocks summed in order, the run sums added in order). */
+static float model_dot(const uint16_t *x, int64_t sx, const uint16_t *y, int64_t sy, int64_t k, int blocks) {
+    const int64_t kp = k + (k & 1), blk = blocks ? DG_ACC_BLOCK : kp;
+    const int64_t run = blocks > 1 ? blocks : INT64_MAX;
+    float total = 0.0f, group = 0.0f;
+    for (int64_t k0 = 0, nb = 0; k0 < kp; k0 += blk, ++nb) {
         float acc = 0.0f;
         for (int64_t kk = k0; kk < k0 + blk && kk < kp; kk += 2) {
             const float x1 = kk + 1 < k ? dg_bf16_to_float(x[(kk + 1) * sx]) : 0.0f;
@@ -40,23 +43,31 @@ static float model_dot(const uint16_t *x, int64_t sx, const uint16_t *y, int64_t
             acc = fmaf(x1, y1, acc);
             acc = fmaf(dg_bf16_to_float(x[kk * sx]), dg_bf16_to_float(y[kk * sy]), acc);
         }
-        total = blocked ? total + acc : acc;
+        if (blocks <= 1) {
+            total = blocks ? total + acc : acc;
+            continue;
+        }
+        group = nb % run ? group + acc : acc;
+        if (nb % run == run - 1 || k0 + blk >= kp)
+            total += group;
     }
     return total;
 }
 
-/* D [m, n] float32 against the model for A [m, k], B [n, k] (row strides lda, ldb). */
+/* D [m, n] float32 against the model for A [m, k], B [n, k] (row strides lda, ldb), in the
+ * order `blocks` (model_dot). *differs: set where the order's result is not that of the next
+ * simpler one (one chain for the engine's order, the engine's order for the segmented one). */
 static void expect_model(const char *what, const float *d, int64_t ldd, const uint16_t *a, int64_t lda,
-                         const uint16_t *b, int64_t ldb, int64_t m, int64_t n, int64_t k, const char *kernel,
-                         int *chain_differs) {
+                         const uint16_t *b, int64_t ldb, int64_t m, int64_t n, int64_t k, int blocks,
+                         const char *kernel, int *differs) {
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
-            const float want = model_dot(a + i * lda, 1, b + j * ldb, 1, k, 1);
+            const float want = model_dot(a + i * lda, 1, b + j * ldb, 1, k, blocks);
             if (memcmp(&want, &d[i * ldd + j], 4) != 0 && bad++ == 0)
                 first = i * n + j;
-            if (model_dot(a + i * lda, 1, b + j * ldb, 1, k, 0) != want)
-                *chain_differs = 1;
+            if (model_dot(a + i * lda, 1, b + j * ldb, 1, k, blocks > 1 ? 1 : 0) != want)
+                *differs = 1;
         }
     TU_CHECK(bad == 0, "%s (%s): %lld of %lld elements differ from the blocked-order model (first at %lld)", what,
              kernel, (long long)bad, (long long)(m * n), (long long)first);
@@ -77,10 +88,10 @@ static void dense_paths(const char *kernel, int *chain_differs) {
         char what[64];
         TU_CHECK_OK(dg_bf16_gemm_nt(&a, &b, &d, NULL));
         snprintf(what, sizeof what, "bf16_gemm_nt M=%lld", (long long)m);
-        expect_model(what, d.data, n, a.data, k, b.data, k, m, n, k, kernel, chain_differs);
+        expect_model(what, d.data, n, a.data, k, b.data, k, m, n, k, 1, kernel, chain_differs);
         TU_CHECK_OK(dg_bf16_gemm_nt_packed(&a, pb, &d, NULL));
         snprintf(what, sizeof what, "bf16_gemm_nt_packed M=%lld", (long long)m);
-        expect_model(what, d.data, n, a.data, k, b.data, k, m, n, k, kernel, chain_differs);
+        expect_model(what, d.data, n, a.data, k, b.data, k, m, n, k, 1, kernel, chain_differs);
         tu_free(&a);
         tu_free(&d);
     }
@@ -101,7 +112,7 @@ static void grouped_masked(const char *kernel, int *chain_differs) {
     for (int64_t q = 0; q < g; ++q)
         expect_model("m_grouped_bf16_gemm_nt_masked", (const float *)d.data + q * mmax * n, n,
                      (const uint16_t *)a.data + q * mmax * k, k, (const uint16_t *)b.data + q * n * k, k, kRows[q], n,
-                     k, kernel, chain_differs);
+                     k, 1, kernel, chain_differs);
     tu_free(&a);
     tu_free(&b);
     tu_free(&d);
@@ -131,14 +142,19 @@ static void einsum_paths(const char *kernel, int *chain_differs) {
         tu_free(&y);
         tu_free(&z);
     }
-    { /* 'bmk,bnk->mn': K' = the batch's segments of k (each padded to even) one after the other */
-        const int64_t s = 9, m = 7, n = 10, k = 51, kp = k + 1;
+    /* 'bmk,bnk->mn': K' = the batch's segments of k (each padded to even) one after the other,
+     * in the segmented order (batched.h): K' of 4 blocks (one group), then of 2.5 groups. */
+    static const int64_t kShapes[2][4] = {{9, 7, 10, 51}, {19, 5, 33, 275}};
+    int group_differs = 0;
+    for (int q0 = 0; q0 < 2; ++q0) {
+        const int64_t s = kShapes[q0][0], m = kShapes[q0][1], n = kShapes[q0][2], k = kShapes[q0][3];
+        const int64_t kp = k + (k & 1);
         dg_tensor a = tu_alloc3(DG_BFLOAT16, s, m, k), b = tu_alloc3(DG_BFLOAT16, s, n, k);
         dg_tensor d = tu_alloc2(DG_FLOAT32, m, n);
         fill_bf16(&r, &a);
         fill_bf16(&r, &b);
         TU_CHECK_OK(dg_einsum("bmk,bnk->mn", &a, &b, &d, NULL));
-        /* The concatenated, zero-padded rows, then the dense model over K' = s * kp. */
+        /* The concatenated, zero-padded rows, then the model over K' = s * kp. */
         uint16_t *ca = calloc((size_t)(m * s * kp), 2), *cb = calloc((size_t)(n * s * kp), 2);
         TU_CHECK(ca && cb, "out of memory");
         for (int64_t q = 0; q < s && ca && cb; ++q)
@@ -149,13 +165,16 @@ static void einsum_paths(const char *kernel, int *chain_differs) {
                     cb[j * s * kp + q * kp + kk] = ((const uint16_t *)b.data)[(q * n + j) * k + kk];
             }
         if (ca && cb)
-            expect_model("einsum bmk,bnk->mn", d.data, n, ca, s * kp, cb, s * kp, m, n, s * kp, kernel, chain_differs);
+            expect_model("einsum bmk,bnk->mn", d.data, n, ca, s * kp, cb, s * kp, m, n, s * kp, DG_ACC_GROUP, kernel,
+                         &group_differs);
         free(ca);
         free(cb);
         tu_free(&a);
         tu_free(&b);
         tu_free(&d);
     }
+    TU_CHECK(group_differs, "einsum bmk,bnk->mn (%s): the inputs never tell the segmented order from the blocked "
+             "one: the test could not fail", kernel);
 }
 
 int main(void) {

@@ -187,6 +187,60 @@ static void test_bf16_spots(void) {
     TU_CHECK(f2u(dg_bf16_to_float(0xc049)) == 0xc0490000u, "bf16 -> float is the upper half");
 }
 
+/* binary16 by definition: the value of code h in double. */
+static double f16_value(uint16_t h) {
+    const int e = (h >> 10) & 31, f = h & 1023;
+    const double v = e ? ldexp(1024 + f, e - 25) : ldexp(f, -24);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* Every half: its float is its value (infinities, NaNs kept), and converting back gives the
+ * code again. Every float in a sweep (all exponents, dense mantissas): the nearest half,
+ * ties to the even code, 65520 and up to infinity. */
+static void test_f16(void) {
+    int bad_value = 0, bad_back = 0;
+    for (uint32_t h = 0; h < 65536; ++h) {
+        const float f = dg_f16_to_float((uint16_t)h);
+        const int e = (h >> 10) & 31;
+        if (e == 31) {
+            bad_value += (h & 1023) ? !isnan(f) : !(isinf(f) && (f < 0) == !!(h & 0x8000));
+            bad_back += (h & 1023) ? (dg_float_to_f16(f) & 0x7e00) != 0x7e00 : dg_float_to_f16(f) != h;
+            continue;
+        }
+        bad_value += (double)f != f16_value((uint16_t)h) || (signbit(f) != 0) != !!(h & 0x8000);
+        bad_back += dg_float_to_f16(f) != h;
+    }
+    TU_CHECK(bad_value == 0, "f16 -> float: %d codes give another value", bad_value);
+    TU_CHECK(bad_back == 0, "f16 -> float -> f16: %d codes change", bad_back);
+    int bad_round = 0;
+    for (uint32_t u = 0x33000000u; u < 0x47800000u; u += 0x135u) { /* 2^-25 .. 65536 */
+        const float x = u2f(u);
+        const uint16_t got = dg_float_to_f16(x);
+        int ok = dg_float_to_f16(-x) == (got | 0x8000);
+        if ((double)x >= 65520.0) {
+            ok &= got == 0x7c00;
+        } else if (got >= 0x7c00) {
+            ok = 0;
+        } else { /* codes are monotonic in value: nearest means no closer neighbour, ties even */
+            const double d = fabs(f16_value(got) - (double)x);
+            for (int n = -1; n <= 1; n += 2) {
+                if ((got == 0 && n < 0) || (got == 0x7bff && n > 0))
+                    continue;
+                const double dn = fabs(f16_value((uint16_t)(got + n)) - (double)x);
+                ok &= d < dn || (d == dn && !(got & 1));
+            }
+        }
+        bad_round += !ok;
+    }
+    TU_CHECK(bad_round == 0, "float -> f16: %d values not rounded to the nearest half (ties to even)", bad_round);
+    TU_CHECK(dg_float_to_f16(65504.0f) == 0x7bff && dg_float_to_f16(65519.99f) == 0x7bff &&
+             dg_float_to_f16(65520.0f) == 0x7c00 && dg_float_to_f16(INFINITY) == 0x7c00,
+             "f16 overflow at 65520");
+    TU_CHECK(dg_float_to_f16(0x1p-25f) == 0 && dg_float_to_f16(0x1.000002p-25f) == 1 &&
+             dg_float_to_f16(0x1.8p-24f) == 2, "f16 subnormal ties");
+    TU_CHECK((dg_float_to_f16(-NAN) & 0xfe00) == 0xfe00, "f16 NaN stays NaN with its sign");
+}
+
 /* E2M1 by definition: nearest of the 8 magnitudes, ties to the SMALLER one (DeepGEMM's strict
  * '>'), saturating at 6; sign only on a non-zero magnitude; NaN -> +0. */
 static uint8_t e2m1_expect(float x) {
@@ -487,6 +541,7 @@ int main(void) {
     init_bf16_table();
     test_e4m3_codes();
     test_bf16_spots();
+    test_f16();
     test_e2m1();
     test_ue8m0();
     test_exhaustive_e4m3();

@@ -622,6 +622,59 @@ static void test_fast_vs_reference(void) {
     dg_set_backend(saved_backend);
 }
 
+/* FLOAT16 weights (DeepGEMM 2.8): bit for bit the logits of float32 weights of the same values,
+ * for every format and both logits dtypes, on the reference and every ISA level (the MX
+ * formats with rows padded, as upstream pads them; FP8 takes contiguous weights). */
+static void test_f16_weights(void) {
+    const dg_isa saved_isa = dg_get_isa();
+    const dg_backend saved_backend = dg_get_backend();
+    for (int fmt = 0; fmt < 3; ++fmt) {
+        tu_rng rng = {(uint64_t)(fmt + 91)};
+        paged_case c;
+        make_case(&c, &rng, 3, 2, 4, 64, 16, fmt, 0, 0, NULL, 0, 0);
+        TU_CHECK_OK(dg_get_paged_mqa_logits_metadata(&c.tctx, (int)c.bk, dg_get_num_sms(), NULL, &c.tmeta));
+        const int64_t rows = c.b * c.n, ld = fmt ? 8 : c.h;
+        dg_tensor w16 = tu_alloc2(DG_FLOAT16, rows, ld);
+        w16.shape[1] = c.h;
+        float *w32 = c.tw.data;
+        for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < c.h; ++j) {
+                uint16_t *h = (uint16_t *)w16.data + i * ld + j;
+                *h = dg_float_to_f16(w32[i * c.h + j]);
+                w32[i * c.h + j] = dg_f16_to_float(*h);
+            }
+        const dg_tensor tw32 = c.tw;
+        for (int be = 0; be < 2; ++be) {
+            dg_set_backend(be ? DG_BACKEND_AUTO : DG_BACKEND_REFERENCE);
+            for (int isa = be ? DG_ISA_GENERIC : DG_ISA_AMX; isa <= DG_ISA_AMX; ++isa) {
+                if (be && dg_set_isa((dg_isa)isa) != DG_OK)
+                    continue;
+                for (int bf = 0; bf < 2; ++bf) {
+                    dg_tensor a = {0};
+                    a.dtype = bf ? DG_BFLOAT16 : DG_FLOAT32;
+                    c.tw = tw32;
+                    TU_CHECK_OK(run(&c, 1, &a));
+                    const size_t bytes = dg_tensor_nbytes(&a);
+                    dg_tensor b = a;
+                    a.data = calloc(bytes + 1, 1), b.data = calloc(bytes + 1, 1);
+                    TU_CHECK_OK(run(&c, 1, &a));
+                    c.tw = w16;
+                    TU_CHECK_OK(run(&c, 1, &b));
+                    TU_CHECK(memcmp(a.data, b.data, bytes) == 0,
+                             "paged: float16 weights == float32 weights bitwise (fmt %d, %s logits, %s)", fmt,
+                             dg_dtype_name(a.dtype), be ? dg_isa_name(dg_get_isa()) : "reference");
+                    free(a.data), free(b.data);
+                }
+            }
+            dg_set_isa(saved_isa);
+        }
+        c.tw = tw32;
+        tu_free(&w16);
+        free_case(&c);
+    }
+    dg_set_backend(saved_backend);
+}
+
 int main(void) {
     static const struct {
         int64_t b, n, h, d, bk, pad;
@@ -660,5 +713,6 @@ int main(void) {
     }
     test_bad_inputs();
     test_fast_vs_reference();
+    test_f16_weights();
     return tu_finish();
 }

@@ -42,6 +42,8 @@ static void fill_weights(tu_rng *r, dg_tensor *t) {
         const float v = (float)tu_normal(r);
         if (t->dtype == DG_BFLOAT16)
             ((uint16_t *)t->data)[i] = dg_float_to_bf16(v);
+        else if (t->dtype == DG_FLOAT16)
+            ((uint16_t *)t->data)[i] = dg_float_to_f16(v);
         else
             ((float *)t->data)[i] = v;
     }
@@ -127,7 +129,16 @@ static const dg_isa kIsas[] = {DG_ISA_GENERIC, DG_ISA_AVX2};
 typedef struct contig_case {
     int64_t s, sk, h, d, n, sbkv;
     int fmt, bf16, unaligned; /* fmt: 0 FP8 (float kv scales), 1 MXFP4, 2 MXFP8 */
+    int f16;                  /* FLOAT16 weights (DeepGEMM 2.8), with either logits dtype */
 } contig_case;
+
+/* w as FLOAT32 of the same values (w FLOAT16), for the check that both give the same bits. */
+static dg_tensor widened_weights(const dg_tensor *w) {
+    dg_tensor f = tu_alloc2(DG_FLOAT32, w->shape[0], w->shape[1]);
+    for (int64_t i = 0; i < dg_tensor_numel(w); ++i)
+        ((float *)f.data)[i] = dg_f16_to_float(((const uint16_t *)w->data)[i]);
+    return f;
+}
 
 static void run_contiguous(const contig_case *cc, uint64_t seed) {
     tu_rng r = {seed};
@@ -137,7 +148,7 @@ static void run_contiguous(const contig_case *cc, uint64_t seed) {
     dg_tensor q = tu_alloc3(qt, cc->s, cc->h, db), kv = tu_alloc2(qt, cc->sk, db);
     dg_tensor qsf = mx ? tu_alloc2(DG_INT32, cc->s, cc->h) : (dg_tensor){0};
     dg_tensor kvsf = tu_alloc(mx ? DG_INT32 : DG_FLOAT32, 1, (int64_t[]){cc->sk});
-    dg_tensor w = tu_alloc2(out_dt, cc->s, cc->h);
+    dg_tensor w = tu_alloc2(cc->f16 ? DG_FLOAT16 : out_dt, cc->s, cc->h);
     dg_tensor ks = tu_alloc(DG_INT32, 1, (int64_t[]){cc->s}), ke = tu_alloc(DG_INT32, 1, (int64_t[]){cc->s});
     dg_tensor idx = tu_alloc2(DG_INT32, cc->s, cc->n);
     fill_codes(&r, &q), fill_codes(&r, &kv), fill_scales(&r, &kvsf), fill_weights(&r, &w);
@@ -166,9 +177,9 @@ static void run_contiguous(const contig_case *cc, uint64_t seed) {
                                              cc->unaligned, &shape));
     TU_CHECK(shape.shape[0] == cc->s && shape.shape[1] == cc->n * cc->sbkv, "query form shape");
     char tag[160];
-    snprintf(tag, sizeof tag, "contig S=%lld SK=%lld H=%lld D=%lld N=%lld blk=%lld fmt=%d bf16=%d unaligned=%d",
+    snprintf(tag, sizeof tag, "contig S=%lld SK=%lld H=%lld D=%lld N=%lld blk=%lld fmt=%d bf16=%d unaligned=%d f16w=%d",
              (long long)cc->s, (long long)cc->sk, (long long)cc->h, (long long)cc->d, (long long)cc->n,
-             (long long)cc->sbkv, cc->fmt, cc->bf16, cc->unaligned);
+             (long long)cc->sbkv, cc->fmt, cc->bf16, cc->unaligned, cc->f16);
     const dg_backend saved_backend = dg_get_backend();
     const int saved_sms = dg_get_num_sms();
     const dg_isa saved_isa = dg_get_isa();
@@ -179,6 +190,14 @@ static void run_contiguous(const contig_case *cc, uint64_t seed) {
     TU_CHECK_OK(dg_fp8_fp4_mqa_logits(&q, qsfp, &kv, &kvsf, &w, &ks, &ke, 1, 0, &dense));
     TU_CHECK(compare_with_dense(&ref, &dense, idx.data, cc->n, cc->sbkv, a, e, cc->unaligned) == 0,
              "%s: reference sparse == reference dense bitwise, -inf elsewhere", tag);
+    if (cc->f16) {
+        dg_tensor w32 = widened_weights(&w), ref32 = tu_alloc2(out_dt, cc->s, cc->n * cc->sbkv);
+        TU_CHECK_OK(dg_fp8_fp4_sparse_mqa_logits(&q, qsfp, &kv, &kvsf, &w32, &meta, (int)cc->n, (int)cc->sbkv,
+                                                 cc->unaligned, &ref32));
+        TU_CHECK(memcmp(ref.data, ref32.data, dg_tensor_nbytes(&ref)) == 0,
+                 "%s: float16 weights == float32 weights of the same values bitwise", tag);
+        tu_free(&w32), tu_free(&ref32);
+    }
     dg_set_backend(DG_BACKEND_AUTO);
     for (size_t k = 0; k < sizeof kIsas / sizeof kIsas[0]; ++k) {
         if (dg_set_isa(kIsas[k]) != DG_OK)
@@ -214,7 +233,7 @@ static void run_contiguous(const contig_case *cc, uint64_t seed) {
 
 /* fmt as in contig_case */
 static void run_paged(int64_t s, int64_t h, int64_t d, int64_t page, int64_t n, int64_t sbkv, int fmt, int bf16,
-                      uint64_t seed) {
+                      int f16, uint64_t seed) {
     tu_rng r = {seed};
     const int fp4 = fmt == 1, mx = fmt != 0;
     const int64_t db = fp4 ? d / 2 : d, row_bytes = db + 4;
@@ -251,7 +270,7 @@ static void run_paged(int64_t s, int64_t h, int64_t d, int64_t page, int64_t n, 
     }
     dg_tensor q = tu_alloc(qt, 4, (int64_t[]){s, 1, h, db});
     dg_tensor qsf = mx ? tu_alloc3(DG_INT32, s, 1, h) : (dg_tensor){0};
-    dg_tensor w = tu_alloc2(out_dt, s, h), idx = tu_alloc2(DG_INT32, s, n);
+    dg_tensor w = tu_alloc2(f16 ? DG_FLOAT16 : out_dt, s, h), idx = tu_alloc2(DG_INT32, s, n);
     fill_codes(&r, &q), fill_weights(&r, &w);
     if (mx)
         fill_scales(&r, &qsf);
@@ -263,8 +282,8 @@ static void run_paged(int64_t s, int64_t h, int64_t d, int64_t page, int64_t n, 
     meta = tu_alloc(DG_UINT8, 1, meta.shape);
     TU_CHECK_OK(dg_get_paged_sparse_mqa_logits_metadata(&ctx, &table, &ids, (int)page, &idx, qt, (int)sbkv, &meta));
     char tag[160];
-    snprintf(tag, sizeof tag, "paged S=%lld H=%lld D=%lld page=%lld N=%lld blk=%lld fmt=%d bf16=%d", (long long)s,
-             (long long)h, (long long)d, (long long)page, (long long)n, (long long)sbkv, fmt, bf16);
+    snprintf(tag, sizeof tag, "paged S=%lld H=%lld D=%lld page=%lld N=%lld blk=%lld fmt=%d bf16=%d f16w=%d", (long long)s,
+             (long long)h, (long long)d, (long long)page, (long long)n, (long long)sbkv, fmt, bf16, f16);
     const dg_backend saved_backend = dg_get_backend();
     const int saved_sms = dg_get_num_sms();
     const dg_isa saved_isa = dg_get_isa();
@@ -493,18 +512,21 @@ static void test_bad_and_empty(void) {
 
 int main(void) {
     static const contig_case cases[] = {
-        /* s, sk, h, d, n, sbkv, fmt, bf16, unaligned */
-        {7, 300, 5, 40, 8, 16, 0, 0, 0},   {9, 257, 32, 128, 12, 8, 1, 1, 1}, {1, 33, 3, 64, 4, 16, 1, 0, 0},
-        {11, 400, 17, 64, 4, 8, 0, 1, 1},  {6, 500, 8, 96, 40, 16, 0, 0, 1},  {5, 160, 32, 128, 16, 16, 1, 1, 0},
-        {9, 257, 32, 128, 12, 8, 2, 1, 1}, {6, 300, 7, 96, 8, 16, 2, 0, 0},   {1, 33, 3, 32, 4, 16, 2, 1, 0},
+        /* s, sk, h, d, n, sbkv, fmt, bf16, unaligned, f16 */
+        {7, 300, 5, 40, 8, 16, 0, 0, 0, 0},   {9, 257, 32, 128, 12, 8, 1, 1, 1, 0}, {1, 33, 3, 64, 4, 16, 1, 0, 0, 0},
+        {11, 400, 17, 64, 4, 8, 0, 1, 1, 0},  {6, 500, 8, 96, 40, 16, 0, 0, 1, 0},  {5, 160, 32, 128, 16, 16, 1, 1, 0, 0},
+        {9, 257, 32, 128, 12, 8, 2, 1, 1, 0}, {6, 300, 7, 96, 8, 16, 2, 0, 0, 0},   {1, 33, 3, 32, 4, 16, 2, 1, 0, 0},
+        {7, 300, 5, 40, 8, 16, 0, 0, 0, 1}, {9, 257, 32, 128, 12, 8, 1, 1, 1, 1}, {6, 300, 7, 96, 8, 16, 2, 0, 0, 1},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k)
         run_contiguous(&cases[k], 1000 + k);
-    run_paged(10, 32, 128, 64, 8, 16, 1, 1, 2001);
-    run_paged(7, 5, 40, 32, 12, 8, 0, 0, 2002);
-    run_paged(4, 16, 64, 16, 4, 16, 1, 0, 2003);
-    run_paged(10, 32, 128, 64, 8, 16, 2, 1, 2004);
-    run_paged(5, 9, 64, 32, 8, 8, 2, 0, 2005);
+    run_paged(10, 32, 128, 64, 8, 16, 1, 1, 0, 2001);
+    run_paged(7, 5, 40, 32, 12, 8, 0, 0, 0, 2002);
+    run_paged(4, 16, 64, 16, 4, 16, 1, 0, 0, 2003);
+    run_paged(10, 32, 128, 64, 8, 16, 2, 1, 0, 2004);
+    run_paged(5, 9, 64, 32, 8, 8, 2, 0, 0, 2005);
+    run_paged(7, 5, 40, 32, 12, 8, 0, 0, 1, 2006); /* float16 weights */
+    run_paged(10, 32, 128, 64, 8, 16, 2, 1, 1, 2007);
     test_scheduled();
     test_bad_and_empty();
     return tu_finish();

@@ -20,7 +20,8 @@ static const struct {
     {"float32", DG_FLOAT32},     {"float", DG_FLOAT32},        {"bfloat16", DG_BFLOAT16},
     {"float8_e4m3fn", DG_FLOAT8_E4M3}, {"int8", DG_FP4_E2M1X2}, {"int32", DG_INT32},
     {"int", DG_INT32},           {"int64", DG_INT64},          {"long", DG_INT64},
-    {"uint8", DG_UINT8},         {"float8_e8m0fnu", DG_UE8M0},
+    {"uint8", DG_UINT8},         {"float8_e8m0fnu", DG_UE8M0}, {"float16", DG_FLOAT16},
+    {"half", DG_FLOAT16},
 };
 
 /* The name torch and NumPy use for the dtype we allocate (int8 for packed FP4, as DeepGEMM). */
@@ -34,6 +35,7 @@ static const char *dgp_alloc_dtype_name(dg_dtype d) {
     case DG_INT64: return "int64";
     case DG_UINT8: return "uint8";
     case DG_UE8M0: return "float8_e8m0fnu";
+    case DG_FLOAT16: return "float16";
     default: return "?";
     }
 }

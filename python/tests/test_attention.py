@@ -119,6 +119,52 @@ def test_paged_mqa_logits(next_n):
             assert (logits[r, vis:] == float('-inf')).all()
 
 
+def to_mqa_weights(w, dtype):
+    """w in `dtype` with rows padded to 16 bytes, as DeepGEMM 2.8's test_attention lays them out."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    stride = -(-w.size(1) * elem // 16) * 16 // elem
+    out = torch.empty((w.size(0), stride), dtype=dtype)[:, :w.size(1)]
+    out.copy_(w)
+    return out
+
+
+@pytest.mark.parametrize('fmt', ['fp8', 'mxfp4'])
+def test_mqa_logits_float16_weights(fmt):
+    """DeepGEMM 2.8's float16 weights: the logits of float32 weights of the same values, bit for
+    bit, with either logits dtype (plain and paged forms)."""
+    s, sk, h, d = 12, 200, 12, 64
+    q, kv = torch.randn(s, h, d), torch.randn(sk, d)
+    if fmt == 'mxfp4':
+        q_arg, kv_arg = fp4_pack(q, d), fp4_pack(kv, d)
+    else:
+        q_arg, kv_arg = (q.to(torch.float8_e4m3fn), None), per_custom_dims_cast_to_fp8(kv, (0,), False)
+    w16 = to_mqa_weights(torch.randn(s, h) * 0.1, torch.float16)
+    assert not w16.is_contiguous()
+    ks = torch.randint(0, 50, (s,), dtype=torch.int32)
+    ke = torch.minimum(ks + torch.randint(1, 160, (s,), dtype=torch.int32), torch.tensor(sk, dtype=torch.int32))
+    for logits_dtype in (torch.float32, torch.bfloat16):
+        got = dg.fp8_fp4_mqa_logits(q_arg, kv_arg, w16, ks, ke, logits_dtype=logits_dtype)
+        want = dg.fp8_fp4_mqa_logits(q_arg, kv_arg, w16.float(), ks, ke, logits_dtype=logits_dtype)
+        assert got.dtype == logits_dtype and torch.equal(got, want)
+    # paged: FP8 cache, contiguous float16 weights
+    b, block_kv, max_blocks = 3, 32, 3
+    cache, _ = build_paged_cache(torch.randn(b * max_blocks * block_kv, d), block_kv)
+    table = torch.randperm(b * max_blocks, dtype=torch.int32).view(b, max_blocks)
+    lens = torch.tensor([3, 70, 96], dtype=torch.int32)
+    qp = torch.randn(b, 1, h, d).to(torch.float8_e4m3fn)
+    wp = (torch.randn(b, h) * 0.1).half()
+    meta = dg.get_paged_mqa_logits_metadata(lens, block_kv, dg.get_num_sms())
+    for logits_dtype in (torch.float32, torch.bfloat16):
+        args = ((qp, None), cache)
+        got = dg.fp8_fp4_paged_mqa_logits(*args, wp, lens, table, meta, 96, clean_logits=True,
+                                          logits_dtype=logits_dtype)
+        want = dg.fp8_fp4_paged_mqa_logits(*args, wp.float(), lens, table, meta, 96, clean_logits=True,
+                                           logits_dtype=logits_dtype)
+        assert torch.equal(got, want)
+    with pytest.raises(TypeError, match="'weights'"):
+        dg.fp8_fp4_mqa_logits(q_arg, kv_arg, w16.double(), ks, ke)
+
+
 def test_fp4_paged_mqa_logits():
     b, next_n, h, d, block_kv, max_blocks = 2, 1, 8, 64, 32, 3
     nb = b * max_blocks

@@ -22,6 +22,25 @@ static dg_status check_i32_vector(const dg_tensor *t, const char *name, int64_t 
 }
 
 /* q, q_sf, kv, kv_sf: dtypes, shapes, contiguity; fills the problem's extents. */
+dg_status dg_mqa_widen_f16_weights(const dg_tensor **w, dg_tensor *view, void **copy) {
+    *copy = NULL;
+    if ((*w)->dtype != DG_FLOAT16)
+        return DG_OK;
+    const int64_t rows = (*w)->shape[0], h = (*w)->shape[1];
+    float *f = dg_malloc((size_t)(rows * h) * sizeof(float) + 1); /* + 1: never malloc(0) */
+    DG_CHECK(f != NULL, DG_ERR_ALLOC, "no memory for a float32 copy of the float16 'weights' [%lld, %lld]",
+             (long long)rows, (long long)h);
+    for (int64_t i = 0; i < rows; ++i) {
+        const uint16_t *src = (const uint16_t *)(*w)->data + i * (*w)->strides[0];
+        for (int64_t j = 0; j < h; ++j)
+            f[i * h + j] = dg_f16_to_float(src[j]);
+    }
+    *view = dg_tensor_2d(f, DG_FLOAT32, rows, h);
+    *w = view;
+    *copy = f;
+    return DG_OK;
+}
+
 dg_status dg_mqa_check_q_format(const dg_tensor *q, int ndim, int mx) {
     DG_TRY(dg_check_tensor(q, "q", ndim));
     if (mx) {
@@ -106,7 +125,7 @@ static dg_status check_logits(dg_mqa_problem *p, dg_tensor *logits, const dg_ten
         want.dtype = DG_FLOAT32;
     const dg_dtype allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
     DG_TRY(dg_check_dtype_in(&want, "logits", allowed, legacy ? 1 : 2));
-    DG_CHECK(p->weights->dtype == DG_FLOAT32 || want.dtype == DG_BFLOAT16, DG_ERR_DTYPE,
+    DG_CHECK(p->weights->dtype != DG_BFLOAT16 || want.dtype == DG_BFLOAT16, DG_ERR_DTYPE,
              "argument 'weights' may be bfloat16 only with bfloat16 logits");
     const int64_t width = p->max_seqlen_k > 0 ? p->max_seqlen_k : p->sk;
     if (*is_query) {
@@ -252,9 +271,9 @@ static dg_status mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_
                             int max_seqlen_k, const dg_tensor *schedule_meta, dg_tensor *logits, int legacy) {
     dg_mqa_problem p = {0};
     DG_TRY(dg_mqa_check_q_kv(&p, q, q_sf, kv, kv_sf));
-    const dg_dtype w_allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
+    const dg_dtype w_allowed[3] = DG_MQA_WEIGHT_DTYPES;
     DG_TRY(dg_check_tensor(weights, "weights", 2));
-    DG_TRY(dg_check_dtype_in(weights, "weights", w_allowed, 2));
+    DG_TRY(dg_check_dtype_in(weights, "weights", w_allowed, 3));
     DG_TRY(dg_check_dim(weights, "weights", 0, p.s));
     DG_TRY(dg_check_dim(weights, "weights", 1, p.h));
     DG_TRY(dg_check_last_dim_contiguous(weights, "weights"));
@@ -273,11 +292,18 @@ static dg_status mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_
     DG_TRY(check_logits(&p, logits, ks, ke, legacy, &is_query));
     if (is_query)
         return DG_OK;
+    dg_tensor w32;
+    void *copy;
+    DG_TRY(dg_mqa_widen_f16_weights(&p.weights, &w32, &copy));
+    dg_status st;
     if (dg_use_reference()) {
         DG_PATH_REFERENCE("");
-        return dg_ref_mqa_logits(&p);
+        st = dg_ref_mqa_logits(&p);
+    } else {
+        st = dg_mqa_logits_fast(&p);
     }
-    return dg_mqa_logits_fast(&p);
+    dg_free(copy);
+    return st;
 }
 
 dg_status dg_fp8_fp4_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,

@@ -270,7 +270,7 @@ static dg_status check_paged_logits(dg_paged_mqa_problem *p, dg_tensor *logits, 
         want.dtype = DG_FLOAT32;
     const dg_dtype allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
     DG_TRY(dg_check_dtype_in(&want, "logits", allowed, legacy ? 1 : 2));
-    DG_CHECK(p->weights->dtype == DG_FLOAT32 || want.dtype == DG_BFLOAT16, DG_ERR_DTYPE,
+    DG_CHECK(p->weights->dtype != DG_BFLOAT16 || want.dtype == DG_BFLOAT16, DG_ERR_DTYPE,
              "argument 'weights' may be bfloat16 only with bfloat16 logits");
     const int64_t rows = p->batch * p->next_n;
     if (*is_query) {
@@ -298,9 +298,9 @@ static dg_status paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, con
     dg_paged_mqa_problem p = {0};
     DG_TRY(dg_paged_mqa_check_q_cache(&p, q, q_sf, kv_cache));
     const int64_t rows = p.batch * p.next_n;
-    const dg_dtype w_allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
+    const dg_dtype w_allowed[3] = DG_MQA_WEIGHT_DTYPES;
     DG_TRY(dg_check_tensor(weights, "weights", 2));
-    DG_TRY(dg_check_dtype_in(weights, "weights", w_allowed, 2));
+    DG_TRY(dg_check_dtype_in(weights, "weights", w_allowed, 3));
     DG_TRY(dg_check_dim(weights, "weights", 0, rows));
     DG_TRY(dg_check_dim(weights, "weights", 1, p.h));
     DG_TRY(p.mx ? dg_check_last_dim_contiguous(weights, "weights") : dg_check_contiguous(weights, "weights"));
@@ -329,11 +329,18 @@ static dg_status paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, con
     DG_TRY(check_paged_logits(&p, logits, legacy, &is_query, ins, names, 8));
     if (is_query)
         return DG_OK;
+    dg_tensor w32;
+    void *copy;
+    DG_TRY(dg_mqa_widen_f16_weights(&p.weights, &w32, &copy));
+    dg_status st;
     if (dg_use_reference()) {
         DG_PATH_REFERENCE("");
-        return dg_ref_paged_mqa_logits(&p);
+        st = dg_ref_paged_mqa_logits(&p);
+    } else {
+        st = dg_paged_mqa_logits_fast(&p);
     }
-    return dg_paged_mqa_logits_fast(&p);
+    dg_free(copy);
+    return st;
 }
 
 dg_status dg_fp8_fp4_paged_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv_cache,

@@ -291,9 +291,9 @@ static dg_status check_metadata(dg_sparse_mqa_problem *p, const dg_tensor *meta,
 }
 
 static dg_status check_weights(dg_sparse_mqa_problem *p, const dg_tensor *weights) {
-    const dg_dtype allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
+    const dg_dtype allowed[3] = DG_MQA_WEIGHT_DTYPES;
     DG_TRY(dg_check_tensor(weights, "weights", 2));
-    DG_TRY(dg_check_dtype_in(weights, "weights", allowed, 2));
+    DG_TRY(dg_check_dtype_in(weights, "weights", allowed, 3));
     DG_TRY(dg_check_dim(weights, "weights", 0, p->s));
     DG_TRY(dg_check_dim(weights, "weights", 1, p->h));
     DG_TRY(dg_check_last_dim_contiguous(weights, "weights"));
@@ -308,7 +308,7 @@ static dg_status check_sparse_logits(dg_sparse_mqa_problem *p, dg_tensor *logits
     *is_query = logits->data == NULL;
     const dg_dtype allowed[2] = {DG_FLOAT32, DG_BFLOAT16};
     DG_TRY(dg_check_dtype_in(logits, "logits", allowed, 2));
-    DG_CHECK(p->weights->dtype == DG_FLOAT32 || logits->dtype == DG_BFLOAT16, DG_ERR_DTYPE,
+    DG_CHECK(p->weights->dtype != DG_BFLOAT16 || logits->dtype == DG_BFLOAT16, DG_ERR_DTYPE,
              "argument 'weights' may be bfloat16 only with bfloat16 logits");
     const int64_t width = p->nmsb * p->sbkv;
     if (*is_query) {
@@ -328,12 +328,19 @@ static dg_status check_sparse_logits(dg_sparse_mqa_problem *p, dg_tensor *logits
     return DG_OK;
 }
 
-static dg_status run_sparse(const dg_sparse_mqa_problem *p) {
+static dg_status run_sparse(dg_sparse_mqa_problem *p) {
+    dg_tensor w32;
+    void *copy;
+    DG_TRY(dg_mqa_widen_f16_weights(&p->weights, &w32, &copy));
+    dg_status st;
     if (dg_use_reference()) {
         DG_PATH_REFERENCE("");
-        return dg_ref_sparse_mqa_logits(p);
+        st = dg_ref_sparse_mqa_logits(p);
+    } else {
+        st = dg_sparse_mqa_logits_fast(p);
     }
-    return dg_sparse_mqa_logits_fast(p);
+    dg_free(copy);
+    return st;
 }
 
 dg_status dg_fp8_fp4_sparse_mqa_logits(const dg_tensor *q, const dg_tensor *q_sf, const dg_tensor *kv,

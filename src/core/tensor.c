@@ -6,13 +6,13 @@
 static const size_t kDtypeSize[DG_DTYPE_COUNT] = {
     [DG_FLOAT32] = 4, [DG_BFLOAT16] = 2, [DG_FLOAT8_E4M3] = 1, [DG_FP4_E2M1X2] = 1,
     [DG_UE8M0] = 1,   [DG_INT32] = 4,    [DG_INT64] = 8,       [DG_UINT8] = 1,
-    [DG_INT8] = 1,
+    [DG_INT8] = 1,    [DG_FLOAT16] = 2,
 };
 
 static const char *const kDtypeName[DG_DTYPE_COUNT] = {
     [DG_FLOAT32] = "float32",  [DG_BFLOAT16] = "bfloat16", [DG_FLOAT8_E4M3] = "float8_e4m3fn",
     [DG_FP4_E2M1X2] = "fp4_e2m1x2 (packed int8)", [DG_UE8M0] = "ue8m0", [DG_INT32] = "int32",
-    [DG_INT64] = "int64", [DG_UINT8] = "uint8", [DG_INT8] = "int8",
+    [DG_INT64] = "int64", [DG_UINT8] = "uint8", [DG_INT8] = "int8", [DG_FLOAT16] = "float16",
 };
 
 size_t dg_dtype_size(dg_dtype dtype) {
@@ -131,6 +131,7 @@ float dg_load_float(const dg_tensor *t, const void *p) {
     switch (t->dtype) {
     case DG_FLOAT32: return *(const float *)p;
     case DG_BFLOAT16: return dg_bf16_to_float(*(const uint16_t *)p);
+    case DG_FLOAT16: return dg_f16_to_float(*(const uint16_t *)p);
     case DG_FLOAT8_E4M3: return dg_e4m3_to_float(*(const uint8_t *)p);
     case DG_UE8M0: return dg_ue8m0_to_float(*(const uint8_t *)p);
     case DG_INT32: return (float)*(const int32_t *)p;

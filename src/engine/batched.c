@@ -49,6 +49,7 @@ typedef struct bjob {
     const int64_t *gid;         /* the groups this job runs (all with cfg), ngroups of them */
     int64_t ngroups;
     size_t abytes, bbytes, cbytes, sbytes, fbytes; /* per-thread memory: panels, C, staging, scales */
+    size_t gbytes;              /* per-thread group sums (segments: batched.h, DG_ACC_GROUP), or 0 */
     int stream;                 /* D written with non-temporal stores */
     int tile_major;             /* units ordered tile by tile (all groups of a tile together) */
     /* w outputs of a row of D: round(C + acc) (cp NULL: no C), streamed or not */
@@ -348,9 +349,17 @@ static void pack_chunk(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64
     }
 }
 
-/* One unit: group g, rows [m0, m0 + rows), columns [n0, n0 + cols). */
+/* ct += gt over one MR x NR tile (row stride ldc): a group's sum joins the total. */
+static void add_tile(float *ct, const float *gt, int64_t ldc, int mr, int nr) {
+    for (int r = 0; r < mr; ++r)
+        for (int c = 0; c < nr; ++c)
+            ct[r * ldc + c] += gt[r * ldc + c];
+}
+
+/* One unit: group g, rows [m0, m0 + rows), columns [n0, n0 + cols). gbuf: the group sums'
+ * buffer (like cbuf) when K runs over segments, else NULL. */
 static void run_unit(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t n0, int64_t cols, char *apack,
-                     char *bpack, float *cbuf, uint16_t *stage, float *scales) {
+                     char *bpack, float *cbuf, uint16_t *stage, float *scales, float *gbuf) {
     const dg_bgemm *p = j->p;
     const dg_engine_cfg *cfg = j->cfg;
     const int mr = cfg->mr, nr = cfg->nr;
@@ -374,13 +383,24 @@ static void run_unit(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t
         if (q0 + kc == ktot)
             prefetch_out(&dv, p->c ? &cv : NULL, j->stream, m0, rows, n0, cols);
         for (int64_t jr = 0; jr < npan; ++jr)
-            for (int64_t ir = 0; ir < mpan; ++ir)
+            for (int64_t ir = 0; ir < mpan; ++ir) {
+                float *ct = cbuf + ir * mr * ldc + jr * nr, *gt = gbuf ? gbuf + ir * mr * ldc + jr * nr : NULL;
                 for (int64_t b0 = 0; b0 < kc; b0 += DG_ACC_BLOCK) { /* kcb is a multiple of the block */
                     const int64_t len = kc - b0 < DG_ACC_BLOCK ? kc - b0 : DG_ACC_BLOCK;
-                    cfg->ukr(len, apack + (size_t)((ir * kc + b0) * mr) * j->es,
-                             bpack + (size_t)((jr * kc + b0) * nr) * j->es, cbuf + ir * mr * ldc + jr * nr, ldc,
-                             DG_UKR_SCALE, kOnes, kOnes);
+                    const char *ap = apack + (size_t)((ir * kc + b0) * mr) * j->es;
+                    const char *bp = bpack + (size_t)((jr * kc + b0) * nr) * j->es;
+                    if (!gt) {
+                        cfg->ukr(len, ap, bp, ct, ldc, DG_UKR_SCALE, kOnes, kOnes);
+                        continue;
+                    }
+                    /* Block blk of K' starts a group (its sum from the block's own), joins it,
+                     * and the group's sum joins the total when the group or K' ends. */
+                    const int64_t blk = (q0 + b0) / DG_ACC_BLOCK;
+                    cfg->ukr(len, ap, bp, gt, ldc, blk % DG_ACC_GROUP ? DG_UKR_SCALE : DG_UKR_ZERO, kOnes, kOnes);
+                    if (blk % DG_ACC_GROUP == DG_ACC_GROUP - 1 || q0 + b0 + len == ktot)
+                        add_tile(ct, gt, ldc, mr, nr);
                 }
+            }
     }
     store_rows(j, &dv, p->c ? &cv : NULL, m0, rows, n0, cols, cbuf);
 }
@@ -455,6 +475,7 @@ static void job_init(bjob *j, const dg_bgemm *p, const dg_engine_cfg *cfg, const
     j->cbytes = (size_t)dg_align(j->mc * j->nc * (int64_t)sizeof(float), 64);
     j->sbytes = p->ops ? (size_t)dg_align(32 * kc * 2, 64) : 0; /* staging rows */
     j->fbytes = (size_t)dg_align((j->mc + j->nc) * nb * (int64_t)sizeof(float), 64);
+    j->gbytes = !p->ops && p->segs > 1 ? j->cbytes : 0;
 #ifdef BATCHED_NT
     j->stream = ngroups * p->m * p->n * (int64_t)dg_dtype_size(p->d->dtype) >= BATCHED_STREAM_BYTES;
 #endif
@@ -470,7 +491,9 @@ static void job_init(bjob *j, const dg_bgemm *p, const dg_engine_cfg *cfg, const
 #endif
 }
 
-static size_t job_per_thread(const bjob *j) { return j->abytes + j->bbytes + j->cbytes + j->sbytes + j->fbytes; }
+static size_t job_per_thread(const bjob *j) {
+    return j->abytes + j->bbytes + j->cbytes + j->sbytes + j->fbytes + j->gbytes;
+}
 
 static void job_run(const bjob *j, char *mem, size_t per) {
     const dg_bgemm *p = j->p;
@@ -491,9 +514,9 @@ static void job_run(const bjob *j, char *mem, size_t per) {
             const int64_t m0 = (t % j->mt) * j->mc, n0 = (t / j->mt) * j->nc;
             const int64_t rows = p->m - m0 < j->mc ? p->m - m0 : j->mc;
             const int64_t cols = p->n - n0 < j->nc ? p->n - n0 : j->nc;
-            char *cb = base + j->abytes + j->bbytes, *sb = cb + j->cbytes;
+            char *cb = base + j->abytes + j->bbytes, *sb = cb + j->cbytes, *gb = sb + j->sbytes + j->fbytes;
             run_unit(j, g, m0, rows, n0, cols, base, base + j->abytes, (float *)cb, (uint16_t *)sb,
-                     (float *)(sb + j->sbytes));
+                     (float *)(sb + j->sbytes), j->gbytes ? (float *)gb : NULL);
         }
     }
 }

@@ -14,8 +14,13 @@
  * Accumulation order (engine.h's contract, extended over segments): the segments' K, each
  * padded to even with zeros, run one after the other as one K' = S * Kp; K' is cut into
  * accumulation blocks of DG_ACC_BLOCK (a block may span two segments), each block a float32
- * chain from 0 over its k pairs, added in increasing order to the total; then
- * D = round(C + total). On an AMX configuration the same with the tile kernel's steps: each
+ * chain from 0 over its k pairs. With S = 1 the blocks' sums are added in increasing order to
+ * the total, as in engine.h. With S > 1 ('bmk,bnk->mn', whose K' runs to tens of thousands)
+ * they are summed one level more: consecutive runs of DG_ACC_GROUP blocks are added in order
+ * into a group sum (from the run's first block), and the group sums in order into the total;
+ * a single chain of block sums lets rounding error grow with the number of blocks (measured
+ * with upstream's S = 129, K = 384, BF16 outputs: about half as many outputs one BF16 step
+ * from the exactly rounded result). Then D = round(C + total). On an AMX configuration the same with the tile kernel's steps: each
  * segment's K padded to 32 with zeros, one TDPBF16PS accumulation per k step of 32 within a
  * block (engine.h). With S = 1 this is exactly the order of
  * dg_engine_gemm on the same configuration (dg_engine_config_for: the fallback's order for
@@ -29,6 +34,9 @@
 #define DG_ENGINE_BATCHED_H
 
 #include "engine.h"
+
+/* Accumulation blocks per group sum when K runs over segments (S > 1, order above): 2048 k. */
+#define DG_ACC_GROUP 16
 
 typedef struct dg_bview {
     const uint16_t *base;        /* BF16 bits */

@@ -23,6 +23,35 @@ uint16_t dg_float_to_bf16(float x) { return dg_round_bf16(x); }
 
 float dg_bf16_to_float(uint16_t x) { return u2f((uint32_t)x << 16); }
 
+/* binary16: 1 sign, 5 exponent (bias 15), 10 fraction bits; every value is a float32. */
+float dg_f16_to_float(uint16_t x) {
+    const uint32_t sign = (uint32_t)(x & 0x8000u) << 16, e = (x >> 10) & 0x1fu, f = x & 0x3ffu;
+    if (e == 0) { /* zero or subnormal: f * 2^-24, exact */
+        const float v = (float)f * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (e == 31) /* infinity, NaN (payload kept) */
+        return u2f(sign | 0x7f800000u | f << 13);
+    return u2f(sign | (e + 112) << 23 | f << 13);
+}
+
+/* Round to nearest even; beyond the largest finite 65504 (from 65520 up) to infinity, as
+ * IEEE and torch's cast; NaN stays NaN (quiet, sign kept). */
+uint16_t dg_float_to_f16(float x) {
+    const uint32_t u = f2u(x), a = u & 0x7fffffffu;
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    if (a > 0x7f800000u)
+        return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu);
+    if (a >= 0x477ff000u) /* >= 65520 */
+        return sign | 0x7c00u;
+    if (a >= 0x38800000u) { /* >= 2^-14: a normal half; rebias, then round the 13 dropped bits */
+        const uint32_t t = a - 0x38000000u;
+        return sign | (uint16_t)((t + 0xfffu + ((t >> 13) & 1u)) >> 13);
+    }
+    /* subnormal (or zero) half: |x| * 2^24 is exact, the rounding mode is nearest even */
+    return sign | (uint16_t)nearbyintf(u2f(a) * 0x1p24f);
+}
+
 /*
  * float32 -> E4M3 (float8_e4m3fn), as PyTorch 2.13 casts (checked against it bit for bit in
  * tests/python): round to nearest even; finite values beyond the largest finite 448 and

@@ -25,7 +25,7 @@ typedef struct dg_mqa_problem {
     const dg_tensor *q_sf;         /* mx: INT32 [S, H]; FP8: NULL */
     const dg_tensor *kv;           /* [SK, D] or [SK, D/2] */
     const dg_tensor *kv_sf;        /* FLOAT32 [SK] or INT32 [SK] */
-    const dg_tensor *weights;      /* FLOAT32/BFLOAT16 [S, H] */
+    const dg_tensor *weights;      /* FLOAT32/BFLOAT16 [S, H] (FLOAT16 widened at the entry) */
     const int32_t *ks, *ke;        /* [S], contiguous */
     int clean_logits;
     int64_t max_seqlen_k;          /* 0: logits [S, SK]; > 0: compressed [S, max_seqlen_k] */
