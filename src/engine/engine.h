@@ -192,11 +192,13 @@ enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2, DG_DECODE_PAI
 
 /* A's side of a decode call (smallm.c): rows [m][lda] float32 (A's values as the small-M
  * kernels see them: BF16-rounded, folded scales applied; zero from K up to lda, a multiple of
- * DG_DECODE_STEP) and sa [m][nkb]: A's unfolded scale per K block of gblk (1 where folded or
- * absent). */
+ * DG_DECODE_STEP), or instead, where the configuration's kernels read them (decode_pairs),
+ * the same values as BF16 pairs; and sa [m][nkb]: A's unfolded scale per K block of gblk (1
+ * where folded or absent). */
 typedef struct dg_decode_a {
-    float *rows, *sa;
-    uint32_t *pairs; /* the rows as BF16 pairs, step-major (dg_decode_job.ap) */
+    float *rows, *sa; /* rows: NULL where the kernels read pairs */
+    uint32_t *pairs;  /* the rows as BF16 pairs, step-major (dg_decode_job.ap); NULL where they read rows */
+    void *mem;        /* rows and sa, one allocation */
     int64_t lda, nkb;
 } dg_decode_a;
 struct dg_engine_cfg;
@@ -234,6 +236,8 @@ typedef struct dg_engine_cfg {
      * M take the small-M kernels), 32 rows of B per call. */
     dg_decode_fn decode_wide[DG_DECODE_FORMATS];
     int decode_wide_max_m;
+    /* The decode kernels read A as BF16 pairs (dg_decode_job.ap), not as float rows (a). */
+    bool decode_pairs;
     /* The small-M B slice [kc][16] straight from K-major E4M3 codes without folded scales
      * (kernels/avx2/decode_avx2.c; NULL: widen rows, then transpose). */
     bool (*stage_e4m3)(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
