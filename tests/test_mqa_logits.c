@@ -6,6 +6,8 @@
  */
 #include "test_util.h"
 
+#include "engine/engine.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -671,6 +673,52 @@ static void test_f16_weights(void) {
     dg_set_backend(saved_backend);
 }
 
+/* The AVX-512 BF16 level's FP8 tiles (kernels/avx512_bf16/mqa_fp8_pairs.c): VDPBF16PS (AMD's
+ * default) and FMA in the same k-pair order (Intel's) give the same bits, on odd head dims (the
+ * zero pair), heads not a multiple of 16, d past the tile's slice of 512, and compressed rows. */
+static void test_pair_tiles(void) {
+    const dg_isa saved = dg_get_isa();
+    if (dg_set_isa(DG_ISA_AVX512_BF16) != DG_OK)
+        return; /* not on this CPU */
+    static const struct { int64_t s, sk, h, d; int compressed; } cases[] = {
+        {9, 130, 17, 1, 0}, {7, 140, 3, 25, 1}, {5, 100, 70, 128, 0}, {4, 60, 16, 601, 1}, {3, 50, 33, 64, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        tu_rng rng = {k + 301};
+        mqa_case c;
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, 0, 0);
+        random_ranges(&c, &rng);
+        int max_k = 0;
+        for (int64_t i = 0; i < c.s; ++i) {
+            const int len = ((int32_t *)c.tke.data)[i] - ((int32_t *)c.tks.data)[i];
+            max_k = len > max_k ? len : max_k;
+        }
+        max_k = cases[k].compressed ? (max_k > 0 ? max_k : 1) : 0;
+        const int64_t width = max_k ? max_k : c.sk;
+        dg_tensor out[2];
+        TU_CHECK_OK(dg_set_isa(DG_ISA_AVX512_BF16));
+        for (int v = 0; v < 2; ++v) {
+            dg_engine_set_dpbf16(v);
+            out[v] = tu_alloc2(DG_FLOAT32, c.s, width);
+            tu_fill_bytes(&out[v], 0x5a);
+            TU_CHECK_OK(run(&c, 1, max_k, &out[v]));
+        }
+        dg_engine_set_dpbf16(-1);
+        TU_CHECK(memcmp(out[0].data, out[1].data, dg_tensor_nbytes(&out[0])) == 0,
+                 "FP8 at avx512_bf16: the FMA k-pair tile == the VDPBF16PS tile bitwise (S=%lld H=%lld D=%lld)",
+                 (long long)c.s, (long long)c.h, (long long)c.d);
+        dg_tensor ref = tu_alloc2(DG_FLOAT32, c.s, width);
+        const dg_backend be = dg_get_backend();
+        dg_set_backend(DG_BACKEND_REFERENCE);
+        TU_CHECK_OK(run(&c, 1, max_k, &ref));
+        dg_set_backend(be);
+        compare_outputs(&out[0], &ref, c.s, width, 5e-6, "FP8 pair tiles vs reference");
+        tu_free(&out[0]), tu_free(&out[1]), tu_free(&ref);
+        free_case(&c);
+        dg_set_isa(saved);
+    }
+}
+
 int main(void) {
     static const struct { int64_t s, sk, h, d; int fmt, bf16; dg_dtype out; } cases[] = {
         {24, 100, 4, 32, 0, 0, DG_FLOAT32},  {17, 130, 8, 64, 0, 0, DG_FLOAT32},
@@ -703,5 +751,6 @@ int main(void) {
     test_fast_vs_reference();
     test_position_invariance();
     test_f16_weights();
+    test_pair_tiles();
     return tu_finish();
 }

@@ -92,7 +92,7 @@ static atomic_int g_dpbf16 = -1; /* -1: by CPU vendor */
 
 void dg_engine_set_dpbf16(int use) { atomic_store(&g_dpbf16, use < 0 ? -1 : use > 0); }
 
-static bool use_dpbf16(void) {
+bool dg_engine_dpbf16(void) {
     const int v = atomic_load(&g_dpbf16);
     if (v >= 0)
         return v;
@@ -102,7 +102,7 @@ static bool use_dpbf16(void) {
 const dg_engine_cfg *dg_engine_config(dg_isa isa) {
     if ((int)isa < 0 || (int)isa >= (int)(sizeof kCfg / sizeof kCfg[0]))
         isa = DG_ISA_GENERIC;
-    if (isa == DG_ISA_AVX512_BF16 && !use_dpbf16())
+    if (isa == DG_ISA_AVX512_BF16 && !dg_engine_dpbf16())
         isa = DG_ISA_AVX512;
     return &kCfg[isa];
 }

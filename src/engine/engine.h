@@ -271,6 +271,8 @@ const dg_engine_cfg *dg_engine_config_for(const dg_engine_cfg *cfg, const struct
 /* At the AVX-512 BF16 level: 1 uses VDPBF16PS, 0 the float32 FMA kernel, -1 decides by CPU
  * (config.c). Both give the same bits (up to VDPBF16PS's denormal flushing). */
 void dg_engine_set_dpbf16(int use);
+/* Whether VDPBF16PS is preferred at the AVX-512 BF16 level now (the rule above, or the override). */
+bool dg_engine_dpbf16(void);
 
 /* Microkernels (src/kernels/<isa>/). Absent ISAs (non-x86 builds) map to the generic twin. */
 void dg_ukr_f32_generic(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,

@@ -17,11 +17,15 @@
  * dot products per 32-element scale group, scaled exactly and added group by group in float32,
  * then the same head chain (see avx512_bf16/mqa_fp4_vnni.c).
  *
- * Why FP32 FMA and not VDPBF16PS: on the Sapphire Rapids this was tuned on, VDPBF16PS peaks at
- * about half the FP32 FMA rate (dgbench: ~116 vs ~230 GFLOPS per core), and E4M3 x E4M3
- * products are exact in float32 either way (MXFP8: while they stay in float32's normal range;
- * with the 2^-16 of the two conversions that needs the q and kv scale bytes of a group to sum
- * to at least ~162, which any quantizer's scales (bytes >= 105 for amax >= 1e-4) do).
+ * FP32 FMA or VDPBF16PS: on Sapphire Rapids VDPBF16PS peaks at about half the FP32 FMA rate
+ * (dgbench: ~116 vs ~230 GFLOPS per core), on AMD Zen 4 at twice it (~460 vs ~230 for two
+ * cores), and E4M3 x E4M3 products are exact in float32 either way (MXFP8: while they stay in
+ * float32's normal range; with the 2^-16 of the two conversions that needs the q and kv scale
+ * bytes of a group to sum to at least ~162, which any quantizer's scales (bytes >= 105 for
+ * amax >= 1e-4) do). So the AVX-512 BF16 level's FP8 tile sums over k pairs in VDPBF16PS's
+ * order, on VDPBF16PS where the engine prefers it (dg_engine_dpbf16) and on FMA otherwise, with
+ * the same bits (avx512_bf16/mqa_fp8_pairs.c); MXFP8 keeps the FP32 tile there (its scaled
+ * values may be denormal, which VDPBF16PS flushes).
  *
  * AMX level, FP8 (amx/mqa_amx.c): the dot products come from TDPBF16PS instead of the FMA
  * chain. E4M3 * 2^-8 is exact in BF16, the products are exact, and each k step of 32 (d
@@ -135,6 +139,14 @@ void dg_mqa_convert_avx512(const uint8_t *const *rows, const uint32_t *sf, int n
 void dg_mqa_prep_q_avx512(const float *q, int64_t h, int64_t d, float *qt);
 void dg_mqa_pack_avx512(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
                         float *panel);
+/* FP8 at the AVX-512 BF16 level: the k-pair order on VDPBF16PS or on FMA (avx512_bf16/mqa_fp8_pairs.c). */
+void dg_mqa_prep_q_pairs(const float *q, int64_t h, int64_t d, float *out);
+void dg_mqa_pack_pairs(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
+                       float *panel);
+void dg_mqa_tile_pairs_dp(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
+                          const uint8_t *const *pf, int npf);
+void dg_mqa_tile_pairs_fma(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
+                           const uint8_t *const *pf, int npf);
 void dg_mqa_q4_prep_vnni(const uint8_t *const *rows, const uint32_t *sf, int64_t h, int64_t d, void *out);
 void dg_mqa_kv4_pack_vnni(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, void *panel);
 void dg_mqa_tile4_vnni(const void *q, int64_t h, int64_t d, const float *w, const void *panel, float *sum,

@@ -17,6 +17,7 @@
  */
 #include "mqa_kernels.h"
 
+#include "../engine/engine.h"
 #include "../formats/convert.h"
 #include "../reference/ref_mqa.h"
 
@@ -56,6 +57,15 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt) {
     if (isa >= DG_ISA_AMX && fmt == DG_MQA_FP8 && dg_cpu_has_avx512_vbmi())
         return &amx;
 #endif
+    /* FP8: the k-pair tiles, VDPBF16PS or FMA as the engine prefers (the same bits) */
+    static const dg_mqa_kernel pairs_dp = {.name = "avx512_bf16 (VDPBF16PS)", .nw = DG_MQA_NW_AVX512,
+                                           .convert = dg_mqa_convert_avx512, .pack = dg_mqa_pack_pairs,
+                                           .prep_q = dg_mqa_prep_q_pairs, .tile = dg_mqa_tile_pairs_dp};
+    static const dg_mqa_kernel pairs_fma = {.name = "avx512_bf16 (FMA, k pairs)", .nw = DG_MQA_NW_AVX512,
+                                            .convert = dg_mqa_convert_avx512, .pack = dg_mqa_pack_avx512,
+                                            .prep_q = dg_mqa_prep_q_avx512, .tile = dg_mqa_tile_pairs_fma};
+    if (isa >= DG_ISA_AVX512_BF16 && fmt == DG_MQA_FP8)
+        return dg_engine_dpbf16() ? &pairs_dp : &pairs_fma;
     if (isa >= DG_ISA_AVX512_BF16)
         return &vnni;
     if (isa >= DG_ISA_AVX512)
