@@ -673,20 +673,22 @@ static void test_f16_weights(void) {
     dg_set_backend(saved_backend);
 }
 
-/* The AVX-512 BF16 level's FP8 tiles (kernels/avx512_bf16/mqa_fp8_pairs.c): VDPBF16PS (AMD's
- * default) and FMA in the same k-pair order (Intel's) give the same bits, on odd head dims (the
- * zero pair), heads not a multiple of 16, d past the tile's slice of 512, and compressed rows. */
+/* The AVX-512 BF16 level's FP8 and MXFP8 tiles (kernels/avx512_bf16/mqa_fp8_pairs.c): VDPBF16PS
+ * (AMD's default) and FMA in the same k-pair order (Intel's) give the same bits, on odd head
+ * dims (the zero pair), heads not a multiple of 16, d past the tile's slice of 512, and
+ * compressed rows; an MXFP8 call whose scales leave VDPBF16PS's range keeps every logit's bits. */
 static void test_pair_tiles(void) {
     const dg_isa saved = dg_get_isa();
     if (dg_set_isa(DG_ISA_AVX512_BF16) != DG_OK)
         return; /* not on this CPU */
-    static const struct { int64_t s, sk, h, d; int compressed; } cases[] = {
-        {9, 130, 17, 1, 0}, {7, 140, 3, 25, 1}, {5, 100, 70, 128, 0}, {4, 60, 16, 601, 1}, {3, 50, 33, 64, 0},
+    static const struct { int64_t s, sk, h, d; int compressed, fmt; } cases[] = {
+        {9, 130, 17, 1, 0, 0}, {7, 140, 3, 25, 1, 0}, {5, 100, 70, 128, 0, 0}, {4, 60, 16, 601, 1, 0},
+        {3, 50, 33, 64, 0, 0}, {6, 90, 20, 128, 0, 2}, {5, 70, 3, 96, 1, 2}, {4, 40, 16, 32, 0, 2},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
         tu_rng rng = {k + 301};
         mqa_case c;
-        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, 0, 0);
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fmt, 0);
         random_ranges(&c, &rng);
         int max_k = 0;
         for (int64_t i = 0; i < c.s; ++i) {
@@ -697,24 +699,58 @@ static void test_pair_tiles(void) {
         const int64_t width = max_k ? max_k : c.sk;
         dg_tensor out[2];
         TU_CHECK_OK(dg_set_isa(DG_ISA_AVX512_BF16));
+        const int saved_paths = dg_get_print_paths();
+        dg_set_print_paths(2);
         for (int v = 0; v < 2; ++v) {
             dg_engine_set_dpbf16(v);
             out[v] = tu_alloc2(DG_FLOAT32, c.s, width);
             tu_fill_bytes(&out[v], 0x5a);
+            dg_clear_path_report();
             TU_CHECK_OK(run(&c, 1, max_k, &out[v]));
+            char report[1024];
+            dg_get_path_report(report, sizeof report);
+            TU_CHECK(strstr(report, v ? "(VDPBF16PS)" : "(FMA, k pairs)") != NULL, "fmt %d, dpbf16 %d: took %s",
+                     cases[k].fmt, v, report);
         }
         dg_engine_set_dpbf16(-1);
         TU_CHECK(memcmp(out[0].data, out[1].data, dg_tensor_nbytes(&out[0])) == 0,
-                 "FP8 at avx512_bf16: the FMA k-pair tile == the VDPBF16PS tile bitwise (S=%lld H=%lld D=%lld)",
-                 (long long)c.s, (long long)c.h, (long long)c.d);
+                 "fmt %d at avx512_bf16: the FMA k-pair tile == the VDPBF16PS tile bitwise (S=%lld H=%lld D=%lld)",
+                 cases[k].fmt, (long long)c.s, (long long)c.h, (long long)c.d);
+        if (cases[k].fmt == 2) {
+            /* One more kv row that no query sees, with a scale byte out of VDPBF16PS's range: the
+             * call takes the FMA tile, and every logit keeps its bits. */
+            dg_tensor kv = tu_alloc2(DG_FLOAT8_E4M3, c.sk + 1, c.d), sf = tu_alloc(DG_INT32, 1, (int64_t[]){c.sk + 1});
+            memcpy(kv.data, c.tkv.data, (size_t)(c.sk * c.d));
+            memset((uint8_t *)kv.data + c.sk * c.d, 0x38, (size_t)c.d);
+            memcpy(sf.data, c.tkvsf.data, (size_t)c.sk * 4);
+            ((uint32_t *)sf.data)[c.sk] = 0x7f7f7f0au; /* group 0 scaled by 2^-117 */
+            const int64_t w2 = max_k ? max_k : c.sk + 1;
+            dg_tensor wide = tu_alloc2(DG_FLOAT32, c.s, w2);
+            dg_engine_set_dpbf16(1);
+            dg_clear_path_report();
+            TU_CHECK_OK(dg_fp8_fp4_mqa_logits(&c.tq, &c.tqsf, &kv, &sf, &c.tw, &c.tks, &c.tke, 1, max_k, &wide));
+            char report[1024];
+            dg_get_path_report(report, sizeof report);
+            TU_CHECK(strstr(report, "(FMA, k pairs)") != NULL, "MXFP8 out of range: took %s", report);
+            dg_engine_set_dpbf16(-1);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < c.s; ++i)
+                bad += memcmp((const float *)wide.data + i * w2, (const float *)out[1].data + i * width,
+                              (size_t)width * 4) != 0;
+            TU_CHECK(bad == 0, "MXFP8: %lld rows changed bits when an unseen kv row's scale moved the call to the "
+                     "FMA tile", (long long)bad);
+            tu_free(&kv), tu_free(&sf), tu_free(&wide);
+        }
         dg_tensor ref = tu_alloc2(DG_FLOAT32, c.s, width);
         const dg_backend be = dg_get_backend();
         dg_set_backend(DG_BACKEND_REFERENCE);
         TU_CHECK_OK(run(&c, 1, max_k, &ref));
         dg_set_backend(be);
-        compare_outputs(&out[0], &ref, c.s, width, 5e-6, "FP8 pair tiles vs reference");
+        compare_outputs(&out[0], &ref, c.s, width, 5e-6, "FP8 / MXFP8 pair tiles vs reference");
         tu_free(&out[0]), tu_free(&out[1]), tu_free(&ref);
         free_case(&c);
+        dg_clear_path_report();
+        dg_set_print_paths(saved_paths);
         dg_set_isa(saved);
     }
 }

@@ -24,8 +24,10 @@
  * bytes of a group to sum to at least ~162, which any quantizer's scales (bytes >= 105 for
  * amax >= 1e-4) do). So the AVX-512 BF16 level's FP8 tile sums over k pairs in VDPBF16PS's
  * order, on VDPBF16PS where the engine prefers it (dg_engine_dpbf16) and on FMA otherwise, with
- * the same bits (avx512_bf16/mqa_fp8_pairs.c); MXFP8 keeps the FP32 tile there (its scaled
- * values may be denormal, which VDPBF16PS flushes).
+ * the same bits (avx512_bf16/mqa_fp8_pairs.c). MXFP8 takes the same tiles, VDPBF16PS only for
+ * calls whose scales keep every value, product and partial sum a normal float32 (VDPBF16PS
+ * flushes denormals; the FMA tile gives such logits the same bits, so a logit's bits never
+ * depend on which tile its call took).
  *
  * AMX level, FP8 (amx/mqa_amx.c): the dot products come from TDPBF16PS instead of the FMA
  * chain. E4M3 * 2^-8 is exact in BF16, the products are exact, and each k step of 32 (d
@@ -113,8 +115,10 @@ typedef struct dg_mqa_kernel {
     int qb;              /* prefill tokens per work item sharing a packed panel; 0: the driver's default */
 } dg_mqa_kernel;
 
-/* The kernel for an ISA level and an input format (falls back to lower levels). */
-const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt);
+/* The kernel for an ISA level and an input format (falls back to lower levels). mx_in_range:
+ * for MXFP8, whether every scale byte of the call keeps the values, products and sums in
+ * float32's normal range (dg_mqa_mx_in_range), which the VDPBF16PS tile needs. */
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range);
 
 /* Generic pieces (src/kernels/generic/mqa_generic.c), usable by every ISA. */
 void dg_mqa_convert_generic(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *out);

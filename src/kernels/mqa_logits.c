@@ -33,7 +33,7 @@
 #define MQA_MIN_FLOPS_PER_THREAD 2e6
 #define DG_MQA_MAX_THREADS 256
 
-const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt) {
+const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range) {
     static const dg_mqa_kernel generic = {.name = "generic", .nw = DG_MQA_NW_GENERIC,
                                           .convert = dg_mqa_convert_generic, .tile = dg_mqa_tile_generic};
 #if DG_MQA_HAVE_X86
@@ -57,7 +57,7 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt) {
     if (isa >= DG_ISA_AMX && fmt == DG_MQA_FP8 && dg_cpu_has_avx512_vbmi())
         return &amx;
 #endif
-    /* FP8: the k-pair tiles, VDPBF16PS or FMA as the engine prefers (the same bits) */
+    /* FP8 and MXFP8: the k-pair tiles, VDPBF16PS or FMA as the engine prefers (the same bits) */
     static const dg_mqa_kernel pairs_dp = {.name = "avx512_bf16 (VDPBF16PS)", .nw = DG_MQA_NW_AVX512,
                                            .convert = dg_mqa_convert_avx512, .pack = dg_mqa_pack_pairs,
                                            .prep_q = dg_mqa_prep_q_pairs, .tile = dg_mqa_tile_pairs_dp};
@@ -66,6 +66,8 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt) {
                                             .prep_q = dg_mqa_prep_q_avx512, .tile = dg_mqa_tile_pairs_fma};
     if (isa >= DG_ISA_AVX512_BF16 && fmt == DG_MQA_FP8)
         return dg_engine_dpbf16() ? &pairs_dp : &pairs_fma;
+    if (isa >= DG_ISA_AVX512_BF16 && fmt == DG_MQA_MXFP8)
+        return dg_engine_dpbf16() && mx_in_range ? &pairs_dp : &pairs_fma;
     if (isa >= DG_ISA_AVX512_BF16)
         return &vnni;
     if (isa >= DG_ISA_AVX512)
@@ -73,9 +75,36 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt) {
     if (isa >= DG_ISA_AVX2)
         return &avx2;
 #endif
-    (void)isa, (void)fmt;
+    (void)isa, (void)fmt, (void)mx_in_range;
     return &generic;
 }
+
+/* ---- MXFP8 scale ranges ---------------------------------------------------------------------
+ * A converted MXFP8 value is E4M3 * 2^-8 * 2^(b - 127) for its group's scale byte b: 4
+ * significant bits, at least 2^(b - 144) in magnitude when nonzero, below 2^(b - 118). So with
+ * every q and kv byte in [18, 245], q's smallest plus kv's smallest at least 162 and the largest
+ * pair at most 360, every value, product (>= 2^(bq + bk - 288)) and partial sum (a multiple of
+ * the smallest product's quantum) is zero or a normal float32 that cannot overflow over d <= 2^12
+ * terms; quantizers' scale bytes are far inside (105-140 for amax 1e-4 .. 1e4). */
+typedef struct mx_range {
+    int lo, hi;
+} mx_range;
+
+/* The bytes of groups [0, groups) of n packed words (stride words apart; unaligned is fine). */
+static void mx_scan(mx_range *r, const uint8_t *w, int64_t n, int64_t stride_bytes, int groups) {
+    for (int64_t i = 0; i < n; ++i)
+        for (int g = 0; g < groups; ++g) {
+            const int b = w[i * stride_bytes + g];
+            r->lo = b < r->lo ? b : r->lo;
+            r->hi = b > r->hi ? b : r->hi;
+        }
+}
+
+static bool mx_ok(const mx_range *q, const mx_range *k) {
+    return q->lo >= 18 && k->lo >= 18 && q->hi <= 245 && k->hi <= 245 && q->lo + k->lo >= 162 && q->hi + k->hi <= 360;
+}
+
+static int mx_groups(int64_t d) { return (int)((d + 31) / 32 < 4 ? (d + 31) / 32 : 4); }
 
 /* ---- shared pieces -------------------------------------------------------------------------- */
 
@@ -381,7 +410,14 @@ static void clean_prefill(const dg_mqa_problem *p, int threads) {
 
 dg_status dg_mqa_logits_fast(const dg_mqa_problem *p) {
     const int fmt = dg_mqa_format(p->fp4, p->mx);
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt), .h = p->h, .d = p->d,
+    bool in_range = false;
+    if (fmt == DG_MQA_MXFP8) {
+        mx_range q = {255, 0}, k = {255, 0};
+        mx_scan(&q, p->q_sf->data, p->s * p->h, 4, mx_groups(p->d));
+        mx_scan(&k, p->kv_sf->data, p->sk, 4, mx_groups(p->d));
+        in_range = mx_ok(&q, &k);
+    }
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt, in_range), .h = p->h, .d = p->d,
                  .row_bytes = p->fp4 ? p->d / 2 : p->d, .fmt = fmt, .problem = p, .run = run_prefill_item};
     DG_PATH("%s kernel (%s%s) | first: s=%lld h=%lld d=%lld sk=%lld", c.kern->name, mqa_fmt_name(fmt),
             mqa_int_dots(&c) ? ", integer dot products" : "", (long long)p->s, (long long)p->h,
@@ -496,7 +532,15 @@ static void run_paged_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it)
 
 dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
     const int fmt = dg_mqa_format(p->fp4, p->mx);
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt), .h = p->h, .d = p->d,
+    bool in_range = false;
+    if (fmt == DG_MQA_MXFP8) { /* every page's scales: words after its block_kv rows of d codes */
+        mx_range q = {255, 0}, k = {255, 0};
+        mx_scan(&q, p->q_sf->data, p->batch * p->next_n * p->h, 4, mx_groups(p->d));
+        for (int64_t b = 0; b < p->num_blocks; ++b)
+            mx_scan(&k, p->cache + b * p->block_stride + p->block_kv * p->d, p->block_kv, 4, mx_groups(p->d));
+        in_range = mx_ok(&q, &k);
+    }
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt, in_range), .h = p->h, .d = p->d,
                  .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = p->next_n, .fmt = fmt,
                  .problem = p, .run = run_paged_item};
     DG_PATH("%s kernel (%s%s, paged) | first: batch=%lld next_n=%lld h=%lld d=%lld", c.kern->name,
@@ -689,7 +733,14 @@ static void run_sparse_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it
 
 dg_status dg_sparse_mqa_logits_fast(const dg_sparse_mqa_problem *p) {
     const int fmt = dg_mqa_format(p->fp4, p->mx);
-    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt), .h = p->h, .d = p->d,
+    bool in_range = false;
+    if (fmt == DG_MQA_MXFP8 && !p->paged) { /* paged: the FMA tile (its pages are not counted here) */
+        mx_range q = {255, 0}, k = {255, 0};
+        mx_scan(&q, p->q_sf->data, p->s * p->h, 4, mx_groups(p->d));
+        mx_scan(&k, p->kv_sf->data, p->kv_sf->shape[0], 4, mx_groups(p->d));
+        in_range = mx_ok(&q, &k);
+    }
+    mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt, in_range), .h = p->h, .d = p->d,
                  .row_bytes = p->fp4 ? p->d / 2 : p->d, .tokens_per_unit = 1, .fmt = fmt, .problem = p,
                  .run = run_sparse_item};
     DG_PATH("%s kernel (%s%s, sparse%s) | first: s=%lld h=%lld d=%lld blocks=%lldx%lld", c.kern->name,
