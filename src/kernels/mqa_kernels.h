@@ -35,7 +35,7 @@
  * sum in the hardware's fixed order (not the FMA chain's bits, nor one rounding of the exact
  * sum). The head/relu/weight chain above is unchanged. A logit still depends only on its inputs:
  * not on the thread count, the panel, the lane or the query's position. FP4 keeps the VNNI
- * integer kernel at the AMX level (it is exact), MXFP8 the AVX-512 FP32 tile.
+ * integer kernel at the AMX level (it is exact), MXFP8 the AVX-512 BF16 level's pair tiles.
  *
  * Layouts (float32): q as prep_q leaves it (default: [h][d] row-major, row stride d; at most
  * align(h, 16) * align(d, 32) floats); panel as pack leaves it (default: [d][nw], kv row c,

@@ -48,9 +48,9 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range) {
                                        .q4_prep = dg_mqa_q4_prep_vnni, .kv4_pack = dg_mqa_kv4_pack_vnni,
                                        .tile4 = dg_mqa_tile4_vnni};
 #if DG_MQA_HAVE_AMX
-    /* FP8 only; FP4 keeps the exact VNNI integer kernel, MXFP8 the VNNI level's FP32 tile (its
-     * per-32 scales would need a scaled BF16 pack). The pack uses VBMI byte permutes (every AMX
-     * CPU so far has them; checked anyway). */
+    /* FP8 only; FP4 keeps the exact VNNI integer kernel, MXFP8 the AVX-512 BF16 level's pair
+     * tiles (its per-32 scales would need a scaled BF16 pack). The pack uses VBMI byte permutes
+     * (every AMX CPU so far has them; checked anyway). */
     static const dg_mqa_kernel amx = {.name = "amx", .nw = DG_MQA_NW_AMX, .convert = dg_mqa_convert_avx512,
                                       .pack = dg_mqa_pack_amx, .prep_q = dg_mqa_prep_q_amx,
                                       .tile = dg_mqa_tile_amx, .begin = dg_mqa_amx_begin, .qb = DG_MQA_QB_AMX};

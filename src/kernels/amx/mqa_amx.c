@@ -101,7 +101,7 @@ void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out) {
 __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n,
                                                           int64_t d, int fmt, float *tmp, float *panel) {
     (void)sf, (void)fmt, (void)tmp; /* FP8 only (dg_mqa_kernel_for): FP4 takes the VNNI integer kernel,
-                                     * MXFP8 the avx512_vnni level's FP32 tile */
+                                     * MXFP8 the avx512_bf16 level's pair tiles */
     uint32_t *o = (uint32_t *)(void *)panel;
     const int64_t dp = dg_align(d, 32);
     for (int g = 0; g < NW; g += 16)
