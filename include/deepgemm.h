@@ -332,9 +332,10 @@ DG_API dg_status dg_calc_diff(const dg_tensor *x, const dg_tensor *y, double *ou
  * Accumulation (every GEMM family on the BF16 engine: dense, grouped, pre-packed, einsum,
  * FP8 and FP4 widened to BF16): K is cut into blocks of 128 (or of the scale block when that is
  * shorter); each block is a float32 FMA chain from 0, the blocks' sums are added in order
- * (times the block's scales, if any), then D = round(C + sum). Short chains keep the rounding
- * error several times below one chain over K (README, "Accuracy"); the block is a constant,
- * so a row's bits depend on neither M, the thread count nor the CPU within an ISA level.
+ * (times the block's scales, if any), then D = round(C + sum); einsum 'bmk,bnk->mn', whose K
+ * runs over the whole batch, first adds runs of 16 block sums into group sums. Short chains keep
+ * the rounding error several times below one chain over K (README, "Accuracy"); the block is a
+ * constant, so a row's bits depend on neither M, the thread count nor the CPU within an ISA level.
  */
 DG_API dg_status dg_bf16_gemm_nt(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c);
 DG_API dg_status dg_bf16_gemm_nn(const dg_tensor *a, const dg_tensor *b, const dg_tensor *d, const dg_tensor *c);
