@@ -17,6 +17,7 @@
  * BF16 (zero past d and for h >= h); the panel as BF16 rows [NW][dp], dp = d rounded up to even
  * (zero past d and past n rows). FMA tile: the AVX-512 level's q^T and float rows.
  */
+#include "../e4m3_bf16_avx512.h"
 #include "../mqa_avx512_common.h"
 
 #include <string.h>
@@ -42,20 +43,30 @@ void dg_mqa_prep_q_pairs(const float *q, int64_t h, int64_t d, float *out) {
         }
 }
 
+/* E4M3 codes straight to BF16 rows (no float32 staging): each code's BF16 value by table
+ * (dg_e4m3_bf16_avx512), times 2^-8 (the kernels' FP8 unit) and, for MXFP8, its group's scale,
+ * by adding to the exponent of every nonzero, non-NaN value: exact, as the values are normal
+ * BF16 numbers (FP8; MXFP8 calls take this tile only with in-range scales, mqa_logits.c). NaN
+ * codes give the float path's positive quiet NaN. Rows past n, and the pad of an odd d, zero. */
 void dg_mqa_pack_pairs(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, int fmt, float *tmp,
                        float *panel) {
+    (void)tmp;
     const int64_t dp = d + (d & 1);
-    dg_mqa_convert_avx512(rows, sf, n, d, fmt, tmp);
     uint16_t *p = (uint16_t *)panel;
+    const __m512i mag = _mm512_set1_epi16(0x7fff), expo = _mm512_set1_epi16(0x7f80), qnan = _mm512_set1_epi16(0x7fc0);
     for (int r = 0; r < n; ++r) {
-        const float *src = tmp + (int64_t)r * d;
         uint16_t *dst = p + (int64_t)r * dp;
-        int64_t k = 0;
-        for (; k + 16 <= d; k += 16) /* the upper halves of 16 floats */
-            _mm256_storeu_si256((__m256i *)(dst + k),
-                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(src + k)), 16)));
-        for (; k < d; ++k)
-            dst[k] = (uint16_t)bf16_bits(src[k]);
+        for (int64_t k0 = 0; k0 < d; k0 += 32) {
+            const int cnt = d - k0 < 32 ? (int)(d - k0) : 32;
+            const __mmask32 m = cnt >= 32 ? 0xffffffffu : (((__mmask32)1 << cnt) - 1);
+            __m512i v = dg_e4m3_bf16_avx512(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, rows[r] + k0)));
+            const int e = (fmt == DG_MQA_MXFP8 ? (int)((sf[r] >> (8 * (k0 / 32))) & 0xff) - 127 : 0) - 8;
+            const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(v, expo), expo);
+            const __mmask32 keep = _mm512_test_epi16_mask(v, mag) & ~nan;
+            v = _mm512_mask_add_epi16(v, keep, v, _mm512_set1_epi16((short)(e * 128)));
+            v = _mm512_mask_mov_epi16(v, nan, qnan);
+            _mm512_mask_storeu_epi16(dst + k0, m, v);
+        }
         if (d & 1)
             dst[d] = 0;
     }
