@@ -49,7 +49,7 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range) {
                                        .tile4 = dg_mqa_tile4_vnni};
 #if DG_MQA_HAVE_AMX
     /* FP8 only; FP4 keeps the exact VNNI integer kernel, MXFP8 the AVX-512 BF16 level's pair
-     * tiles (its per-32 scales would need a scaled BF16 pack). The pack uses VBMI byte permutes
+     * tiles (the tile pack here applies no per-32 scales). The pack uses VBMI byte permutes
      * (every AMX CPU so far has them; checked anyway). */
     static const dg_mqa_kernel amx = {.name = "amx", .nw = DG_MQA_NW_AMX, .convert = dg_mqa_convert_avx512,
                                       .pack = dg_mqa_pack_amx, .prep_q = dg_mqa_prep_q_amx,
@@ -90,7 +90,7 @@ typedef struct mx_range {
     int lo, hi;
 } mx_range;
 
-/* The bytes of groups [0, groups) of n packed words (stride words apart; unaligned is fine). */
+/* The bytes of groups [0, groups) of n packed words, stride_bytes apart (unaligned is fine). */
 static void mx_scan(mx_range *r, const uint8_t *w, int64_t n, int64_t stride_bytes, int groups) {
     for (int64_t i = 0; i < n; ++i)
         for (int g = 0; g < groups; ++g) {
