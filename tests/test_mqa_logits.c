@@ -623,16 +623,7 @@ static void test_f16_weights(void) {
         mqa_case c;
         make_case(&c, &rng, 19, 150, 12, 64, fmt, 0);
         random_ranges(&c, &rng);
-        const int64_t ld = 16;
-        dg_tensor w16 = tu_alloc2(DG_FLOAT16, c.s, ld);
-        w16.shape[1] = c.h;
-        float *w32 = c.tw.data;
-        for (int64_t i = 0; i < c.s; ++i)
-            for (int64_t j = 0; j < c.h; ++j) {
-                uint16_t *h = (uint16_t *)w16.data + i * ld + j;
-                *h = dg_float_to_f16(w32[i * c.h + j] * 0.1f);
-                w32[i * c.h + j] = dg_f16_to_float(*h);
-            }
+        dg_tensor w16 = tu_f16_copy(c.tw.data, c.s, c.h, 16, 0.1f);
         const dg_tensor tw32 = c.tw;
         for (int be = 0; be < 2; ++be) {
             dg_set_backend(be ? DG_BACKEND_AUTO : DG_BACKEND_REFERENCE);

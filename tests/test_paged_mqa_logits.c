@@ -633,16 +633,7 @@ static void test_f16_weights(void) {
         paged_case c;
         make_case(&c, &rng, 3, 2, 4, 64, 16, fmt, 0, 0, NULL, 0, 0);
         TU_CHECK_OK(dg_get_paged_mqa_logits_metadata(&c.tctx, (int)c.bk, dg_get_num_sms(), NULL, &c.tmeta));
-        const int64_t rows = c.b * c.n, ld = fmt ? 8 : c.h;
-        dg_tensor w16 = tu_alloc2(DG_FLOAT16, rows, ld);
-        w16.shape[1] = c.h;
-        float *w32 = c.tw.data;
-        for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < c.h; ++j) {
-                uint16_t *h = (uint16_t *)w16.data + i * ld + j;
-                *h = dg_float_to_f16(w32[i * c.h + j]);
-                w32[i * c.h + j] = dg_f16_to_float(*h);
-            }
+        dg_tensor w16 = tu_f16_copy(c.tw.data, c.b * c.n, c.h, fmt ? 8 : c.h, 1.0f);
         const dg_tensor tw32 = c.tw;
         for (int be = 0; be < 2; ++be) {
             dg_set_backend(be ? DG_BACKEND_AUTO : DG_BACKEND_REFERENCE);

@@ -93,6 +93,18 @@ void tu_free(dg_tensor *t) {
 
 void tu_fill_bytes(dg_tensor *t, unsigned char byte) { memset(t->data, byte, dg_tensor_nbytes(t)); }
 
+dg_tensor tu_f16_copy(float *w, int64_t rows, int64_t cols, int64_t ld, float scale) {
+    dg_tensor t = tu_alloc2(DG_FLOAT16, rows, ld);
+    t.shape[1] = cols;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            uint16_t *h = (uint16_t *)t.data + i * ld + j;
+            *h = dg_float_to_f16(w[i * cols + j] * scale);
+            w[i * cols + j] = dg_f16_to_float(*h);
+        }
+    return t;
+}
+
 void *tu_snapshot(const dg_tensor *t) {
     const size_t n = dg_tensor_nbytes(t);
     void *p = malloc(n ? n : 1);

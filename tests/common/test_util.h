@@ -47,6 +47,9 @@ void tu_free(dg_tensor *t);
 void tu_fill_bytes(dg_tensor *t, unsigned char byte);
 /* A copy of the tensor's bytes, and a check that they are unchanged. */
 void *tu_snapshot(const dg_tensor *t);
+/* A FLOAT16 copy [rows, cols] (row stride ld >= cols) of the FLOAT32 w (contiguous, times scale),
+ * and w rounded in place to the same values: the two then hold exactly equal weights. */
+dg_tensor tu_f16_copy(float *w, int64_t rows, int64_t cols, int64_t ld, float scale);
 int tu_unchanged(const dg_tensor *t, const void *snapshot);
 /* Reads every element of a FLOAT32/BFLOAT16 tensor into a new float array (row-major order). */
 float *tu_to_float(const dg_tensor *t);

@@ -17,6 +17,7 @@
  * BF16 (zero past d and for h >= h); the panel as BF16 rows [NW][dp], dp = d rounded up to even
  * (zero past d and past n rows). FMA tile: the AVX-512 level's q^T and float rows.
  */
+#include "../dpbf16_avx512.h"
 #include "../e4m3_bf16_avx512.h"
 #include "../mqa_avx512_common.h"
 
@@ -74,14 +75,6 @@ void dg_mqa_pack_pairs(const uint8_t *const *rows, const uint32_t *sf, int n, in
         memset(p + (int64_t)n * dp, 0, (size_t)((NW - n) * dp) * sizeof(uint16_t));
 }
 
-/* acc + w . (the pair at p, broadcast): VDPBF16PS with its broadcast memory operand (GCC 12
- * would keep a separate VPBROADCASTD); the pair's products are added odd k first whichever
- * operand holds q. */
-static inline __attribute__((always_inline)) __m512 dp_bcast(__m512 acc, __m512 w, const uint32_t *p) {
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
-    return acc;
-}
-
 /* dots[r * hp + 16 v + l] (+)= the pair chain over pairs [0, np) of kv rows r < nr (pairs at
  * kv + r * ldk, in 32-bit words) and qp's head vectors v < nv; from 0 when `first`. */
 static inline __attribute__((always_inline)) void dot_block_dp(const uint32_t *qp, int64_t hp, const uint32_t *kv,
@@ -92,12 +85,12 @@ static inline __attribute__((always_inline)) void dot_block_dp(const uint32_t *q
         for (int v = 0; v < nv; ++v)
             acc[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(dots + r * hp + 16 * v);
     for (int64_t j = 0; j < np; ++j) {
-        __m512 a[4];
+        __m512i a[4];
         for (int v = 0; v < nv; ++v)
-            a[v] = _mm512_castsi512_ps(_mm512_loadu_si512(qp + j * hp + 16 * v));
+            a[v] = _mm512_loadu_si512(qp + j * hp + 16 * v);
         for (int r = 0; r < nr; ++r)
             for (int v = 0; v < nv; ++v)
-                acc[r][v] = dp_bcast(acc[r][v], a[v], kv + r * ldk + j);
+                acc[r][v] = dg_dpbf16_bcast(acc[r][v], a[v], kv + r * ldk + j);
     }
     for (int r = 0; r < nr; ++r)
         for (int v = 0; v < nv; ++v)
@@ -113,21 +106,25 @@ static inline __attribute__((always_inline)) void dot_block_fma(const float *qt,
     for (int r = 0; r < nr; ++r)
         for (int v = 0; v < nv; ++v)
             acc[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(dots + r * hp + 16 * v);
-    for (int64_t k = 0; k < kc; k += 2) {
-        const int pair = k + 1 < kc;
-        __m512 a1[4], a0[4];
-        for (int v = 0; v < nv; ++v) {
-            a1[v] = pair ? _mm512_loadu_ps(qt + (k + 1) * hp + 16 * v) : _mm512_setzero_ps();
-            a0[v] = _mm512_loadu_ps(qt + k * hp + 16 * v);
-        }
-        for (int r = 0; r < nr; ++r) {
-            const __m512 b1 = _mm512_set1_ps(pair ? kv[r * ldk + k + 1] : 0.0f), b0 = _mm512_set1_ps(kv[r * ldk + k]);
-            for (int v = 0; v < nv; ++v) {
-                acc[r][v] = _mm512_fmadd_ps(b1, a1[v], acc[r][v]);
-                acc[r][v] = _mm512_fmadd_ps(b0, a0[v], acc[r][v]);
+    int64_t k = 0;
+    for (; k + 1 < kc; k += 2)
+        for (int h = 1; h >= 0; --h) { /* odd k first */
+            __m512 a[4];
+            for (int v = 0; v < nv; ++v)
+                a[v] = _mm512_loadu_ps(qt + (k + h) * hp + 16 * v);
+            for (int r = 0; r < nr; ++r) {
+                const __m512 b = _mm512_set1_ps(kv[r * ldk + k + h]);
+                for (int v = 0; v < nv; ++v)
+                    acc[r][v] = _mm512_fmadd_ps(b, a[v], acc[r][v]);
             }
         }
-    }
+    if (k < kc) /* the zero pair's odd product first (+0: it turns a -0 sum into +0), then k */
+        for (int r = 0; r < nr; ++r) {
+            const __m512 b = _mm512_set1_ps(kv[r * ldk + k]);
+            for (int v = 0; v < nv; ++v)
+                acc[r][v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(qt + k * hp + 16 * v),
+                                            _mm512_add_ps(acc[r][v], _mm512_setzero_ps()));
+        }
     for (int r = 0; r < nr; ++r)
         for (int v = 0; v < nv; ++v)
             _mm512_storeu_ps(dots + r * hp + 16 * v, acc[r][v]);
