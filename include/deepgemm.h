@@ -1300,8 +1300,8 @@ DG_API dg_status dg_symm_buffer_view(const dg_symm_buffer *buf, const char *fiel
 
 /*
  * The fused calls. y: BFLOAT16 [T_r, H], any strides, T_r <= num_max_tokens_per_rank (may
- * differ per rank, may be 0). Weights of this rank's E/R experts as in the reference (layout
- * before or after dg_transform_weights_for_mega_moe, which is the identity on the CPU): L1
+ * differ per rank, may be 0). Weights of this rank's E/R experts as in the reference (DeepGEMM's
+ * layout before transform_weights_for_mega_moe; its CPU form is the `_packed` calls below): L1
  * [E/R, 2I, H] and L2 [E/R, H, I], packed FP4 with per-1x32 UE8M0 scales (FLOAT32 or INT32
  * packed, any strides) or BFLOAT16. stats: NULL or INT32 [E/R] contiguous, increased as the
  * reference does. activation_clamp: INFINITY (none) or >= 0.
@@ -1326,6 +1326,31 @@ DG_API dg_status dg_bf16_mega_moe(const dg_tensor *y, const dg_tensor *l1_weight
                                   const dg_tensor *shared_l2_weights, dg_symm_buffer *buf,
                                   const dg_tensor *cumulative_local_expert_recv_stats,
                                   float activation_clamp);
+/*
+ * The same calls on pre-packed expert weights (what DeepGEMM's transform_weights_for_mega_moe
+ * is for: a layout prepared once for the kernel). l1_weights / l2_weights: dg_pack_b_grouped of
+ * this rank's L1 [E/R, 2I, H] and L2 [E/R, H, I] (packed FP4 with per-1x32 scales and
+ * opts->recipe (1, 1, 32), or BF16); shared_l1_weights / shared_l2_weights: dg_pack_b of the
+ * shared experts' [2 S I, H] and [H, S I] (FP8 with per-1x32 scales and the same recipe, or
+ * BF16), NULL without shared experts. Packed for the ISA level current at the call (else
+ * DG_ERR_VALUE: pack again). y is bitwise the unpacked call's on the same weights: each wave
+ * runs dg_fp8_fp4_gemm_nt_packed / dg_bf16_gemm_nt_packed on the expert's packed group, which
+ * give the unpacked GEMMs' D. What it buys: no weight packing per wave, and at decoding sizes
+ * the packed objects' in-register-widened decode panels (a decode step reads each active
+ * expert's FP4 weights once at about 0.5 byte per weight). The packed objects hold about
+ * 3 bytes per weight (include the BF16 panels; see dg_pack_b), 6x the FP4 weights. Every other
+ * argument and rule is the unpacked call's; DG_ERR_UNSUPPORTED under the reference backend.
+ */
+DG_API dg_status dg_fp8_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights,
+                                            const dg_packed_b *l2_weights, const dg_packed_b *shared_l1_weights,
+                                            const dg_packed_b *shared_l2_weights, dg_symm_buffer *buf,
+                                            const dg_tensor *cumulative_local_expert_recv_stats,
+                                            float activation_clamp);
+DG_API dg_status dg_bf16_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights,
+                                         const dg_packed_b *l2_weights, const dg_packed_b *shared_l1_weights,
+                                         const dg_packed_b *shared_l2_weights, dg_symm_buffer *buf,
+                                         const dg_tensor *cumulative_local_expert_recv_stats,
+                                         float activation_clamp);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,9 @@ static float g_w[N][K];
 static dg_tensor g_l1, g_l1sf, g_l2, g_l2sf, g_l1b, g_l2b; /* [E, ...] */
 static dg_tensor g_sh1, g_sh1sf, g_sh2, g_sh2sf;           /* shared experts, FP8 [2SI, H], [H, SI] */
 #define SH(sh) (sh)[0], (sh)[1], (sh)[2], (sh)[3]
+/* Set in the parent before run(): the ranks call the `_packed` entry points on weights they
+ * pack themselves (g_packed), at ISA level g_isa (-1: the best). */
+static int g_packed, g_isa = -1;
 
 /* Results shared with the parent. */
 typedef struct shared_out {
@@ -155,8 +158,34 @@ static void put_inputs(dg_symm_buffer *b, int first, int n, int fp8, int bad_top
     memcpy(v.data, g_w[first], (size_t)n * K * 4);
 }
 
+/* This rank's weights pre-packed (routed grouped, shared dense) and the `_packed` call. */
+typedef struct packed_weights {
+    dg_packed_b *l1, *l2, *sh1, *sh2;
+} packed_weights;
+
+static void pack_rank(int fp8, const dg_tensor *l1, const dg_tensor *l1sf, const dg_tensor *l2, const dg_tensor *l2sf,
+                      const dg_tensor *const *sh, packed_weights *p) {
+    dg_gemm_options o = dg_gemm_options_default();
+    o.recipe[0] = 1, o.recipe[1] = 1, o.recipe[2] = 32;
+    memset(p, 0, sizeof *p);
+    if (dg_pack_b_grouped(l1, fp8 ? l1sf : NULL, &o, &p->l1) != DG_OK ||
+        dg_pack_b_grouped(l2, fp8 ? l2sf : NULL, &o, &p->l2) != DG_OK ||
+        (sh[0] && (dg_pack_b(sh[0], sh[1], &o, &p->sh1) != DG_OK || dg_pack_b(sh[2], sh[3], &o, &p->sh2) != DG_OK))) {
+        fprintf(stderr, "packing failed: %s\n", dg_last_error());
+        _exit(3);
+    }
+}
+
+static dg_status call_packed(int fp8, const dg_tensor *y, const packed_weights *p, dg_symm_buffer *b,
+                             const dg_tensor *stats) {
+    return fp8 ? dg_fp8_fp4_mega_moe_packed(y, p->l1, p->l2, p->sh1, p->sh2, b, stats, 10.0f)
+               : dg_bf16_mega_moe_packed(y, p->l1, p->l2, p->sh1, p->sh2, b, stats, 10.0f);
+}
+
 static void rank_main(int R, int r, mode m, int threads, const char *name) {
     const int fp8 = m != M_BF16;
+    if (g_isa >= 0 && dg_set_isa((dg_isa)g_isa) != DG_OK)
+        _exit(4);
     dg_set_num_sms(threads);
     if (threads == 2)
         dg_mega_moe_set_wave_rows(2 + r); /* experts split into several waves: the same bits */
@@ -200,8 +229,13 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
     dg_tensor s = dg_tensor_1d(stats, DG_INT32, epr);
     dg_tensor l1 = experts(fp8 ? &g_l1 : &g_l1b, r * epr, epr), l2 = experts(fp8 ? &g_l2 : &g_l2b, r * epr, epr);
     dg_tensor l1sf = experts(&g_l1sf, r * epr, epr), l2sf = experts(&g_l2sf, r * epr, epr);
+    packed_weights pw = {0};
+    if (g_packed)
+        pack_rank(fp8, &l1, &l1sf, &l2, &l2sf, sh, &pw);
     if (m == M_WRONG_VARIANT_ON_1 && r == 1)
         st[2] = dg_bf16_mega_moe(&y, &l1, &l2, NULL, NULL, b, &s, 10.0f);
+    else if (g_packed)
+        st[2] = call_packed(fp8, &y, &pw, b, &s);
     else if (fp8)
         st[2] = dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, SH(sh), b, &s, 10.0f);
     else
@@ -218,8 +252,9 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
         /* A second call on the same buffer with the routing of the first gives the same y. */
         uint16_t y2[TMAX][H];
         dg_tensor yy = dg_tensor_2d(y2, DG_BFLOAT16, n, H);
-        const int st2 = fp8 ? dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, SH(sh), b, NULL, 10.0f)
-                            : dg_bf16_mega_moe(&yy, &l1, &l2, NULL, NULL, b, NULL, 10.0f);
+        const int st2 = g_packed ? call_packed(fp8, &yy, &pw, b, NULL)
+                        : fp8   ? dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, SH(sh), b, NULL, 10.0f)
+                                : dg_bf16_mega_moe(&yy, &l1, &l2, NULL, NULL, b, NULL, 10.0f);
         if (st2 != DG_OK || memcmp(y2, ybuf, (size_t)n * H * 2) != 0) {
             st[2] = 100 + (int)st2; /* reported by the parent, with the second call's message */
             snprintf(g_out->msg[r][2], 256, "second call: %s", st2 != DG_OK ? dg_last_error() : "y differs");
@@ -234,6 +269,7 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
         if (st2 != DG_OK)
             st[2] = 300 + (int)st2;
     }
+    dg_packed_b_free(pw.l1), dg_packed_b_free(pw.l2), dg_packed_b_free(pw.sh1), dg_packed_b_free(pw.sh2);
     dg_symm_buffer_destroy(b);
     _exit(0);
 }
@@ -467,6 +503,130 @@ static void test_shared(void) {
     }
 }
 
+/* The `_packed` calls on every ISA level of this CPU: bitwise the unpacked call's y at that
+ * level, for 1 and 2 ranks, 1 and 2 threads (several waves per expert), FP8 x FP4 with and
+ * without shared experts and BF16; recv stats as the reference's. */
+static void test_packed(void) {
+    static uint16_t unpacked[N][H];
+    const mode modes[3] = {M_OK, M_SHARED, M_BF16};
+    for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AMX; ++isa) {
+        if (dg_set_isa((dg_isa)isa) != DG_OK)
+            continue;
+        g_isa = isa;
+        for (int mi = 0; mi < 3; ++mi) {
+            g_packed = 0;
+            TU_CHECK(run(1, modes[mi], 1) == 0 && g_out->status[0][2] == DG_OK, "%s mode %d unpacked: %d %s",
+                     dg_isa_name((dg_isa)isa), mi, g_out->status[0][2], g_out->msg[0][2]);
+            memcpy(unpacked, g_out->y, sizeof unpacked);
+            g_packed = 1;
+            for (int R = 1; R <= 2; ++R)
+                for (int threads = 1; threads <= 2; ++threads) {
+                    TU_CHECK(run(R, modes[mi], threads) == 0, "%s packed R=%d: a rank crashed", dg_isa_name((dg_isa)isa),
+                             R);
+                    for (int r = 0; r < R; ++r)
+                        TU_CHECK(g_out->status[r][2] == DG_OK, "%s mode %d packed R=%d threads=%d rank %d: %d %s",
+                                 dg_isa_name((dg_isa)isa), mi, R, threads, r, g_out->status[r][2], g_out->msg[r][2]);
+                    TU_CHECK(memcmp(g_out->y, unpacked, sizeof unpacked) == 0,
+                             "%s mode %d packed R=%d threads=%d: y differs from the unpacked call's",
+                             dg_isa_name((dg_isa)isa), mi, R, threads);
+                    TU_CHECK(memcmp(g_out->stats, g_out->stats_ref, sizeof g_out->stats_ref) == 0,
+                             "%s packed: recv stats differ from the reference's", dg_isa_name((dg_isa)isa));
+                }
+        }
+    }
+    g_packed = 0, g_isa = -1;
+    dg_cpu_info ci;
+    TU_CHECK_OK(dg_get_cpu_info(&ci));
+    TU_CHECK_OK(dg_set_isa(ci.best_isa));
+}
+
+/* Bad pre-packed weights, on one rank (no kernel runs in this process): wrong group count,
+ * dense vs grouped, wrong dtype or recipe, shapes, another ISA, shared weights
+ * missing or unexpected, the reference backend; nothing written. */
+static void test_packed_bad(void) {
+    dg_mega_moe_config one = config(1, 0, 1);
+    one.num_shared_experts = S;
+    char name[64];
+    snprintf(name, sizeof name, "packedbad.%d", (int)getpid());
+    dg_symm_buffer *b = NULL;
+    TU_CHECK_OK(dg_symm_buffer_create(&one, name, &b));
+    TU_CHECK_OK(dg_symm_buffer_attach(b));
+    TU_CHECK_OK(dg_symm_buffer_seal(b));
+    dg_gemm_options o = dg_gemm_options_default();
+    o.recipe[0] = 1, o.recipe[1] = 1, o.recipe[2] = 32;
+    const dg_tensor L1 = experts(&g_l1, 0, E), L2 = experts(&g_l2, 0, E), L1s = experts(&g_l1sf, 0, E),
+                    L2s = experts(&g_l2sf, 0, E), half = experts(&g_l1, 0, E / 2), halfs = experts(&g_l1sf, 0, E / 2);
+    const dg_tensor L1b = experts(&g_l1b, 0, E), L2b = experts(&g_l2b, 0, E);
+    dg_packed_b *p1, *p2, *s1, *s2, *few, *dense, *bf1, *bf2, *coarse, *sg;
+    TU_CHECK_OK(dg_pack_b_grouped(&L1, &L1s, &o, &p1));
+    TU_CHECK_OK(dg_pack_b_grouped(&L2, &L2s, &o, &p2));
+    TU_CHECK_OK(dg_pack_b(&g_sh1, &g_sh1sf, &o, &s1));
+    TU_CHECK_OK(dg_pack_b(&g_sh2, &g_sh2sf, &o, &s2));
+    TU_CHECK_OK(dg_pack_b_grouped(&half, &halfs, &o, &few));
+    dg_tensor g1 = g_sh1, g1s = g_sh1sf; /* the shared L1 as one group: grouped, not dense */
+    for (dg_tensor *t = &g1; t; t = t == &g1 ? &g1s : NULL) {
+        t->ndim = 3, t->shape[2] = t->shape[1], t->shape[1] = t->shape[0], t->shape[0] = 1;
+        t->strides[2] = t->strides[1], t->strides[1] = t->strides[0], t->strides[0] = t->shape[1] * t->strides[1];
+    }
+    TU_CHECK_OK(dg_pack_b_grouped(&g1, &g1s, &o, &sg));
+    dg_tensor e0 = experts(&g_l1, 0, 1), e0s = experts(&g_l1sf, 0, 1);
+    e0.ndim = 2, e0.shape[0] = e0.shape[1], e0.shape[1] = e0.shape[2], e0.strides[0] = e0.strides[1],
+    e0.strides[1] = e0.strides[2];
+    e0s.ndim = 2, e0s.shape[0] = e0s.shape[1], e0s.shape[1] = e0s.shape[2], e0s.strides[0] = e0s.strides[1],
+    e0s.strides[1] = e0s.strides[2];
+    TU_CHECK_OK(dg_pack_b(&e0, &e0s, &o, &dense));
+    TU_CHECK_OK(dg_pack_b_grouped(&L1b, NULL, NULL, &bf1));
+    TU_CHECK_OK(dg_pack_b_grouped(&L2b, NULL, NULL, &bf2));
+    dg_gemm_options o64 = o;
+    o64.recipe[2] = 64; /* scales per 1x64: the L1 scales read at half their columns */
+    dg_tensor L1s64 = L1s;
+    L1s64.shape[2] = (H + 63) / 64;
+    TU_CHECK_OK(dg_pack_b_grouped(&L1, &L1s64, &o64, &coarse));
+    static uint16_t yb[TMAX][H];
+    for (int t = 0; t < TMAX; ++t)
+        for (int c = 0; c < H; ++c)
+            yb[t][c] = 0x7fc1;
+    dg_tensor y = dg_tensor_2d(yb, DG_BFLOAT16, 2, H);
+    const struct { dg_packed_b *a, *b, *c, *d; dg_status want; const char *what; } cases[] = {
+        {NULL, p2, s1, s2, DG_ERR_NULL_POINTER, "l1_weights"},
+        {few, p2, s1, s2, DG_ERR_VALUE, "got 4"},
+        {dense, p2, s1, s2, DG_ERR_VALUE, "must hold 8 groups"},
+        {p2, p2, s1, s2, DG_ERR_SHAPE, "l1_weights"},
+        {bf1, bf2, s1, s2, DG_ERR_DTYPE, "bfloat16"},
+        {coarse, p2, s1, s2, DG_ERR_VALUE, "granularity"},
+        {p1, p2, NULL, NULL, DG_ERR_NULL_POINTER, "shared"},
+        {p1, p2, s2, s2, DG_ERR_SHAPE, "shared_l1_weights"},
+        {p1, p2, p1, s2, DG_ERR_DTYPE, "fp4"},
+        {p1, p2, sg, s2, DG_ERR_VALUE, "dense packed B"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        TU_CHECK_STATUS(dg_fp8_fp4_mega_moe_packed(&y, cases[i].a, cases[i].b, cases[i].c, cases[i].d, b, NULL, 10.0f),
+                        cases[i].want);
+        TU_CHECK(strstr(dg_last_error(), cases[i].what) != NULL, "case %zu: message '%s' lacks '%s'", i,
+                 dg_last_error(), cases[i].what);
+    }
+    TU_CHECK_STATUS(dg_bf16_mega_moe_packed(&y, bf1, bf2, NULL, NULL, b, NULL, 10.0f), DG_ERR_VALUE); /* fp8 buffer */
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_REFERENCE));
+    TU_CHECK_STATUS(dg_fp8_fp4_mega_moe_packed(&y, p1, p2, s1, s2, b, NULL, 10.0f), DG_ERR_UNSUPPORTED);
+    TU_CHECK_OK(dg_set_backend(DG_BACKEND_AUTO));
+    const dg_isa best = dg_get_isa();
+    if (best > DG_ISA_GENERIC) { /* packed for another level */
+        TU_CHECK_OK(dg_set_isa(DG_ISA_GENERIC));
+        TU_CHECK_STATUS(dg_fp8_fp4_mega_moe_packed(&y, p1, p2, s1, s2, b, NULL, 10.0f), DG_ERR_VALUE);
+        TU_CHECK(strstr(dg_last_error(), "pack the weights again") != NULL, "isa message: %s", dg_last_error());
+        TU_CHECK_OK(dg_set_isa(best));
+    }
+    int untouched = 1;
+    for (int t = 0; t < TMAX; ++t)
+        for (int c = 0; c < H; ++c)
+            untouched &= yb[t][c] == 0x7fc1;
+    TU_CHECK(untouched, "a refused packed call wrote y");
+    dg_packed_b_free(p1), dg_packed_b_free(p2), dg_packed_b_free(s1), dg_packed_b_free(s2), dg_packed_b_free(few);
+    dg_packed_b_free(sg);
+    dg_packed_b_free(dense), dg_packed_b_free(bf1), dg_packed_b_free(bf2), dg_packed_b_free(coarse);
+    dg_symm_buffer_destroy(b);
+}
+
 static void test_failures(void) {
     setenv("DG_COMM_TIMEOUT", "20", 1);
     TU_CHECK(run(2, M_BAD_Y_ON_1, 1) == 0, "bad y: crash");
@@ -573,6 +733,8 @@ int main(void) {
     test_results(1);
     test_results(0);
     test_shared();
+    test_packed();
+    test_packed_bad();
     test_failures();
     TU_CHECK(g_out->child_failures == 0, "%d checks failed in checker children", g_out->child_failures);
     return tu_finish();

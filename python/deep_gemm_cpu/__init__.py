@@ -90,6 +90,7 @@ from .mega import (
     SymmBuffer,
     get_symm_buffer_for_mega_moe,
     transform_weights_for_mega_moe,
+    TransformedWeights,
     fp8_fp4_mega_moe,
     bf16_mega_moe,
     fp8_mega_moe,

@@ -250,20 +250,67 @@ def get_symm_buffer_size_for_mega_moe(num_ranks: int, num_experts: int, num_max_
                                num_shared_experts, mma_type), None
 
 
-def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = 'swiglu'):
-    """DeepGEMM interleaves gate/up rows and transposes scales for its tensor-memory copies; the
-    CPU kernel reads gate and up halves and any scale layout directly, so the transform returns
-    copies in the same layout (the fused call also takes untransformed weights)."""
+class TransformedWeights(tuple):
+    """What transform_weights_for_mega_moe returns for FP8 / FP4 weights: the (weights, scales)
+    pair DeepGEMM returns (copies in the CPU kernel's layout, which is the input's), carrying
+    `.packed`, the same weights packed once for this ISA level (a PackedB, pack_b with recipe
+    (1, 1, 32)), which the mega MoE calls run on."""
+
+    packed = None
+
+
+def _packed_of(w):
+    """The PackedB that transform_weights_for_mega_moe attached to w, when it can serve a call
+    now (not freed, packed for the current ISA, not the reference backend); else None."""
+    p = getattr(w, 'packed', None) if isinstance(w, TransformedWeights) else getattr(w, '_dg_packed', None)
+    if p is None or p.freed or p.isa != _C.get_isa() or _C.get_backend() == 'reference':
+        return None
+    return p
+
+
+def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = 'swiglu', pack: bool = True):
+    """DeepGEMM prepares the weights once for its kernel (gate/up interleaved, scales transposed
+    for the tensor memory); the CPU kernel's prepared form is its pre-packed weights. Returns
+    (l1, l2) as DeepGEMM does: for FP8 / FP4 (weights, scales) pairs, TransformedWeights pairs
+    (copies of the inputs, in the input's layout); for BF16 tensors, tensor copies. With
+    pack=True (the default) each also carries its weights packed once for the current ISA level
+    (pack_b: the routed [E/R, N, K] experts as grouped weights, the shared [N, K] dense), and
+    the mega MoE calls run on those: no weight packing per call, and decode steps that read each
+    active expert's FP4 weights once. The packed form takes about 3 bytes per weight (FP4: 6x
+    the FP4 bytes; see pack_b); pack=False keeps only the copies. Results are bitwise the same
+    either way; a call under another ISA level (set_isa) or the reference backend runs on the
+    copies."""
     if activation != 'swiglu':
         raise NotImplementedError(f"activation {activation!r} is not implemented on CPU (only 'swiglu')")
 
-    def copy(w):
-        if isinstance(w, tuple):
-            return tuple(t.clone() for t in w)
+    def transform(w, name):
+        if isinstance(w, (tuple, list)):
+            if len(w) != 2 or not all(isinstance(t, torch.Tensor) for t in w):
+                raise TypeError(f'transform_weights_for_mega_moe: {name} must be a (weights, scales) pair of tensors')
+            out = TransformedWeights(t.clone() for t in w)
+            if pack:
+                out.packed = _C.pack_b(tuple(out), recipe=(1, 1, 32))
+            return out
         if isinstance(w, torch.Tensor):
-            return w.clone()
-        raise TypeError(f'weights must be a tensor or a (tensor, scales) tuple, got {type(w).__name__}')
-    return copy(l1_weights), copy(l2_weights)
+            out = w.clone()
+            if pack:
+                out._dg_packed = _C.pack_b(out)
+            return out
+        raise TypeError(f'transform_weights_for_mega_moe: {name} must be a tensor or a (tensor, scales) tuple, '
+                        f'got {type(w).__name__}')
+    return transform(l1_weights, 'l1_weights'), transform(l2_weights, 'l2_weights')
+
+
+def _run_packed(fp8, y, weights, sym_buffer, stats, clamp):
+    """The `_packed` call when every given weight carries a usable PackedB; False otherwise (the
+    caller then runs on the tensors: the same bits)."""
+    given = [w for w in weights if w is not None]
+    packed = [_packed_of(w) for w in given]
+    if not all(p is not None for p in packed):
+        return False
+    shared = packed[2:] if len(packed) == 4 else [None, None]
+    _C.fused_mega_moe_packed(y, fp8, packed[0], packed[1], sym_buffer._handle, stats, clamp, shared[0], shared[1])
+    return True
 
 
 def _check_call(fn, sym_buffer, mma_type, activation, shared_l1_weights, shared_l2_weights):
@@ -304,6 +351,9 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
     for name, w in pairs:
         if not (isinstance(w, (tuple, list)) and len(w) == 2):
             raise TypeError(f'fp8_fp4_mega_moe: {name} must be a (weights, scales) pair')
+    if _run_packed(True, y, [l1_weights, l2_weights, shared_l1_weights, shared_l2_weights],
+                   sym_buffer, cumulative_local_expert_recv_stats, activation_clamp):
+        return
     shared = {} if shared_l1_weights is None else dict(
         shared_l1_weights=shared_l1_weights[0], shared_l1_weights_sf=shared_l1_weights[1],
         shared_l2_weights=shared_l2_weights[0], shared_l2_weights_sf=shared_l2_weights[1])
@@ -317,6 +367,9 @@ def bf16_mega_moe(y: torch.Tensor, l1_weights: torch.Tensor, l2_weights: torch.T
                   activation: str = 'swiglu', activation_clamp: Optional[float] = None,
                   fast_math: bool = True) -> None:
     _check_call('bf16_mega_moe', sym_buffer, 'bf16xbf16', activation, shared_l1_weights, shared_l2_weights)
+    if _run_packed(False, y, [l1_weights, l2_weights, shared_l1_weights, shared_l2_weights],
+                   sym_buffer, cumulative_local_expert_recv_stats, activation_clamp):
+        return
     _C.fused_bf16_mega_moe(y, l1_weights, l2_weights, sym_buffer._handle, cumulative_local_expert_recv_stats,
                            activation_clamp, shared_l1_weights, shared_l2_weights)
 

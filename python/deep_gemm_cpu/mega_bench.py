@@ -28,7 +28,8 @@ calls of
   in the source rank's buffer);
 - unfused: ``uneven_all_gather`` of every rank's x (and x_sf), topk_idx and topk_weights; the
   m-grouped contiguous layout of the rank's experts (rows sorted by local expert, the layout
-  the local expert index of every row); ``m_grouped_fp8_fp4_gemm_nt_contiguous`` (recipe
+  the local expert index of every row); on the same weights as the fused call (the PackedB's
+  that transform_weights_for_mega_moe attached), ``m_grouped_fp8_fp4_gemm_nt_contiguous`` (recipe
   (1, 1, 32)) or ``m_grouped_bf16_gemm_nt_contiguous``; SwiGLU with the clamp and the top-k
   weight in torch, ``per_token_cast_to_fp8(use_ue8m0=True, gran_k=32)``; the second grouped
   GEMM; the output rows sent back to their source ranks (gloo isend / irecv: each receiver
@@ -116,8 +117,10 @@ def memory_plan(cfg, mma, ranks, tokens):
     gen = 8 * epr * (2 * I * H) // 32 if mma == 'fp8xfp4' else 4 * 2 * I * H
     procs = ranks * ((400 << 20) + (64 << 20))   # and the fused call's wave buffers
     base = weights + buffer + procs + max(chain, ranks * gen)
-    # transform_weights_for_mega_moe copies the weights once they exist (the originals are then freed)
-    return max(base, 2 * weights + buffer + procs), base
+    # transform_weights_for_mega_moe copies the weights once they exist (the originals are then
+    # freed) and packs them: about 3 bytes per weight (BF16 panels, FP4 codes and decode panels)
+    packed = 3 * E * 3 * H * I
+    return max(base, 2 * weights + buffer + procs) + packed, base
 
 
 # ---- inputs --------------------------------------------------------------------------------
@@ -151,6 +154,12 @@ def make_tokens(cfg, mma, rank, T, seed):
 
 # ---- the unfused chain --------------------------------------------------------------------------
 
+def _gemm_weights(w):
+    """b for the m-grouped GEMMs: the PackedB transform_weights_for_mega_moe attached, else w."""
+    p = getattr(w, 'packed', None) if isinstance(w, tuple) else getattr(w, '_dg_packed', None)
+    return w if p is None else p
+
+
 class Unfused:
     """Dispatch (all-gather), m-grouped contiguous GEMM, SwiGLU + FP8 cast in torch, m-grouped
     GEMM, the output rows sent back to their source ranks and summed there in slot order."""
@@ -159,7 +168,8 @@ class Unfused:
         from deep_gemm_cpu.utils.dist import uneven_all_gather
         self.gather = uneven_all_gather
         self.cfg, self.mma, self.rank, self.ranks, self.group = cfg, mma, rank, ranks, group
-        self.l1, self.l2, self.clamp = l1, l2, clamp
+        # the same weights as the fused call: pre-packed when transform_weights_for_mega_moe packed them
+        self.l1, self.l2, self.clamp = _gemm_weights(l1), _gemm_weights(l2), clamp
         self.epr = cfg['experts'] // ranks
 
     def _local_pairs(self, flat_e, owner):
@@ -494,8 +504,8 @@ def main(argv=None):
           f'BF16 path), per rank x {min(1.0, threads / lim_threads):.2f}; DRAM bound per rank: 1/{R} of the '
           f'bandwidth', flush=True)
     if not transform:
-        print('note: weights passed untransformed (transform_weights_for_mega_moe copies them on the CPU; '
-              'the copy would not fit in memory)', flush=True)
+        print('note: weights passed untransformed (transform_weights_for_mega_moe copies and packs them on the '
+              'CPU, about 3 bytes per weight; that would not fit in memory)', flush=True)
     print('per rank: pairs = (token, slot) pairs received by its experts; TFLOPS = 2 * pairs * hidden * '
           'intermediate * 3 over the fused time; comm = pairs * hidden * '
           f'{3 if args.mma == "fp8xfp4" else 4} bytes (dispatched x + returned BF16 rows); fused/unf = unfused '

@@ -182,6 +182,17 @@ int dgp_packed_begin(PyObject *obj, const char *fn, const char *arg, int quantiz
     return 0;
 }
 
+int dgp_packed_hold(PyObject *obj, const char *fn, const char *arg, const dg_packed_b **out) {
+    dgp_packed *p = (dgp_packed *)obj;
+    if (p->freed) {
+        PyErr_Format(PyExc_ValueError, "%s: argument '%s' (PackedB) was freed; pack the weights again", fn, arg);
+        return -1;
+    }
+    ++p->in_flight;
+    *out = p->handle;
+    return 0;
+}
+
 void dgp_packed_end(PyObject *obj) {
     dgp_packed *p = (dgp_packed *)obj;
     if (--p->in_flight == 0 && p->freed)

@@ -276,8 +276,61 @@ static PyObject *fused(PyObject *args, PyObject *kw, int fp8) {
         return dgp_raise(st);
     Py_RETURN_NONE;
 }
+/* The `_packed` calls: l1 / l2 PackedB's of this rank's experts ([E/R, N, K], pack_b), the
+ * shared ones dense PackedB's or None. Each stays held (dgp_packed_begin) until the call returns. */
+static PyObject *fused_packed(PyObject *args, PyObject *kw) {
+    const char *fn;
+    static char *kwl[] = {"y", "fp8", "l1_weights", "l2_weights", "buffer", "cumulative_local_expert_recv_stats",
+                          "activation_clamp", "shared_l1_weights", "shared_l2_weights", NULL};
+    PyObject *y, *cap, *stats = Py_None, *clamp_obj = Py_None, *w[4] = {NULL, NULL, Py_None, Py_None};
+    int fp8;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OpOOO|OOOO", kwl, &y, &fp8, &w[0], &w[1], &cap, &stats, &clamp_obj,
+                                     &w[2], &w[3]))
+        return NULL;
+    fn = fp8 ? "fp8_fp4_mega_moe" : "bf16_mega_moe";
+    static const char *names[4] = {"l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights"};
+    handle *h = get_handle(cap, fn, 1);
+    float clamp;
+    if (!h || parse_clamp(clamp_obj, fn, &clamp))
+        return NULL;
+    dgp_tensor ty = {0}, ts = {0};
+    if (dgp_tensor_from(y, fn, "y", DGP_WRITABLE, &ty) ||
+        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
+        return NULL;
+    const dg_packed_b *p[4] = {NULL, NULL, NULL, NULL};
+    int held = 0;
+    for (; held < 4; ++held) {
+        if (held >= 2 && w[held] == Py_None)
+            continue;
+        if (!dgp_is_packed(w[held])) {
+            PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be a PackedB, got %s", fn, names[held],
+                         Py_TYPE(w[held])->tp_name);
+            break;
+        }
+        if (dgp_packed_hold(w[held], fn, names[held], &p[held])) /* the library checks the rest */
+            break;
+    }
+    PyObject *result = NULL;
+    if (held == 4) {
+        dg_status st;
+        if (fp8)
+            DGP_NOGIL(st, dg_fp8_fp4_mega_moe_packed(&ty.t, p[0], p[1], p[2], p[3], h->buf, dgp_ptr(&ts), clamp));
+        else
+            DGP_NOGIL(st, dg_bf16_mega_moe_packed(&ty.t, p[0], p[1], p[2], p[3], h->buf, dgp_ptr(&ts), clamp));
+        if (st != DG_OK)
+            dgp_raise(st);
+        else
+            Py_INCREF(Py_None), result = Py_None;
+    }
+    for (int i = 0; i < held; ++i)
+        if (p[i])
+            dgp_packed_end(w[i]);
+    return result;
+}
+
 static PyObject *py_fp8_fp4_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 1); }
 static PyObject *py_bf16_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 0); }
+static PyObject *py_fused_packed(PyObject *s, PyObject *args, PyObject *kw) { return fused_packed(args, kw); }
 
 static PyObject *py_token_alignment(PyObject *s, PyObject *noargs) {
     return PyLong_FromLongLong((long long)dg_get_token_alignment_for_mega_moe());
@@ -310,6 +363,9 @@ PyMethodDef dgp_symm_methods[] = {
     {"fused_bf16_mega_moe", KW py_bf16_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_bf16_mega_moe(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
      "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None)"},
+    {"fused_mega_moe_packed", KW py_fused_packed, METH_VARARGS | METH_KEYWORDS,
+     "fused_mega_moe_packed(y, fp8, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
+     "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None): the calls on PackedB weights"},
     {"get_token_alignment_for_mega_moe", py_token_alignment, METH_NOARGS,
      "rows num_max_tokens_per_rank is rounded up to"},
     {NULL, NULL, 0, NULL},

@@ -85,6 +85,9 @@ int dgp_is_packed(PyObject *obj);
 int dgp_packed_begin(PyObject *obj, const char *fn, const char *arg, int quantized, int grouped,
                      const dg_gemm_options *opts, const dg_packed_b **out);
 void dgp_packed_end(PyObject *obj);
+/* The same for a call whose library entry point checks the packed weights itself (the mega
+ * MoE's): only that obj is live; dgp_packed_end follows as above. */
+int dgp_packed_hold(PyObject *obj, const char *fn, const char *arg, const dg_packed_b **out);
 /* Adds the type PackedB to the module. */
 int dgp_packed_add_type(PyObject *m);
 

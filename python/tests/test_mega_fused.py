@@ -272,3 +272,91 @@ def test_shared_experts(mma):
     assert not torch.equal(fused, routed)
     want = (o.float() + routed.float()).bfloat16()
     assert float(dg.calc_diff(fused.float(), want.float())) < 1e-4
+
+
+def _call_one_rank(mma, l1, l2, shared=None):
+    """y of one rank (group None) on the problem's tokens, with the weights as given."""
+    x, topk_idx, topk_weights, _, _ = _problem(mma)
+    buf = dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, num_shared_experts=2 if shared else 0, mma_type=mma)
+    if mma == 'fp8xfp4':
+        buf.x[:N].copy_(x[0])
+        buf.x_sf[:N].copy_(x[1])
+    else:
+        buf.x[:N].copy_(x)
+    buf.topk_idx[:N].copy_(topk_idx)
+    buf.topk_weights[:N].copy_(topk_weights)
+    y = torch.empty(N, H, dtype=torch.bfloat16)
+    kw = {} if shared is None else dict(shared_l1_weights=shared[0], shared_l2_weights=shared[1])
+    (dg.fp8_fp4_mega_moe if mma == 'fp8xfp4' else dg.bf16_mega_moe)(y, l1, l2, buf, activation_clamp=10.0, **kw)
+    buf.destroy()
+    return y
+
+
+@pytest.mark.parametrize('mma', ['fp8xfp4', 'bf16xbf16'])
+def test_transformed_weights_are_packed(mma):
+    """transform_weights_for_mega_moe packs the weights once (routed grouped, shared dense); the
+    calls on them give bitwise the calls on the raw weights, with or without shared experts,
+    with the shared ones raw (then every weight is read raw), with pack=False, after free(), and
+    under a lower ISA level than the one packed for (both run on the copies)."""
+    *_, l1, l2 = _problem(mma)
+    sh = _shared_weights(mma)
+    lt1, lt2 = dg.transform_weights_for_mega_moe(l1, l2)
+    st1, st2 = dg.transform_weights_for_mega_moe(*sh)
+    packed = [getattr(w, 'packed', None) if mma == 'fp8xfp4' else w._dg_packed for w in (lt1, lt2, st1, st2)]
+    assert all(isinstance(p, dg.PackedB) for p in packed)
+    assert packed[0].shape == (E, 2 * I, H) and packed[1].shape == (E, H, I)
+    assert packed[2].groups == 0 and packed[2].shape == (2 * 2 * I, H)
+    if mma == 'fp8xfp4':  # DeepGEMM's pairs: unpack like tuples, same values in the CPU layout
+        assert isinstance(lt1, dg.TransformedWeights) and isinstance(lt1, tuple) and len(lt1) == 2
+        w, sf = lt1
+        assert torch.equal(w, l1[0]) and torch.equal(sf, l1[1]) and w.data_ptr() != l1[0].data_ptr()
+        assert packed[0].recipe_b == (1, 32)
+    else:
+        assert torch.equal(lt1, l1) and lt1.data_ptr() != l1.data_ptr()
+    for shared, tshared in ((None, None), (sh, (st1, st2))):
+        raw = _call_one_rank(mma, l1, l2, shared)
+        dg.set_print_paths(True)
+        dg.clear_path_report()
+        assert torch.equal(_call_one_rank(mma, lt1, lt2, tshared), raw)
+        assert any('pre-packed weights' in line for line in dg.get_path_report())
+        dg.clear_path_report()
+        dg.set_print_paths(False)
+        if shared is not None:
+            assert torch.equal(_call_one_rank(mma, lt1, lt2, shared), raw)  # shared raw: all raw
+        unpacked = dg.transform_weights_for_mega_moe(l1, l2, pack=False)
+        assert getattr(unpacked[0], 'packed', None) is None and getattr(unpacked[0], '_dg_packed', None) is None
+        assert torch.equal(_call_one_rank(mma, *unpacked, tshared), raw)
+    best = dg.get_isa()
+    lower = {'amx': 'avx512_bf16', 'avx512_bf16': 'avx512', 'avx512': 'avx2', 'avx2': 'generic'}.get(best)
+    if lower is not None:
+        try:
+            dg.set_isa(lower)
+            raw_lower = _call_one_rank(mma, l1, l2, sh)
+            assert torch.equal(_call_one_rank(mma, lt1, lt2, (st1, st2)), raw_lower)  # on the copies
+        finally:
+            dg.set_isa(best)
+    packed[1].free()
+    assert torch.equal(_call_one_rank(mma, lt1, lt2), _call_one_rank(mma, l1, l2))  # freed: on the copies
+    with pytest.raises(TypeError, match='pair'):
+        dg.transform_weights_for_mega_moe((l1[0] if mma == 'fp8xfp4' else l1,), l2)
+
+
+def test_packed_call_errors():
+    """The binding of the `_packed` calls: PackedB arguments only, the library's checks."""
+    *_, l1, l2 = _problem('fp8xfp4')
+    lt1, lt2 = dg.transform_weights_for_mega_moe(l1, l2)
+    buf = dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I)
+    y = torch.empty(1, H, dtype=torch.bfloat16)
+    from deep_gemm_cpu import _C
+    with pytest.raises(TypeError, match='PackedB'):
+        _C.fused_mega_moe_packed(y, True, lt1.packed, l2, buf._handle)
+    with pytest.raises(ValueError, match='l1_weights'):
+        _C.fused_mega_moe_packed(y, True, lt2.packed, lt2.packed, buf._handle)
+    with pytest.raises(TypeError, match='bfloat16'):
+        bt1, bt2 = dg.transform_weights_for_mega_moe(torch.zeros(E, 2 * I, H, dtype=torch.bfloat16),
+                                                     torch.zeros(E, H, I, dtype=torch.bfloat16))
+        _C.fused_mega_moe_packed(y, True, bt1._dg_packed, bt2._dg_packed, buf._handle)
+    lt1.packed.free()
+    with pytest.raises(ValueError, match='freed'):
+        _C.fused_mega_moe_packed(y, True, lt1.packed, lt2.packed, buf._handle)
+    buf.destroy()

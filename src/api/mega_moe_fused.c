@@ -11,6 +11,7 @@
 #include "core/internal.h"
 #include "core/operand.h"
 #include "engine/mega_moe.h"
+#include "engine/prepack.h"
 #include "reference/ref_mega_moe.h"
 
 #include <math.h>
@@ -21,6 +22,8 @@ typedef struct fused_args {
     int fp8;
     const dg_tensor *y, *l1, *l1_sf, *l2, *l2_sf, *stats;
     const dg_tensor *sh1, *sh1_sf, *sh2, *sh2_sf; /* the shared expert(s), NULL without */
+    int packed;                                   /* the `_packed` calls: the weights below instead */
+    const dg_packed_b *p1, *p2, *ps1, *ps2;       /* routed L1, L2 (grouped); shared L1, L2 (dense) */
     float clamp;
 } fused_args;
 
@@ -74,6 +77,56 @@ static dg_status check_shared(const fused_args *a, const dg_symm_buffer *b) {
     return DG_OK;
 }
 
+/* One pre-packed weight of the `_packed` calls: live, packed for the current kernel, with the
+ * dtype, recipe, group count and shape the configuration asks for. */
+static dg_status check_packed_weight(const dg_packed_b *p, const char *name, dg_dtype want, int64_t groups,
+                                     int64_t rows, int64_t cols) {
+    DG_CHECK(p != NULL, DG_ERR_NULL_POINTER, "argument '%s' is NULL", name);
+    DG_CHECK(p->magic == DG_PACKED_B_MAGIC, DG_ERR_VALUE, "argument '%s' is not a live dg_packed_b (freed?)", name);
+    DG_CHECK(p->dtype == want, DG_ERR_DTYPE, "argument '%s' was packed from %s weights; this call takes %s", name,
+             dg_dtype_name(p->dtype), dg_dtype_name(want));
+    DG_CHECK(want == DG_BFLOAT16 || (p->gran_b[0] == 1 && p->gran_b[1] == DG_MEGA_MOE_ACT_GRAN), DG_ERR_VALUE,
+             "argument '%s' was packed with B granularity (%d, %d); the mega MoE's weights have per-1x%d scales "
+             "(pack with recipe (1, 1, %d))",
+             name, p->gran_b[0], p->gran_b[1], DG_MEGA_MOE_ACT_GRAN, DG_MEGA_MOE_ACT_GRAN);
+    if (groups > 0)
+        DG_CHECK(p->groups == groups, DG_ERR_VALUE,
+                 "argument '%s' must hold %lld groups (dg_pack_b_grouped of this rank's experts), got %lld", name,
+                 (long long)groups, (long long)p->groups);
+    else
+        DG_CHECK(p->groups == 0, DG_ERR_VALUE, "argument '%s' must be a dense packed B (dg_pack_b), got %lld groups",
+                 name, (long long)p->groups);
+    DG_CHECK(p->n == rows && p->k == cols, DG_ERR_SHAPE, "argument '%s' must be packed from [%s%lld, %lld], got [%lld, %lld]",
+             name, groups ? "E/R, " : "", (long long)rows, (long long)cols, (long long)p->n, (long long)p->k);
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    DG_CHECK(p->cfg == cfg, DG_ERR_VALUE,
+             "argument '%s' was packed for the '%s' kernel, but the current ISA runs '%s' (dg_set_isa changed it "
+             "since); pack the weights again",
+             name, p->cfg->name, cfg->name);
+    return DG_OK;
+}
+
+static dg_status check_packed(const fused_args *a, const dg_symm_buffer *b) {
+    const dg_mega_moe_config *cfg = &b->cfg;
+    const int64_t epr = cfg->num_experts / cfg->num_ranks, H = cfg->hidden, I = cfg->intermediate_hidden;
+    const int64_t S = cfg->num_shared_experts;
+    DG_CHECK(!dg_use_reference(), DG_ERR_UNSUPPORTED,
+             "pre-packed weights run on the engine only; the reference backend is selected");
+    const dg_dtype routed = a->fp8 ? DG_FP4_E2M1X2 : DG_BFLOAT16, shared = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+    DG_TRY(check_packed_weight(a->p1, "l1_weights", routed, epr, 2 * I, H));
+    DG_TRY(check_packed_weight(a->p2, "l2_weights", routed, epr, H, I));
+    DG_CHECK(S == 0 || (a->ps1 && a->ps2), DG_ERR_NULL_POINTER,
+             "the symmetric buffer was created with num_shared_experts = %lld: arguments 'shared_l1_weights' and "
+             "'shared_l2_weights' are required", (long long)S);
+    DG_CHECK(S > 0 || (!a->ps1 && !a->ps2), DG_ERR_VALUE,
+             "shared expert weights were given, but the symmetric buffer was created with num_shared_experts = 0");
+    if (S > 0) {
+        DG_TRY(check_packed_weight(a->ps1, "shared_l1_weights", shared, 0, 2 * S * I, H));
+        DG_TRY(check_packed_weight(a->ps2, "shared_l2_weights", shared, 0, H, S * I));
+    }
+    return DG_OK;
+}
+
 /* The segment as a byte tensor, for the overlap checks. */
 static dg_tensor segment_tensor(const dg_symm_buffer *b) {
     return dg_tensor_1d(b->local, DG_INT8, b->lay.bytes);
@@ -92,10 +145,14 @@ static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
              "argument 'y': %lld tokens, more than the buffer's num_max_tokens_per_rank = %lld",
              (long long)a->y->shape[0], (long long)cfg->num_max_tokens_per_rank);
     DG_TRY(dg_check_output(a->y, "y"));
-    dg_operand l1, l2;
-    DG_TRY(check_weight(a, b, 1, &l1, 2 * cfg->intermediate_hidden, cfg->hidden));
-    DG_TRY(check_weight(a, b, 2, &l2, cfg->hidden, cfg->intermediate_hidden));
-    DG_TRY(check_shared(a, b));
+    if (a->packed) {
+        DG_TRY(check_packed(a, b));
+    } else {
+        dg_operand l1, l2;
+        DG_TRY(check_weight(a, b, 1, &l1, 2 * cfg->intermediate_hidden, cfg->hidden));
+        DG_TRY(check_weight(a, b, 2, &l2, cfg->hidden, cfg->intermediate_hidden));
+        DG_TRY(check_shared(a, b));
+    }
     if (a->stats) {
         const char *s = "cumulative_local_expert_recv_stats";
         DG_TRY(dg_check_tensor_dtype(a->stats, s, 1, DG_INT32));
@@ -175,7 +232,8 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
     dg_status work = DG_OK;
     dg_mega_moe_call c = {.buf = b, .fp8 = a->fp8, .y = a->y, .l1 = a->l1, .l1_sf = a->l1_sf, .l2 = a->l2,
                           .l2_sf = a->l2_sf, .stats = a->stats, .shared_l1 = a->sh1, .shared_l1_sf = a->sh1_sf,
-                          .shared_l2 = a->sh2, .shared_l2_sf = a->sh2_sf, .shared_y = shared_y, .clamp = a->clamp,
+                          .shared_l2 = a->sh2, .shared_l2_sf = a->sh2_sf, .l1p = a->p1, .l2p = a->p2,
+                          .shared_l1p = a->ps1, .shared_l2p = a->ps2, .shared_y = shared_y, .clamp = a->clamp,
                           .num_tokens = tokens, .recv = recv};
     if (st == DG_OK) {
         if (!isinf(c.clamp))
@@ -218,8 +276,9 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
         goto done;
     }
     dg_mega_moe_combine(&c, scratch, threads);
-    DG_PATH("%s, %d rank%s; expert waves on %s", b->net ? "network path (MPI)" : "symmetric buffer over shared memory",
-            R, R == 1 ? "" : "s", a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt");
+    DG_PATH("%s, %d rank%s; expert waves on %s%s", b->net ? "network path (MPI)" : "symmetric buffer over shared memory",
+            R, R == 1 ? "" : "s", a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt",
+            a->packed ? "_packed (pre-packed weights)" : " (weights packed per wave)");
 done:
     dg_free(tokens);
     dg_free(recv);
@@ -249,6 +308,28 @@ dg_status dg_bf16_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, cons
     dg_api_begin("dg_bf16_mega_moe");
     const fused_args a = {.fp8 = 0, .y = y, .l1 = l1_weights, .l2 = l2_weights, .sh1 = shared_l1_weights,
                           .sh2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats,
+                          .clamp = activation_clamp};
+    return fused(&a, buf);
+}
+
+dg_status dg_fp8_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights, const dg_packed_b *l2_weights,
+                                     const dg_packed_b *shared_l1_weights, const dg_packed_b *shared_l2_weights,
+                                     dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
+                                     float activation_clamp) {
+    dg_api_begin("dg_fp8_fp4_mega_moe_packed");
+    const fused_args a = {.fp8 = 1, .y = y, .packed = 1, .p1 = l1_weights, .p2 = l2_weights, .ps1 = shared_l1_weights,
+                          .ps2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats,
+                          .clamp = activation_clamp};
+    return fused(&a, buf);
+}
+
+dg_status dg_bf16_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights, const dg_packed_b *l2_weights,
+                                  const dg_packed_b *shared_l1_weights, const dg_packed_b *shared_l2_weights,
+                                  dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
+                                  float activation_clamp) {
+    dg_api_begin("dg_bf16_mega_moe_packed");
+    const fused_args a = {.fp8 = 0, .y = y, .packed = 1, .p1 = l1_weights, .p2 = l2_weights, .ps1 = shared_l1_weights,
+                          .ps2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats,
                           .clamp = activation_clamp};
     return fused(&a, buf);
 }

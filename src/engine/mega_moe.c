@@ -8,13 +8,15 @@
  * copied into its source rank's combine area at (token, slot): no dispatched [tokens, H] or
  * combine [tokens, K, H] tensor is built as in the unfused chain (wave sizes: wave_rows).
  *
- * The GEMMs are the public dg_fp8_fp4_gemm_nt / dg_bf16_gemm_nt: a row of their D depends only
+ * The GEMMs are the public dg_fp8_fp4_gemm_nt / dg_bf16_gemm_nt, or their `_packed` forms on
+ * the expert's group of pre-packed weights (bitwise the same D): a row of their D depends only
  * on that row of A (batch invariance), so waves of any size, and the grouped GEMMs of an
  * unfused chain, give the same bits. SwiGLU and quantisation are the reference's own steps
  * (src/reference/ref_mega_moe.c: float32 scalar code, the same in every build).
  */
 #include "mega_moe.h"
 
+#include "prepack.h"
 #include "reference/ref_mega_moe.h"
 
 #include <math.h>
@@ -84,9 +86,10 @@ static dg_status gemm_failed(const char *api, const char *step, const char *who)
     return dg_fail(DG_ERR_INTERNAL, "%s, %s GEMM: %s", who, step, inner);
 }
 
-/* One expert's weights as 2-D views, and where its output rows go. */
+/* One expert's weights as 2-D views (or its pre-packed B's), and where its output rows go. */
 typedef struct expert {
     dg_tensor w1, s1, w2, s2;
+    const struct dg_packed_b *p1, *p2; /* non-NULL: the `_packed` calls (w1 .. s2 unused) */
     int64_t inter;       /* I, or num_shared_experts * I for the shared expert */
     uint16_t *shared_y;  /* NULL: routed (rows to the combine areas, top-k weight applied);
                           * else the shared expert: row of token t to shared_y[t], weight 1 */
@@ -113,10 +116,11 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
     opts.recipe[0] = 1, opts.recipe[1] = 1, opts.recipe[2] = DG_MEGA_MOE_ACT_GRAN;
     if (c->fp8) {
         dg_tensor a = dg_tensor_2d(m->a_in, DG_FLOAT8_E4M3, n, H), sa = dg_tensor_2d(m->sf_in, DG_INT32, n, sfc);
-        st = dg_fp8_fp4_gemm_nt(&a, &sa, &x->w1, &x->s1, &hd, NULL, &opts);
+        st = x->p1 ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, x->p1, &hd, NULL, &opts)
+                   : dg_fp8_fp4_gemm_nt(&a, &sa, &x->w1, &x->s1, &hd, NULL, &opts);
     } else {
         dg_tensor a = dg_tensor_2d(m->a_in, DG_BFLOAT16, n, H);
-        st = dg_bf16_gemm_nt(&a, &x->w1, &hd, NULL);
+        st = x->p1 ? dg_bf16_gemm_nt_packed(&a, x->p1, &hd, NULL) : dg_bf16_gemm_nt(&a, &x->w1, &hd, NULL);
     }
     if (st != DG_OK)
         return gemm_failed(api, "L1", x->who);
@@ -142,10 +146,11 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
 
     if (c->fp8) {
         dg_tensor a = dg_tensor_2d(m->act, DG_FLOAT8_E4M3, n, I), sa = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
-        st = dg_fp8_fp4_gemm_nt(&a, &sa, &x->w2, &x->s2, &od, NULL, &opts);
+        st = x->p2 ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, x->p2, &od, NULL, &opts)
+                   : dg_fp8_fp4_gemm_nt(&a, &sa, &x->w2, &x->s2, &od, NULL, &opts);
     } else {
         dg_tensor a = dg_tensor_2d(m->act, DG_BFLOAT16, n, I);
-        st = dg_bf16_gemm_nt(&a, &x->w2, &od, NULL);
+        st = x->p2 ? dg_bf16_gemm_nt_packed(&a, x->p2, &od, NULL) : dg_bf16_gemm_nt(&a, &x->w2, &od, NULL);
     }
     if (st != DG_OK)
         return gemm_failed(api, "L2", x->who);
@@ -226,18 +231,25 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
 
     expert x = {.inter = I};
     for (int64_t e = 0; e < epr && st == DG_OK; ++e) {
-        x.w1 = group_view(c->l1, e), x.w2 = group_view(c->l2, e);
-        if (c->fp8)
-            x.s1 = group_view(c->l1_sf, e), x.s2 = group_view(c->l2_sf, e);
+        if (c->l1p) {
+            x.p1 = &c->l1p->group[e], x.p2 = &c->l2p->group[e];
+        } else {
+            x.w1 = group_view(c->l1, e), x.w2 = group_view(c->l2, e);
+            if (c->fp8)
+                x.s1 = group_view(c->l1_sf, e), x.s2 = group_view(c->l2_sf, e);
+        }
         snprintf(x.who, sizeof x.who, "local expert %lld", (long long)e);
         for (int64_t i = start[e]; i < start[e + 1] && st == DG_OK; i += W)
             st = run_wave(c, &x, pairs + i, start[e + 1] - i < W ? start[e + 1] - i : W, &m);
     }
     if (shared_rows > 0 && st == DG_OK) {
-        expert sx = {.w1 = *c->shared_l1, .w2 = *c->shared_l2, .inter = b->cfg.num_shared_experts * I,
+        expert sx = {.p1 = c->shared_l1p, .p2 = c->shared_l2p, .inter = b->cfg.num_shared_experts * I,
                      .shared_y = c->shared_y};
-        if (c->fp8)
-            sx.s1 = *c->shared_l1_sf, sx.s2 = *c->shared_l2_sf;
+        if (!c->shared_l1p) {
+            sx.w1 = *c->shared_l1, sx.w2 = *c->shared_l2;
+            if (c->fp8)
+                sx.s1 = *c->shared_l1_sf, sx.s2 = *c->shared_l2_sf;
+        }
         snprintf(sx.who, sizeof sx.who, "the shared expert%s", b->cfg.num_shared_experts > 1 ? "s" : "");
         for (int64_t i = 0; i < shared_rows && st == DG_OK; i += W)
             st = run_wave(c, &sx, pairs + total + i, shared_rows - i < W ? shared_rows - i : W, &m);

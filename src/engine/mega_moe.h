@@ -16,6 +16,9 @@ typedef struct dg_mega_moe_call {
     const dg_tensor *l1, *l1_sf, *l2, *l2_sf; /* this rank's experts, [E/R, ...] */
     const dg_tensor *stats;                   /* NULL or INT32 [E/R] */
     const dg_tensor *shared_l1, *shared_l1_sf, *shared_l2, *shared_l2_sf; /* 2-D; NULL without */
+    /* The `_packed` calls: the weights pre-packed instead (l1p / l2p grouped by local expert,
+     * the shared ones dense), the tensors above then NULL. */
+    const struct dg_packed_b *l1p, *l2p, *shared_l1p, *shared_l2p;
     uint16_t *shared_y;                       /* [T_me, H] BF16 scratch; NULL: no shared expert */
     float clamp;                              /* BF16-rounded, INFINITY for none */
     const int64_t *num_tokens;                /* [R], as posted at the dispatch barrier */
