@@ -76,14 +76,15 @@ typedef struct wave_mem {
     void *act;       /* [W, I] activations: E4M3 codes (fp8) or BF16 */
     float *act_sf;   /* [W, ceil(I/32)] (fp8) */
     uint16_t *o;     /* [W, H] L2 output, BF16 */
-    float *tmp;      /* [W, 2I + I] float rows for SwiGLU */
+    float *tmp;      /* [n, 2I] L1 output as float, then [n, I] activations (n <= W) */
 } wave_mem;
 
-static dg_status gemm_failed(const char *api, const char *step, const char *who) {
+/* A step of a wave (a GEMM, a conversion) failed: its message, in this call's name. */
+static dg_status step_failed(const char *api, const char *step, const char *who) {
     char inner[512];
     snprintf(inner, sizeof inner, "%s", dg_last_error());
     dg_api_begin(api);
-    return dg_fail(DG_ERR_INTERNAL, "%s, %s GEMM: %s", who, step, inner);
+    return dg_fail(DG_ERR_INTERNAL, "%s, %s: %s", who, step, inner);
 }
 
 /* One expert's weights as 2-D views (or its pre-packed B's), and where its output rows go. */
@@ -123,26 +124,31 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
         st = x->p1 ? dg_bf16_gemm_nt_packed(&a, x->p1, &hd, NULL) : dg_bf16_gemm_nt(&a, &x->w1, &hd, NULL);
     }
     if (st != DG_OK)
-        return gemm_failed(api, "L1", x->who);
+        return step_failed(api, "L1 GEMM", x->who);
     dg_api_begin(api);
 
+    /* SwiGLU with clamp and top-k weight (the reference's scalar step: the C library's expf),
+     * between bulk conversions that give the reference's bits: the L1 output to float, then
+     * the activations to E4M3 with per-1x32 UE8M0 scales (per_token_cast_to_fp8's kernels:
+     * the reference's quantisation) or to BF16. */
+    float *hf = m->tmp, *af = m->tmp + n * 2 * I;
+    dg_tensor hf_t = dg_tensor_2d(hf, DG_FLOAT32, n, 2 * I), af_t = dg_tensor_2d(af, DG_FLOAT32, n, I);
+    if (dg_cast(&hd, &hf_t) != DG_OK)
+        return step_failed(api, "L1 output cast", x->who);
     const int threads = dg_num_threads();
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * I >= 32768)
-    for (int64_t i = 0; i < n; ++i) { /* SwiGLU, clamp, top-k weight, activation cast */
+    for (int64_t i = 0; i < n; ++i) {
         const pair *p = &pairs[i];
-        float *hf = m->tmp + i * 3 * I, *af = hf + 2 * I;
-        for (int64_t k = 0; k < 2 * I; ++k)
-            hf[k] = dg_bf16_to_float(m->h[i * 2 * I + k]);
         const float *wts = (const float *)dg_symm_area(b, p->rank, b->lay.topk_weights);
-        dg_ref_mega_moe_swiglu(hf, I, c->clamp, x->shared_y ? 1.0f : wts[p->token * K + p->slot], af);
-        if (c->fp8) {
-            dg_ref_mega_moe_quantize_fp8(af, I, (uint8_t *)m->act + i * I, m->act_sf + i * asfc, NULL);
-        } else {
-            uint16_t *row = (uint16_t *)m->act + i * I;
-            for (int64_t k = 0; k < I; ++k)
-                row[k] = dg_float_to_bf16(af[k]);
-        }
+        dg_ref_mega_moe_swiglu(hf + i * 2 * I, I, c->clamp, x->shared_y ? 1.0f : wts[p->token * K + p->slot],
+                               af + i * I);
     }
+    dg_tensor act = dg_tensor_2d(m->act, c->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, n, I);
+    dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
+    st = c->fp8 ? dg_per_token_cast_to_fp8(&af_t, 1, DG_MEGA_MOE_ACT_GRAN, 0, &act, &act_sf) : dg_cast(&af_t, &act);
+    if (st != DG_OK)
+        return step_failed(api, "activation cast", x->who);
+    dg_api_begin(api);
 
     if (c->fp8) {
         dg_tensor a = dg_tensor_2d(m->act, DG_FLOAT8_E4M3, n, I), sa = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
@@ -153,7 +159,7 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
         st = x->p2 ? dg_bf16_gemm_nt_packed(&a, x->p2, &od, NULL) : dg_bf16_gemm_nt(&a, &x->w2, &od, NULL);
     }
     if (st != DG_OK)
-        return gemm_failed(api, "L2", x->who);
+        return step_failed(api, "L2 GEMM", x->who);
     dg_api_begin(api);
 
     for (int64_t i = 0; i < n; ++i) { /* combine, first half: the row into its source's area */
