@@ -79,7 +79,11 @@ static double diff_vs_exact(const top *a, int64_t r0, const top *b, const dg_ten
 
 /* Special contents: B for the decode kernels' fallbacks; tiny BF16 A and B whose products and
  * partial sums are float32 denormals (flushed by VDPBF16PS: the small-M path must flush the same). */
-enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2, TINY_VALUES = 3, HUGE_SCALES = 4, TINY_SCALES = 5 };
+enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2, TINY_VALUES = 3, HUGE_SCALES = 4, TINY_SCALES = 5, EDGE_HIGH = 6,
+       EDGE_LOW = 7 };
+/* EDGE_HIGH / EDGE_LOW: the largest and smallest folded E2M1 scales the AVX-512 BF16 decode
+ * kernels take on their fast path (2^125 and 2^-100: the ends of their exponent arithmetic). */
+static const uint32_t kSpecialScaleByte[8] = {0, 0, 147u, 0, 253u, 20u, 252u, 27u};
 
 /* Every BF16 value of x times 2^-64 (exactly: the exponent field lowered; below the normal
  * range the value becomes a signed zero), so that products fall around 2^-128. */
@@ -124,8 +128,8 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
     top b = top_make(r, c->db, n, k, c->b_mn_major, c->gran_b[0], c->gran_b[1], c->packed, 0);
     if (special == NAN_CODES)
         put_nans(&b);
-    if (special == BIG_SCALES || special == HUGE_SCALES || special == TINY_SCALES)
-        put_big_scales(&b, special == BIG_SCALES ? 147u : special == HUGE_SCALES ? 253u : 20u);
+    if (kSpecialScaleByte[special])
+        put_big_scales(&b, kSpecialScaleByte[special]);
     if (special == TINY_VALUES)
         make_tiny(&a), make_tiny(&b);
     dg_packed_b *pb = NULL;
@@ -226,6 +230,8 @@ static void run_level(dg_isa isa, int dpbf16) {
     check_special(&cases[4], 70, 600, &r, BIG_SCALES);
     check_special(&cases[4], 70, 600, &r, HUGE_SCALES);
     check_special(&cases[4], 70, 600, &r, TINY_SCALES);
+    check_special(&cases[4], 70, 600, &r, EDGE_HIGH);
+    check_special(&cases[4], 70, 600, &r, EDGE_LOW);
     check_special(&cases[0], 70, 600, &r, TINY_VALUES);
     check_special(&cases[1], 16, 600, &r, TINY_VALUES);
     dg_engine_set_dpbf16(-1);

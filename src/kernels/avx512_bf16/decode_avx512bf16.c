@@ -36,12 +36,12 @@ enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E2M1P = 3 };
 
 /* Constants of the row widening, hoisted out of the per-row code. */
 typedef struct widen_consts {
-    __m512i lut, low4, m7f;
+    __m512i lut, low4, m7f, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
 } widen_consts;
 
 /* Row r's 32 values from k0 (n valid, 1..32) as 16 BF16 pairs; *nan |= its E4M3 NaN lanes. */
 DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, __mmask16 bm, const widen_consts *wc,
-                           const int fmt, __mmask32 *nan) {
+                           const int fmt, const bool biased, __mmask32 *nan) {
     if (fmt == FMT_BF16)
         return _mm512_maskz_loadu_epi16(m, row + 2 * k0);
     if (fmt == FMT_E4M3) {
@@ -52,7 +52,7 @@ DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, __mmask1
     /* E2M1: byte j holds k0 + 2j (low nibble) and k0 + 2j + 1; BF16 of the 16 values by table */
     const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bm, row + k0 / 2));
     const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, wc->low4), _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
-    return _mm512_maskz_permutexvar_epi16(m, codes, wc->lut);
+    return _mm512_maskz_permutexvar_epi16(m, codes, biased ? wc->lut_biased : wc->lut);
 }
 
 /* Per-lane exponent adds for the folded scales of fold block q (both 16-bit halves of a word);
@@ -64,16 +64,31 @@ DG_INLINE __m512i exps_of(__m512i e, int emax, __mmask16 *big) {
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
 }
 
-/* Block q's adds for 16 rows: from the float scales fm ([q][lanes]), or from pre-packed exponent
- * bytes fme when given (dg_decode_job.fme: [q][16], 127 = 2^0; unit 1, E2M1P only). */
+/* The pre-packed E2M1 panels' form of the same (E2M1_BIAS below): per lane the subtrahend
+ * (E2M1_BIAS - e) << 7 in both halves, in [0x80, 0x7d80] for the e in [-125, 125] the driver
+ * admits (*big as above). */
+#define E2M1_BIAS 126
+DG_INLINE __m512i subs_of(__m512i e, int emax, __mmask16 *big) {
+    *big |= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(emax));
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(E2M1_BIAS), e), 7),
+                                       _mm512_set1_epi32(0xffff));
+    return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
+}
+
+/* Block q's adds (sub: the subtrahends of subs_of) for 16 rows: from the float scales fm
+ * ([q][lanes]), or from pre-packed exponent bytes fme when given (dg_decode_job.fme: [q][16],
+ * 127 = 2^0; unit 1, E2M1P only). */
 DG_INLINE __m512i scale_exps(const float *fm, const uint8_t *fme, int64_t q, int64_t lanes, int unit_log2, int emax,
-                             __mmask16 *big) {
-    if (fme)
-        return exps_of(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(fme + q * 16))),
-                                        _mm512_set1_epi32(127)),
-                       emax, big);
-    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(fm + q * lanes));
-    return exps_of(_mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + unit_log2)), emax, big);
+                             __mmask16 *big, const bool sub) {
+    __m512i e;
+    if (fme) {
+        e = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(fme + q * 16))),
+                             _mm512_set1_epi32(127));
+    } else {
+        const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(fm + q * lanes));
+        e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + unit_log2));
+    }
+    return sub ? subs_of(e, emax, big) : exps_of(e, emax, big);
 }
 
 /* w times 2^e per lane (e from scale_exps), zeros kept: exact for normal results. */
@@ -87,6 +102,19 @@ static const uint8_t kE2m1Bf16Lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80
                                         0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0};
 static const uint8_t kE2m1Bf16Hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
                                         0x80, 0xbf, 0xbf, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0};
+/*
+ * Scaled panels widen through a biased table: every nonzero value times 2^E2M1_BIAS (its
+ * exponent field + 126: 0x7e00 .. 0x7fc0 for 0.5 .. 6, an integer that is never a float
+ * operand), both zeros as +0; then one VPSUBUSW of (126 - e) << 7 per lane (subs_of) gives
+ * value * 2^e for the nonzero values (no borrow: the result is a normal number, so the
+ * magnitude stays above the subtrahend, and the sign bit is untouched) and saturates the
+ * zeros at +0. That is apply_exps' result with one instruction instead of a test and a masked
+ * add, except -0 for +0: a -0 product leaves the chain's sums as they are (the accumulators
+ * start at +0, and x + -0 = x + +0 for every x but -0, which no accumulator holds).
+ * The low bytes are the unbiased table's (0x7e00 has a zero low byte).
+ */
+static const uint8_t kE2m1Bf16HiBiased[16] = {0x00, 0x7e, 0x7e, 0x7e, 0x7f, 0x7f, 0x7f, 0x7f,
+                                              0x00, 0xfe, 0xfe, 0xfe, 0xff, 0xff, 0xff, 0xff};
 
 /* Chunk c (64 bytes at s) of a step of a pre-packed E2M1 panel (256 bytes per step, engine.h
  * DG_DECODE_E2M1P) into w[t] = k pair 4c + t of the 16 rows, with no transpose and no lane
@@ -95,9 +123,10 @@ static const uint8_t kE2m1Bf16Hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40
  * (the two bytes of each BF16 value by table) and VPUNPCK{L,H}BW (bytes to words) turn into
  * one pair per 32-bit lane, row r in lane r. 11 instructions per 4 pairs, where row loads
  * take 6 per row and the transpose 4 per pair. */
-DG_INLINE void widen_panel_chunk(const uint8_t *s, __m512i w[4]) {
+DG_INLINE void widen_panel_chunk(const uint8_t *s, __m512i w[4], const bool biased) {
     const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Lo));
-    const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kE2m1Bf16Hi));
+    const __m512i thi =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(biased ? kE2m1Bf16HiBiased : kE2m1Bf16Hi)));
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const __m512i x = _mm512_loadu_si512(s);
     const __m512i lo = _mm512_and_si512(x, low4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
@@ -121,15 +150,15 @@ DG_INLINE void prefetch_panel(const uint8_t *b, const uint8_t *next, int64_t K, 
 }
 
 /* A whole step (4 chunks of 64 bytes at s): w[p], p = 0..15. */
-DG_INLINE void load_panel_e2m1(const uint8_t *s, __m512i w[16]) {
+DG_INLINE void load_panel_e2m1(const uint8_t *s, __m512i w[16], const bool biased) {
     for (int c = 0; c < 4; ++c)
-        widen_panel_chunk(s + 64 * c, w + 4 * c);
+        widen_panel_chunk(s + 64 * c, w + 4 * c, biased);
 }
 
 /* The 32 k from k0 of 16 B rows (b, row stride ldb; rows >= rows read as zero; n = K - k0 of
  * them valid, at most 32) widened per row and transposed: w[p] = k pair p of the 16 rows. */
 DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
-                         const widen_consts *wc, const int fmt, __mmask32 *nan, __m512i w[16]) {
+                         const widen_consts *wc, const int fmt, const bool biased, __mmask32 *nan, __m512i w[16]) {
     const int n = K - k0 < 32 ? (int)(K - k0) : 32;
     __m512i in[16];
     const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
@@ -144,7 +173,7 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
     const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
     const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
     for (int r = 0; r < 16; ++r)
-        in[r] = r < rows ? load_row(b + r * ldb, k0, m, bm, wc, fmt, nan) : _mm512_setzero_si512();
+        in[r] = r < rows ? load_row(b + r * ldb, k0, m, bm, wc, fmt, biased, nan) : _mm512_setzero_si512();
     dg_transpose16_epi32(in, w);
 }
 
@@ -157,24 +186,29 @@ DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int
                          const int fmt, __mmask32 *nan, __mmask16 *big, __m512i w[16]) {
     const int unit_log2 = fmt == FMT_E4M3 ? 120 : 0;
     const int emax = fmt == FMT_E4M3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
+    const bool scaled = fmt != FMT_BF16 && (fm || (fmt == FMT_E2M1P && fme));
+    const bool subs = fmt == FMT_E2M1P || fmt == FMT_E2M1; /* E2M1 scales: biased tables (above) */
     if (fmt == FMT_E2M1P) {
         prefetch_panel(b, next, K, k0 / 32);
-        load_panel_e2m1(b + (k0 / 32) * 256, w);
+        load_panel_e2m1(b + (k0 / 32) * 256, w, scaled);
     } else {
-        load_rows(b, next, ldb, rows, K, k0, wc, fmt, nan, w);
+        load_rows(b, next, ldb, rows, K, k0, wc, fmt, scaled && subs, nan, w);
     }
-    if (fmt != FMT_BF16 && (fm || (fmt == FMT_E2M1P && fme))) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
+    if (scaled) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
         const int64_t q0 = k0 / fblk, q1 = k0 + 16 < K ? (k0 + 16) / fblk : q0; /* fm has no block past K */
         const uint8_t *e = fmt == FMT_E2M1P ? fme : NULL; /* known NULL for the other formats */
-        const __m512i lo = scale_exps(fm, e, q0, lanes, unit_log2, emax, big);
-        const __m512i hi = q1 == q0 ? lo : scale_exps(fm, e, q1, lanes, unit_log2, emax, big);
+        const __m512i lo = scale_exps(fm, e, q0, lanes, unit_log2, emax, big, subs);
+        const __m512i hi = q1 == q0 ? lo : scale_exps(fm, e, q1, lanes, unit_log2, emax, big, subs);
         for (int p = 0; p < 16; ++p)
-            w[p] = apply_exps(w[p], p < 8 ? lo : hi);
+            w[p] = subs ? _mm512_subs_epu16(w[p], p < 8 ? lo : hi) : apply_exps(w[p], p < 8 ? lo : hi);
     }
 }
 
 static const uint16_t kE2m1Bf16[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
                                        0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+/* The same biased by 2^E2M1_BIAS, both zeros +0 (kE2m1Bf16HiBiased explains it). */
+static const uint16_t kE2m1Bf16Biased[32] = {0x0000, 0x7e00, 0x7e80, 0x7ec0, 0x7f00, 0x7f40, 0x7f80, 0x7fc0,
+                                             0x0000, 0xfe00, 0xfe80, 0xfec0, 0xff00, 0xff40, 0xff80, 0xffc0};
 
 /* K block kq ends: total = fma(sa * sb, acc, total) per row of A (the engine's epilogue), acc = 0;
  * lane0: the first of the 16 B rows (sb's lanes). */
@@ -218,7 +252,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
         acc[m] = total[m] = _mm512_setzero_ps();
     __mmask32 nan = 0;
     __mmask16 big = 0;
-    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f)};
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f),
+                             _mm512_loadu_si512(kE2m1Bf16Biased)};
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         if (k0 == kb + gblk) /* the block before k0 ends */
@@ -259,10 +294,10 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
                            const int M, const int G, const bool common) {
     __m512i w[4][4];
     for (int h = 0; h < G; ++h) {
-        widen_panel_chunk(j->b + h * j->ldb + st * 256 + 64 * c, w[h]);
+        widen_panel_chunk(j->b + h * j->ldb + st * 256 + 64 * c, w[h], scaled);
         if (scaled)
             for (int t = 0; t < 4; ++t)
-                w[h][t] = apply_exps(w[h][t], ex[h][c >> 1]);
+                w[h][t] = _mm512_subs_epu16(w[h][t], ex[h][c >> 1]);
     }
     for (int t = 0; t < 4; ++t) {
         const int p = 4 * c + t;
@@ -297,15 +332,15 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G) {
         const int pe = kp - k0 < 32 ? (int)((kp - k0) / 2) : 16;
         const int split = kb + gblk < k0 + 2 * pe ? (int)((kb + gblk - k0) / 2) : -1;
         const uint32_t *ab = j->ap + st * M * 16;
-        __m512i ex[4][2]; /* per group: exponent adds of pairs 0-7 and 8-15 */
+        __m512i ex[4][2]; /* per group: subtrahends (subs_of) of pairs 0-7 and 8-15 */
         const bool scaled = j->fm || j->fme;
         if (scaled) {
             const int64_t q0 = k0 / j->fblk, q1 = k0 + 16 < K ? (k0 + 16) / j->fblk : q0;
             for (int h = 0; h < G; ++h) {
                 const float *f = j->fm ? j->fm + 16 * h : NULL;
                 const uint8_t *e = j->fme ? j->fme + h * j->fme_group : NULL;
-                ex[h][0] = scale_exps(f, e, q0, j->lanes, 0, 125, &big);
-                ex[h][1] = q1 == q0 ? ex[h][0] : scale_exps(f, e, q1, j->lanes, 0, 125, &big);
+                ex[h][0] = scale_exps(f, e, q0, j->lanes, 0, 125, &big, true);
+                ex[h][1] = q1 == q0 ? ex[h][0] : scale_exps(f, e, q1, j->lanes, 0, 125, &big, true);
             }
         }
         for (int h = 0; h < G; ++h)
@@ -393,7 +428,8 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     memset(total, 0, (size_t)M * 32 * sizeof(float));
     __mmask32 nan = 0;
     __mmask16 big = 0;
-    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f)};
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f),
+                             _mm512_loadu_si512(kE2m1Bf16Biased)};
     const int lo_rows = j->rows < 16 ? j->rows : 16, hi_rows = j->rows - lo_rows;
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
