@@ -1351,6 +1351,28 @@ DG_API dg_status dg_bf16_mega_moe_packed(const dg_tensor *y, const dg_packed_b *
                                          const dg_packed_b *shared_l2_weights, dg_symm_buffer *buf,
                                          const dg_tensor *cumulative_local_expert_recv_stats,
                                          float activation_clamp);
+/*
+ * The FP8 x FP4 calls with DeepGEMM 2.8's SiTU activation (fp8_fp4_mega_moe(activation='situ',
+ * situ_beta=, situ_linear_beta=); no activation clamp, as upstream requires): step 3 becomes,
+ * in float32 with the C library's expf and tanhf, with gate g and up u as in step 2,
+ *   a = (((1 / (1 + expf(-g))) * (beta * tanhf(g / beta))) * (linear_beta * tanhf(u / linear_beta)))
+ *       * topk_weight,
+ * the shared experts' too (weight 1); everything else as the SwiGLU calls. situ_beta and
+ * situ_linear_beta must be finite and > 0 (else DG_ERR_VALUE).
+ */
+DG_API dg_status dg_fp8_fp4_mega_moe_situ(const dg_tensor *y, const dg_tensor *l1_weights,
+                                          const dg_tensor *l1_weights_sf, const dg_tensor *l2_weights,
+                                          const dg_tensor *l2_weights_sf, const dg_tensor *shared_l1_weights,
+                                          const dg_tensor *shared_l1_weights_sf, const dg_tensor *shared_l2_weights,
+                                          const dg_tensor *shared_l2_weights_sf, dg_symm_buffer *buf,
+                                          const dg_tensor *cumulative_local_expert_recv_stats, float situ_beta,
+                                          float situ_linear_beta);
+DG_API dg_status dg_fp8_fp4_mega_moe_packed_situ(const dg_tensor *y, const dg_packed_b *l1_weights,
+                                                 const dg_packed_b *l2_weights,
+                                                 const dg_packed_b *shared_l1_weights,
+                                                 const dg_packed_b *shared_l2_weights, dg_symm_buffer *buf,
+                                                 const dg_tensor *cumulative_local_expert_recv_stats,
+                                                 float situ_beta, float situ_linear_beta);
 
 #ifdef __cplusplus
 }

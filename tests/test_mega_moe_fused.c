@@ -40,6 +40,11 @@ static dg_tensor g_sh1, g_sh1sf, g_sh2, g_sh2sf;           /* shared experts, FP
 /* Set in the parent before run(): the ranks call the `_packed` entry points on weights they
  * pack themselves (g_packed), at ISA level g_isa (-1: the best). */
 static int g_packed, g_isa = -1;
+/* The SiTU calls (g_situ; DeepGEMM's K3 betas) instead of SwiGLU with clamp 10, in the ranks and
+ * in the unfused chain. */
+static int g_situ;
+#define SITU_BETA 4.0f
+#define SITU_LINEAR_BETA 25.0f
 
 /* Results shared with the parent. */
 typedef struct shared_out {
@@ -178,6 +183,8 @@ static void pack_rank(int fp8, const dg_tensor *l1, const dg_tensor *l1sf, const
 
 static dg_status call_packed(int fp8, const dg_tensor *y, const packed_weights *p, dg_symm_buffer *b,
                              const dg_tensor *stats) {
+    if (g_situ)
+        return dg_fp8_fp4_mega_moe_packed_situ(y, p->l1, p->l2, p->sh1, p->sh2, b, stats, SITU_BETA, SITU_LINEAR_BETA);
     return fp8 ? dg_fp8_fp4_mega_moe_packed(y, p->l1, p->l2, p->sh1, p->sh2, b, stats, 10.0f)
                : dg_bf16_mega_moe_packed(y, p->l1, p->l2, p->sh1, p->sh2, b, stats, 10.0f);
 }
@@ -237,7 +244,8 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
     else if (g_packed)
         st[2] = call_packed(fp8, &y, &pw, b, &s);
     else if (fp8)
-        st[2] = dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, SH(sh), b, &s, 10.0f);
+        st[2] = g_situ ? dg_fp8_fp4_mega_moe_situ(&y, &l1, &l1sf, &l2, &l2sf, SH(sh), b, &s, SITU_BETA, SITU_LINEAR_BETA)
+                       : dg_fp8_fp4_mega_moe(&y, &l1, &l1sf, &l2, &l2sf, SH(sh), b, &s, 10.0f);
     else
         st[2] = dg_bf16_mega_moe(&y, &l1, &l2, NULL, NULL, b, &s, 10.0f);
     snprintf(g_out->msg[r][2], 256, "%s", dg_last_error());
@@ -253,6 +261,8 @@ static void rank_main(int R, int r, mode m, int threads, const char *name) {
         uint16_t y2[TMAX][H];
         dg_tensor yy = dg_tensor_2d(y2, DG_BFLOAT16, n, H);
         const int st2 = g_packed ? call_packed(fp8, &yy, &pw, b, NULL)
+                        : g_situ ? dg_fp8_fp4_mega_moe_situ(&yy, &l1, &l1sf, &l2, &l2sf, SH(sh), b, NULL, SITU_BETA,
+                                                            SITU_LINEAR_BETA)
                         : fp8   ? dg_fp8_fp4_mega_moe(&yy, &l1, &l1sf, &l2, &l2sf, SH(sh), b, NULL, 10.0f)
                                 : dg_bf16_mega_moe(&yy, &l1, &l2, NULL, NULL, b, NULL, 10.0f);
         if (st2 != DG_OK || memcmp(y2, ybuf, (size_t)n * H * 2) != 0) {
@@ -351,7 +361,10 @@ static void unfused(int R, int fp8, int shared, uint16_t (*y)[H]) {
             float hf[2 * I], af[I];
             for (int k = 0; k < 2 * I; ++k)
                 hf[k] = dg_bf16_to_float(h[i][k]);
-            dg_ref_mega_moe_swiglu(hf, I, dg_bf16_to_float(dg_float_to_bf16(10.0f)), g_w[src[i][0]][src[i][1]], af);
+            if (g_situ)
+                dg_ref_mega_moe_situ(hf, I, SITU_BETA, SITU_LINEAR_BETA, g_w[src[i][0]][src[i][1]], af);
+            else
+                dg_ref_mega_moe_swiglu(hf, I, dg_bf16_to_float(dg_float_to_bf16(10.0f)), g_w[src[i][0]][src[i][1]], af);
             if (fp8)
                 dg_ref_mega_moe_quantize_fp8(af, I, act[i], act_sf[i], NULL);
             else
@@ -379,7 +392,10 @@ static void unfused(int R, int fp8, int shared, uint16_t (*y)[H]) {
             float hf[2 * S * I], af[S * I];
             for (int k = 0; k < 2 * S * I; ++k)
                 hf[k] = dg_bf16_to_float(sh_h[t][k]);
-            dg_ref_mega_moe_swiglu(hf, S * I, dg_bf16_to_float(dg_float_to_bf16(10.0f)), 1.0f, af);
+            if (g_situ)
+                dg_ref_mega_moe_situ(hf, S * I, SITU_BETA, SITU_LINEAR_BETA, 1.0f, af);
+            else
+                dg_ref_mega_moe_swiglu(hf, S * I, dg_bf16_to_float(dg_float_to_bf16(10.0f)), 1.0f, af);
             dg_ref_mega_moe_quantize_fp8(af, S * I, sh_act[t], sh_sf[t], NULL);
         }
         dg_tensor a2 = dg_tensor_2d(sh_act, DG_FLOAT8_E4M3, N, S * I);
@@ -627,6 +643,53 @@ static void test_packed_bad(void) {
     dg_symm_buffer_destroy(b);
 }
 
+/* SiTU: bitwise the unfused chain with the reference's SiTU step (routed and shared experts),
+ * the same for 1, 2 and 4 ranks and on pre-packed weights; differs from SwiGLU; bad betas. */
+static void test_situ(void) {
+    static uint16_t swiglu[N][H], first[N][H];
+    TU_CHECK(run(1, M_SHARED, 1) == 0 && g_out->status[0][2] == DG_OK, "swiglu run");
+    memcpy(swiglu, g_out->y, sizeof swiglu);
+    g_situ = 1;
+    const int Rs[] = {1, 2, 4};
+    for (int ri = 0; ri < 3; ++ri)
+        for (int packed = 0; packed < 2; ++packed) {
+            g_packed = packed;
+            const int R = Rs[ri];
+            TU_CHECK(run(R, M_SHARED, 1 + ri % 2) == 0, "situ R=%d: a rank crashed", R);
+            for (int r = 0; r < R; ++r)
+                TU_CHECK(g_out->status[r][2] == DG_OK, "situ R=%d packed=%d rank %d: %d %s", R, packed, r,
+                         g_out->status[r][2], g_out->msg[r][2]);
+            if (ri == 0 && !packed) {
+                memcpy(first, g_out->y, sizeof first);
+                in_child(1, 1, 2);
+                TU_CHECK(memcmp(g_out->y_unfused, first, sizeof first) == 0, "situ: fused differs from the unfused chain");
+                TU_CHECK(memcmp(swiglu, first, sizeof first) != 0, "situ gives the SwiGLU result");
+            } else {
+                TU_CHECK(memcmp(g_out->y, first, sizeof first) == 0, "situ R=%d packed=%d: y differs from R=1", R, packed);
+            }
+        }
+    g_situ = 0, g_packed = 0;
+    /* bad betas: refused on one rank before any work (no kernel runs in this process) */
+    dg_mega_moe_config one = config(1, 0, 1);
+    char name[64];
+    snprintf(name, sizeof name, "situbad.%d", (int)getpid());
+    dg_symm_buffer *b = NULL;
+    TU_CHECK_OK(dg_symm_buffer_create(&one, name, &b));
+    TU_CHECK_OK(dg_symm_buffer_attach(b));
+    TU_CHECK_OK(dg_symm_buffer_seal(b));
+    uint16_t yb[H];
+    dg_tensor y = dg_tensor_2d(yb, DG_BFLOAT16, 1, H), L1 = experts(&g_l1, 0, E), L2 = experts(&g_l2, 0, E),
+              L1s = experts(&g_l1sf, 0, E), L2s = experts(&g_l2sf, 0, E);
+    const float bad[4][2] = {{0.0f, 25.0f}, {4.0f, -1.0f}, {NAN, 25.0f}, {4.0f, INFINITY}};
+    for (int i = 0; i < 4; ++i) {
+        TU_CHECK_STATUS(dg_fp8_fp4_mega_moe_situ(&y, &L1, &L1s, &L2, &L2s, NULL, NULL, NULL, NULL, b, NULL, bad[i][0],
+                                                 bad[i][1]),
+                        DG_ERR_VALUE);
+        TU_CHECK(strstr(dg_last_error(), "situ_beta") != NULL, "bad betas message: %s", dg_last_error());
+    }
+    dg_symm_buffer_destroy(b);
+}
+
 static void test_failures(void) {
     setenv("DG_COMM_TIMEOUT", "20", 1);
     TU_CHECK(run(2, M_BAD_Y_ON_1, 1) == 0, "bad y: crash");
@@ -735,6 +798,7 @@ int main(void) {
     test_shared();
     test_packed();
     test_packed_bad();
+    test_situ();
     test_failures();
     TU_CHECK(g_out->child_failures == 0, "%d checks failed in checker children", g_out->child_failures);
     return tu_finish();

@@ -14,6 +14,7 @@ SwiGLU + FP8 cast, m-grouped GEMM, combine) for any number of ranks and threads;
 DG_COMM_TIMEOUT seconds, default 60) raise on every rank instead of hanging.
 """
 import ctypes
+import math
 import os
 import secrets
 import socket
@@ -133,8 +134,7 @@ class SymmBuffer:
     def __init__(self, group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
                  intermediate_hidden: int, num_shared_experts: int = 0, mma_type: str = 'fp8xfp4',
                  activation: str = 'swiglu', base: Optional['SymmBuffer'] = None):
-        if activation != 'swiglu':
-            raise NotImplementedError(f"activation {activation!r} is not implemented on CPU (only 'swiglu')")
+        _check_activation('SymmBuffer', mma_type, activation)
         boot = _Bootstrap(group)
         self.group = boot.group
         self.num_ranks, self.rank = boot.size(), boot.rank()
@@ -243,8 +243,7 @@ def get_symm_buffer_size_for_mega_moe(num_ranks: int, num_experts: int, num_max_
                                       num_shared_experts: int = 0):
     """(bytes of one rank's segment, None): DeepGEMM returns a slicing function as the second
     element, which only its own SymmBuffer uses."""
-    if activation != 'swiglu':
-        raise NotImplementedError(f"activation {activation!r} is not implemented on CPU (only 'swiglu')")
+    _check_activation('get_symm_buffer_size_for_mega_moe', mma_type, activation)
     tokens = align(num_max_tokens_per_rank, _C.get_token_alignment_for_mega_moe())
     return _C.symm_buffer_size(num_ranks, num_experts, tokens, num_topk, hidden, intermediate_hidden,
                                num_shared_experts, mma_type), None
@@ -280,8 +279,10 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = 'sw
     the FP4 bytes; see pack_b); pack=False keeps only the copies. Results are bitwise the same
     either way; a call under another ISA level (set_isa) or the reference backend runs on the
     copies."""
-    if activation != 'swiglu':
-        raise NotImplementedError(f"activation {activation!r} is not implemented on CPU (only 'swiglu')")
+    if activation not in ('swiglu', 'situ'):
+        raise ValueError(f"transform_weights_for_mega_moe: activation must be 'swiglu' or 'situ', got {activation!r}")
+    if activation == 'situ' and not (isinstance(l1_weights, (tuple, list)) and isinstance(l2_weights, (tuple, list))):
+        raise ValueError("transform_weights_for_mega_moe: 'situ' needs FP8 x FP4 (weights, scales) pairs for L1 and L2")
 
     def transform(w, name):
         if isinstance(w, (tuple, list)):
@@ -301,7 +302,25 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = 'sw
     return transform(l1_weights, 'l1_weights'), transform(l2_weights, 'l2_weights')
 
 
-def _run_packed(fp8, y, weights, sym_buffer, stats, clamp):
+def _situ_args(activation, activation_clamp, situ_beta, situ_linear_beta):
+    """The binding's SiTU keywords, with DeepGEMM's rules: 'situ' takes both betas (finite, > 0)
+    and no activation_clamp; 'swiglu' takes no betas."""
+    if activation != 'situ':
+        if situ_beta is not None or situ_linear_beta is not None:
+            raise ValueError("fp8_fp4_mega_moe: situ_beta / situ_linear_beta apply to activation='situ' only")
+        return {}
+    if activation_clamp is not None:
+        raise ValueError("fp8_fp4_mega_moe: activation='situ' takes no activation_clamp")
+    if situ_beta is None or situ_linear_beta is None:
+        raise ValueError("fp8_fp4_mega_moe: activation='situ' needs situ_beta and situ_linear_beta")
+    betas = dict(situ_beta=float(situ_beta), situ_linear_beta=float(situ_linear_beta))
+    for name, v in betas.items():
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f'fp8_fp4_mega_moe: {name} must be finite and > 0, got {v}')
+    return betas
+
+
+def _run_packed(fp8, y, weights, sym_buffer, stats, clamp, situ=None):
     """The `_packed` call when every given weight carries a usable PackedB; False otherwise (the
     caller then runs on the tensors: the same bits)."""
     given = [w for w in weights if w is not None]
@@ -309,8 +328,17 @@ def _run_packed(fp8, y, weights, sym_buffer, stats, clamp):
     if not all(p is not None for p in packed):
         return False
     shared = packed[2:] if len(packed) == 4 else [None, None]
-    _C.fused_mega_moe_packed(y, fp8, packed[0], packed[1], sym_buffer._handle, stats, clamp, shared[0], shared[1])
+    _C.fused_mega_moe_packed(y, fp8, packed[0], packed[1], sym_buffer._handle, stats, clamp, shared[0], shared[1],
+                             **(situ or {}))
     return True
+
+
+def _check_activation(fn, mma_type, activation):
+    """DeepGEMM 2.8: 'swiglu' for every mma_type, 'situ' for 'fp8xfp4' only."""
+    if activation not in ('swiglu', 'situ'):
+        raise ValueError(f"{fn}: activation must be 'swiglu' or 'situ', got {activation!r}")
+    if activation == 'situ' and mma_type != 'fp8xfp4':
+        raise ValueError(f"{fn}: only the FP8 x FP4 mega MoE has 'situ' (mma_type {mma_type!r})")
 
 
 def _check_call(fn, sym_buffer, mma_type, activation, shared_l1_weights, shared_l2_weights):
@@ -321,8 +349,7 @@ def _check_call(fn, sym_buffer, mma_type, activation, shared_l1_weights, shared_
     if sym_buffer.mma_type != mma_type:
         raise ValueError(f'{fn}: the buffer was created for mma_type {sym_buffer.mma_type!r}, this call needs '
                          f'{mma_type!r}')
-    if activation != 'swiglu':
-        raise NotImplementedError(f"{fn}: activation {activation!r} is not implemented on CPU (only 'swiglu')")
+    _check_activation(fn, mma_type, activation)
     if (shared_l1_weights is None) != (shared_l2_weights is None):
         raise ValueError(f'{fn}: shared_l1_weights and shared_l2_weights must be given together')
     if (shared_l1_weights is not None) != (sym_buffer.num_shared_experts > 0):
@@ -340,7 +367,10 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
     """y[:T] of this rank's T tokens (placed in sym_buffer.x / x_sf / topk_idx / topk_weights).
     Shared experts (buffers with num_shared_experts > 0): (FP8 weights, per-1x32 UE8M0 scales)
     pairs [2 S I, H] and [H, S I], run on this rank's tokens with weight 1 and summed first in
-    the combine. fast_math is accepted: the CPU computes SiLU with exact expf either way."""
+    the combine. fast_math is accepted: the CPU computes SiLU with exact expf either way.
+    activation='situ' (DeepGEMM 2.8's SiTU, with situ_beta and situ_linear_beta, no
+    activation_clamp): a = sigmoid(g) * (beta * tanh(g / beta)) * (linear_beta * tanh(u /
+    linear_beta)) * topk_weight in float32 (C: dg_fp8_fp4_mega_moe_situ)."""
     _check_call('fp8_fp4_mega_moe', sym_buffer, 'fp8xfp4', activation, shared_l1_weights, shared_l2_weights)
     if tuple(recipe) != (1, 1, 32):
         raise NotImplementedError(f'fp8_fp4_mega_moe: recipe {tuple(recipe)} is not implemented on CPU '
@@ -351,14 +381,15 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
     for name, w in pairs:
         if not (isinstance(w, (tuple, list)) and len(w) == 2):
             raise TypeError(f'fp8_fp4_mega_moe: {name} must be a (weights, scales) pair')
+    situ = _situ_args(activation, activation_clamp, situ_beta, situ_linear_beta)
     if _run_packed(True, y, [l1_weights, l2_weights, shared_l1_weights, shared_l2_weights],
-                   sym_buffer, cumulative_local_expert_recv_stats, activation_clamp):
+                   sym_buffer, cumulative_local_expert_recv_stats, activation_clamp, situ):
         return
     shared = {} if shared_l1_weights is None else dict(
         shared_l1_weights=shared_l1_weights[0], shared_l1_weights_sf=shared_l1_weights[1],
         shared_l2_weights=shared_l2_weights[0], shared_l2_weights_sf=shared_l2_weights[1])
     _C.fused_fp8_fp4_mega_moe(y, l1_weights[0], l1_weights[1], l2_weights[0], l2_weights[1], sym_buffer._handle,
-                              cumulative_local_expert_recv_stats, activation_clamp, **shared)
+                              cumulative_local_expert_recv_stats, activation_clamp, **shared, **situ)
 
 
 def bf16_mega_moe(y: torch.Tensor, l1_weights: torch.Tensor, l2_weights: torch.Tensor, sym_buffer: SymmBuffer,

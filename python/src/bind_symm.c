@@ -240,13 +240,15 @@ static PyObject *fused(PyObject *args, PyObject *kw, int fp8) {
     const char *fn = fp8 ? "fp8_fp4_mega_moe" : "bf16_mega_moe";
     static char *kw8[] = {"y", "l1_weights", "l1_weights_sf", "l2_weights", "l2_weights_sf", "buffer",
                           "cumulative_local_expert_recv_stats", "activation_clamp", "shared_l1_weights",
-                          "shared_l1_weights_sf", "shared_l2_weights", "shared_l2_weights_sf", NULL};
+                          "shared_l1_weights_sf", "shared_l2_weights", "shared_l2_weights_sf", "situ_beta",
+                          "situ_linear_beta", NULL};
     static char *kw16[] = {"y", "l1_weights", "l2_weights", "buffer", "cumulative_local_expert_recv_stats",
                            "activation_clamp", "shared_l1_weights", "shared_l2_weights", NULL};
     PyObject *y, *l1, *l1sf = NULL, *l2, *l2sf = NULL, *cap, *stats = Py_None, *clamp_obj = Py_None;
     PyObject *s1 = Py_None, *s1sf = Py_None, *s2 = Py_None, *s2sf = Py_None;
-    int ok = fp8 ? PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOOOO", kw8, &y, &l1, &l1sf, &l2, &l2sf, &cap,
-                                               &stats, &clamp_obj, &s1, &s1sf, &s2, &s2sf)
+    float situ[2] = {0.0f, 0.0f}; /* betas; 0: SwiGLU (the module passes both or neither) */
+    int ok = fp8 ? PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOOOOff", kw8, &y, &l1, &l1sf, &l2, &l2sf, &cap,
+                                               &stats, &clamp_obj, &s1, &s1sf, &s2, &s2sf, &situ[0], &situ[1])
                  : PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOOO", kw16, &y, &l1, &l2, &cap, &stats, &clamp_obj,
                                                &s1, &s2);
     if (!ok)
@@ -267,7 +269,10 @@ static PyObject *fused(PyObject *args, PyObject *kw, int fp8) {
                  dgp_tensor_from(s2sf, fn, "shared_l2_weights_sf", opt, &u2s))))
         return NULL;
     dg_status st;
-    if (fp8)
+    if (fp8 && (situ[0] != 0.0f || situ[1] != 0.0f))
+        DGP_NOGIL(st, dg_fp8_fp4_mega_moe_situ(&ty.t, &t1.t, &t1s.t, &t2.t, &t2s.t, dgp_ptr(&u1), dgp_ptr(&u1s),
+                                               dgp_ptr(&u2), dgp_ptr(&u2s), h->buf, dgp_ptr(&ts), situ[0], situ[1]));
+    else if (fp8)
         DGP_NOGIL(st, dg_fp8_fp4_mega_moe(&ty.t, &t1.t, &t1s.t, &t2.t, &t2s.t, dgp_ptr(&u1), dgp_ptr(&u1s),
                                           dgp_ptr(&u2), dgp_ptr(&u2s), h->buf, dgp_ptr(&ts), clamp));
     else
@@ -281,11 +286,13 @@ static PyObject *fused(PyObject *args, PyObject *kw, int fp8) {
 static PyObject *fused_packed(PyObject *args, PyObject *kw) {
     const char *fn;
     static char *kwl[] = {"y", "fp8", "l1_weights", "l2_weights", "buffer", "cumulative_local_expert_recv_stats",
-                          "activation_clamp", "shared_l1_weights", "shared_l2_weights", NULL};
+                          "activation_clamp", "shared_l1_weights", "shared_l2_weights", "situ_beta",
+                          "situ_linear_beta", NULL};
     PyObject *y, *cap, *stats = Py_None, *clamp_obj = Py_None, *w[4] = {NULL, NULL, Py_None, Py_None};
     int fp8;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OpOOO|OOOO", kwl, &y, &fp8, &w[0], &w[1], &cap, &stats, &clamp_obj,
-                                     &w[2], &w[3]))
+    float situ[2] = {0.0f, 0.0f}; /* betas; 0: SwiGLU */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OpOOO|OOOOff", kwl, &y, &fp8, &w[0], &w[1], &cap, &stats, &clamp_obj,
+                                     &w[2], &w[3], &situ[0], &situ[1]))
         return NULL;
     fn = fp8 ? "fp8_fp4_mega_moe" : "bf16_mega_moe";
     static const char *names[4] = {"l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights"};
@@ -313,7 +320,10 @@ static PyObject *fused_packed(PyObject *args, PyObject *kw) {
     PyObject *result = NULL;
     if (held == 4) {
         dg_status st;
-        if (fp8)
+        if (fp8 && (situ[0] != 0.0f || situ[1] != 0.0f))
+            DGP_NOGIL(st, dg_fp8_fp4_mega_moe_packed_situ(&ty.t, p[0], p[1], p[2], p[3], h->buf, dgp_ptr(&ts), situ[0],
+                                                          situ[1]));
+        else if (fp8)
             DGP_NOGIL(st, dg_fp8_fp4_mega_moe_packed(&ty.t, p[0], p[1], p[2], p[3], h->buf, dgp_ptr(&ts), clamp));
         else
             DGP_NOGIL(st, dg_bf16_mega_moe_packed(&ty.t, p[0], p[1], p[2], p[3], h->buf, dgp_ptr(&ts), clamp));
@@ -359,7 +369,8 @@ PyMethodDef dgp_symm_methods[] = {
     {"fused_fp8_fp4_mega_moe", KW py_fp8_fp4_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_fp8_fp4_mega_moe(y, l1_weights, l1_weights_sf, l2_weights, l2_weights_sf, buffer, "
      "cumulative_local_expert_recv_stats=None, activation_clamp=None, shared_l1_weights=None, "
-     "shared_l1_weights_sf=None, shared_l2_weights=None, shared_l2_weights_sf=None)"},
+     "shared_l1_weights_sf=None, shared_l2_weights=None, shared_l2_weights_sf=None, situ_beta=0, situ_linear_beta=0 "
+     "(betas given: SiTU)"},
     {"fused_bf16_mega_moe", KW py_bf16_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_bf16_mega_moe(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
      "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None)"},

@@ -360,3 +360,61 @@ def test_packed_call_errors():
     with pytest.raises(ValueError, match='freed'):
         _C.fused_mega_moe_packed(y, True, lt1.packed, lt2.packed, buf._handle)
     buf.destroy()
+
+
+def test_situ_activation():
+    """activation='situ' (DeepGEMM 2.8, FP8 x FP4 only): the same y raw and pre-packed, with shared
+    experts; within calc_diff of the chain of public kernels with SiTU in torch; DeepGEMM's
+    argument rules."""
+    x, topk_idx, topk_weights, l1, l2 = _problem('fp8xfp4')
+    sh = _shared_weights('fp8xfp4')
+    beta, lbeta = 4.0, 25.0
+    buf = dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, num_shared_experts=2, activation='situ')
+    buf.x[:N].copy_(x[0])
+    buf.x_sf[:N].copy_(x[1])
+    buf.topk_idx[:N].copy_(topk_idx)
+    buf.topk_weights[:N].copy_(topk_weights)
+    kw = dict(activation='situ', situ_beta=beta, situ_linear_beta=lbeta)
+    y_raw = torch.empty(N, H, dtype=torch.bfloat16)
+    dg.fp8_fp4_mega_moe(y_raw, l1, l2, buf, shared_l1_weights=sh[0], shared_l2_weights=sh[1], **kw)
+    lt = dg.transform_weights_for_mega_moe(l1, l2, activation='situ')
+    st = dg.transform_weights_for_mega_moe(*sh)
+    y_packed = torch.empty(N, H, dtype=torch.bfloat16)
+    dg.fp8_fp4_mega_moe(y_packed, *lt, buf, shared_l1_weights=st[0], shared_l2_weights=st[1], **kw)
+    assert torch.equal(y_raw, y_packed)
+    y_swiglu = torch.empty(N, H, dtype=torch.bfloat16)
+    dg.fp8_fp4_mega_moe(y_swiglu, l1, l2, buf, shared_l1_weights=sh[0], shared_l2_weights=sh[1])
+    assert not torch.equal(y_raw, y_swiglu)
+
+    def expert(xq, w1, w2, weight):  # one expert (or the shared ones) on FP8 rows, SiTU in torch
+        h = torch.empty(xq[0].shape[0], w1[0].shape[0], dtype=torch.bfloat16)
+        dg.fp8_fp4_gemm_nt(xq, w1, h, recipe=(1, 1, 32))
+        hf = h.float()
+        si = hf.shape[1] // 2
+        g, u = hf[:, :si], hf[:, si:]
+        a = torch.sigmoid(g) * (beta * torch.tanh(g / beta)) * (lbeta * torch.tanh(u / lbeta)) * weight[:, None]
+        o = torch.empty(xq[0].shape[0], w2[0].shape[0], dtype=torch.bfloat16)
+        dg.fp8_fp4_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32), w2, o, recipe=(1, 1, 32))
+        return o.float()
+    want = expert(x, sh[0], sh[1], torch.ones(N))
+    for e in range(E):
+        for j in range(K):
+            rows = (topk_idx[:, j] == e).nonzero().flatten()
+            if len(rows):
+                xs = (x[0][rows], x[1][rows])
+                want[rows] += expert(xs, (l1[0][e], l1[1][e]), (l2[0][e], l2[1][e]), topk_weights[rows, j])
+    assert float(dg.calc_diff(y_raw.float(), want)) < 1e-3
+    for bad, match in [(dict(activation='situ', situ_beta=beta), 'situ_linear_beta'),
+                       (dict(activation='situ', situ_beta=0.0, situ_linear_beta=lbeta), 'situ_beta'),
+                       (dict(activation='situ', situ_beta=float('inf'), situ_linear_beta=lbeta), 'situ_beta'),
+                       (dict(kw, activation_clamp=10.0), 'activation_clamp'),
+                       (dict(situ_beta=beta, situ_linear_beta=lbeta), 'situ'),
+                       (dict(activation='gelu'), 'activation')]:
+        with pytest.raises(ValueError, match=match):
+            dg.fp8_fp4_mega_moe(y_raw, l1, l2, buf, shared_l1_weights=sh[0], shared_l2_weights=sh[1], **bad)
+    buf.destroy()
+    with pytest.raises(ValueError, match='situ'):
+        dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, mma_type='bf16xbf16', activation='situ')
+    with pytest.raises(ValueError, match='situ'):
+        dg.transform_weights_for_mega_moe(torch.zeros(E, 2 * I, H, dtype=torch.bfloat16),
+                                          torch.zeros(E, H, I, dtype=torch.bfloat16), activation='situ')

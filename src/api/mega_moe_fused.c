@@ -25,6 +25,8 @@ typedef struct fused_args {
     int packed;                                   /* the `_packed` calls: the weights below instead */
     const dg_packed_b *p1, *p2, *ps1, *ps2;       /* routed L1, L2 (grouped); shared L1, L2 (dense) */
     float clamp;
+    int situ;                                     /* the `_situ` calls: SiTU with these betas */
+    float situ_beta, situ_linear_beta;
 } fused_args;
 
 /* One weight tensor of this rank's E/R experts: [E/R, rows, cols] logical. */
@@ -139,6 +141,12 @@ static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
              cfg->mma == DG_MEGA_MOE_FP8XFP4 ? "fp8xfp4" : "bf16xbf16", a->fp8 ? "fp8xfp4" : "bf16xbf16");
     DG_CHECK(!isnan(a->clamp) && a->clamp >= 0.0f, DG_ERR_VALUE,
              "argument 'activation_clamp' must be >= 0 (INFINITY for none), got %g", (double)a->clamp);
+    if (a->situ) {
+        DG_CHECK(isfinite(a->situ_beta) && a->situ_beta > 0.0f && isfinite(a->situ_linear_beta) &&
+                     a->situ_linear_beta > 0.0f,
+                 DG_ERR_VALUE, "arguments 'situ_beta' and 'situ_linear_beta' must be finite and > 0, got %g and %g",
+                 (double)a->situ_beta, (double)a->situ_linear_beta);
+    }
     DG_TRY(dg_check_tensor_dtype(a->y, "y", 2, DG_BFLOAT16));
     DG_TRY(dg_check_dim(a->y, "y", 1, cfg->hidden));
     DG_CHECK(a->y->shape[0] <= cfg->num_max_tokens_per_rank, DG_ERR_SHAPE,
@@ -234,6 +242,7 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
                           .l2_sf = a->l2_sf, .stats = a->stats, .shared_l1 = a->sh1, .shared_l1_sf = a->sh1_sf,
                           .shared_l2 = a->sh2, .shared_l2_sf = a->sh2_sf, .l1p = a->p1, .l2p = a->p2,
                           .shared_l1p = a->ps1, .shared_l2p = a->ps2, .shared_y = shared_y, .clamp = a->clamp,
+                          .situ = a->situ, .situ_beta = a->situ_beta, .situ_linear_beta = a->situ_linear_beta,
                           .num_tokens = tokens, .recv = recv};
     if (st == DG_OK) {
         if (!isinf(c.clamp))
@@ -331,5 +340,32 @@ dg_status dg_bf16_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weig
     const fused_args a = {.fp8 = 0, .y = y, .packed = 1, .p1 = l1_weights, .p2 = l2_weights, .ps1 = shared_l1_weights,
                           .ps2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats,
                           .clamp = activation_clamp};
+    return fused(&a, buf);
+}
+
+dg_status dg_fp8_fp4_mega_moe_situ(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l1_weights_sf,
+                                   const dg_tensor *l2_weights, const dg_tensor *l2_weights_sf,
+                                   const dg_tensor *shared_l1_weights, const dg_tensor *shared_l1_weights_sf,
+                                   const dg_tensor *shared_l2_weights, const dg_tensor *shared_l2_weights_sf,
+                                   dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
+                                   float situ_beta, float situ_linear_beta) {
+    dg_api_begin("dg_fp8_fp4_mega_moe_situ");
+    const fused_args a = {.fp8 = 1, .y = y, .l1 = l1_weights, .l1_sf = l1_weights_sf, .l2 = l2_weights,
+                          .l2_sf = l2_weights_sf, .stats = cumulative_local_expert_recv_stats,
+                          .sh1 = shared_l1_weights, .sh1_sf = shared_l1_weights_sf, .sh2 = shared_l2_weights,
+                          .sh2_sf = shared_l2_weights_sf, .clamp = INFINITY, .situ = 1, .situ_beta = situ_beta,
+                          .situ_linear_beta = situ_linear_beta};
+    return fused(&a, buf);
+}
+
+dg_status dg_fp8_fp4_mega_moe_packed_situ(const dg_tensor *y, const dg_packed_b *l1_weights,
+                                          const dg_packed_b *l2_weights, const dg_packed_b *shared_l1_weights,
+                                          const dg_packed_b *shared_l2_weights, dg_symm_buffer *buf,
+                                          const dg_tensor *cumulative_local_expert_recv_stats, float situ_beta,
+                                          float situ_linear_beta) {
+    dg_api_begin("dg_fp8_fp4_mega_moe_packed_situ");
+    const fused_args a = {.fp8 = 1, .y = y, .packed = 1, .p1 = l1_weights, .p2 = l2_weights, .ps1 = shared_l1_weights,
+                          .ps2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats, .clamp = INFINITY,
+                          .situ = 1, .situ_beta = situ_beta, .situ_linear_beta = situ_linear_beta};
     return fused(&a, buf);
 }

@@ -127,7 +127,8 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
         return step_failed(api, "L1 GEMM", x->who);
     dg_api_begin(api);
 
-    /* SwiGLU with clamp and top-k weight (the reference's scalar step: the C library's expf),
+    /* SwiGLU with clamp (or SiTU) and top-k weight (the reference's scalar steps: the C
+     * library's expf, tanhf),
      * between bulk conversions that give the reference's bits: the L1 output to float, then
      * the activations to E4M3 with per-1x32 UE8M0 scales (per_token_cast_to_fp8's kernels:
      * the reference's quantisation) or to BF16. */
@@ -140,8 +141,11 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
     for (int64_t i = 0; i < n; ++i) {
         const pair *p = &pairs[i];
         const float *wts = (const float *)dg_symm_area(b, p->rank, b->lay.topk_weights);
-        dg_ref_mega_moe_swiglu(hf + i * 2 * I, I, c->clamp, x->shared_y ? 1.0f : wts[p->token * K + p->slot],
-                               af + i * I);
+        const float w = x->shared_y ? 1.0f : wts[p->token * K + p->slot];
+        if (c->situ)
+            dg_ref_mega_moe_situ(hf + i * 2 * I, I, c->situ_beta, c->situ_linear_beta, w, af + i * I);
+        else
+            dg_ref_mega_moe_swiglu(hf + i * 2 * I, I, c->clamp, w, af + i * I);
     }
     dg_tensor act = dg_tensor_2d(m->act, c->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, n, I);
     dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);

@@ -21,6 +21,8 @@ typedef struct dg_mega_moe_call {
     const struct dg_packed_b *l1p, *l2p, *shared_l1p, *shared_l2p;
     uint16_t *shared_y;                       /* [T_me, H] BF16 scratch; NULL: no shared expert */
     float clamp;                              /* BF16-rounded, INFINITY for none */
+    int situ;                                 /* SiTU instead of SwiGLU (clamp then INFINITY) */
+    float situ_beta, situ_linear_beta;
     const int64_t *num_tokens;                /* [R], as posted at the dispatch barrier */
     int64_t *recv;                            /* [E/R] out: pairs each local expert received */
 } dg_mega_moe_call;

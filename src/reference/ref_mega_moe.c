@@ -84,6 +84,16 @@ void dg_ref_mega_moe_swiglu(const float *h, int64_t inter, float clamp, float we
     }
 }
 
+void dg_ref_mega_moe_situ(const float *h, int64_t inter, float beta, float linear_beta, float weight, float *a) {
+    for (int64_t i = 0; i < inter; ++i) {
+        const float gate = h[i], up = h[inter + i];
+        const float sigmoid = 1.0f / (1.0f + expf(-gate));
+        const float g = sigmoid * (beta * tanhf(gate / beta));
+        const float u = linear_beta * tanhf(up / linear_beta);
+        a[i] = (g * u) * weight;
+    }
+}
+
 void dg_ref_mega_moe_quantize_fp8(const float *a, int64_t n, uint8_t *codes, float *sf, float *a_q) {
     for (int64_t g0 = 0, s = 0; g0 < n; g0 += DG_MEGA_MOE_ACT_GRAN, ++s) {
         const int64_t g1 = g0 + DG_MEGA_MOE_ACT_GRAN < n ? g0 + DG_MEGA_MOE_ACT_GRAN : n;

@@ -52,6 +52,10 @@ void dg_ref_mega_moe_l1(const dg_mega_moe_problem *p, const dg_mega_moe_pair *sr
 
 /* Step 3 (SwiGLU): clamp (unless clamp is INFINITY), silu(gate) * up * weight, float32. a[0, I). */
 void dg_ref_mega_moe_swiglu(const float *h, int64_t inter, float clamp, float weight, float *a);
+/* DeepGEMM 2.8's SiTU (fp8_fp4_mega_moe(activation='situ'), no clamp), float32 with the C
+ * library's expf and tanhf, in its kernel's order: with g = h[i], u = h[I + i],
+ * a = ((1 / (1 + expf(-g))) * (beta * tanhf(g / beta))) * (linear_beta * tanhf(u / linear_beta)) * weight. */
+void dg_ref_mega_moe_situ(const float *h, int64_t inter, float beta, float linear_beta, float weight, float *a);
 
 /*
  * Step 4 (FP8 variant): per DG_MEGA_MOE_ACT_GRAN values, codes = E4M3(a * (1 / sf)) with
