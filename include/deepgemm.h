@@ -1253,7 +1253,9 @@ DG_API dg_status dg_bf16_mega_moe_reference(
  */
 typedef enum dg_mega_moe_mma {
     DG_MEGA_MOE_FP8XFP4 = 0,  /* DeepGEMM's mma_type 'fp8xfp4' */
-    DG_MEGA_MOE_BF16XBF16 = 1 /* 'bf16xbf16' */
+    DG_MEGA_MOE_BF16XBF16 = 1, /* 'bf16xbf16' */
+    DG_MEGA_MOE_FP8XFP8 = 2    /* 'fp8xfp8': FP8 tokens and FP8 routed weights (DeepGEMM 2.8), the
+                                * FP8 x FP4 calls with FLOAT8_E4M3 L1 / L2 and per-1x32 scales */
 } dg_mega_moe_mma;
 
 typedef struct dg_mega_moe_config {
@@ -1293,7 +1295,7 @@ DG_API dg_status dg_symm_buffer_config(const dg_symm_buffer *buf, dg_mega_moe_co
 /*
  * Views of this rank's inputs in its segment (DeepGEMM's buffer.x, ...), contiguous, with
  * T = num_max_tokens_per_rank rows: "x" [T, H] FLOAT8_E4M3 (BFLOAT16 for bf16xbf16), "x_sf"
- * [T, ceil(H/128)] INT32 (four per-1x32 UE8M0 bytes each; fp8xfp4 only), "topk_idx" [T, K]
+ * [T, ceil(H/128)] INT32 (four per-1x32 UE8M0 bytes each; not for bf16xbf16), "topk_idx" [T, K]
  * INT64, "topk_weights" [T, K] FLOAT32. The first y.shape[0] rows are the call's tokens.
  */
 DG_API dg_status dg_symm_buffer_view(const dg_symm_buffer *buf, const char *field, dg_tensor *out);

@@ -688,6 +688,25 @@ static void test_situ(void) {
         TU_CHECK(strstr(dg_last_error(), "situ_beta") != NULL, "bad betas message: %s", dg_last_error());
     }
     dg_symm_buffer_destroy(b);
+
+    /* fp8xfp8 buffers take FP8 routed weights only, no SiTU; the bf16 call refuses them too */
+    dg_mega_moe_config c8 = config(1, 0, 1);
+    c8.mma = DG_MEGA_MOE_FP8XFP8;
+    snprintf(name, sizeof name, "fp8bad.%d", (int)getpid());
+    TU_CHECK_OK(dg_symm_buffer_create(&c8, name, &b));
+    TU_CHECK_OK(dg_symm_buffer_attach(b));
+    TU_CHECK_OK(dg_symm_buffer_seal(b));
+    dg_tensor v;
+    TU_CHECK_OK(dg_symm_buffer_view(b, "x_sf", &v));
+    TU_CHECK_STATUS(dg_fp8_fp4_mega_moe(&y, &L1, &L1s, &L2, &L2s, NULL, NULL, NULL, NULL, b, NULL, 10.0f), DG_ERR_DTYPE);
+    TU_CHECK_STATUS(dg_fp8_fp4_mega_moe_situ(&y, &L1, &L1s, &L2, &L2s, NULL, NULL, NULL, NULL, b, NULL, 4.0f, 25.0f),
+                    DG_ERR_VALUE);
+    TU_CHECK(strstr(dg_last_error(), "fp8xfp8") != NULL, "situ on fp8xfp8: %s", dg_last_error());
+    dg_tensor B1 = experts(&g_l1b, 0, E), B2 = experts(&g_l2b, 0, E);
+    TU_CHECK_STATUS(dg_bf16_mega_moe(&y, &B1, &B2, NULL, NULL, b, NULL, 10.0f), DG_ERR_VALUE);
+    dg_symm_buffer_destroy(b);
+    c8.mma = (dg_mega_moe_mma)3;
+    TU_CHECK_STATUS(dg_symm_buffer_create(&c8, name, &b), DG_ERR_VALUE);
 }
 
 static void test_failures(void) {

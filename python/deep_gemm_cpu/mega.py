@@ -126,7 +126,7 @@ def _tensor_over(handle, field: str) -> torch.Tensor:
 
 
 class SymmBuffer:
-    """One rank's symmetric buffer. Views: x, x_sf (fp8xfp4), topk_idx, topk_weights, each with
+    """One rank's symmetric buffer. Views: x, x_sf (fp8xfp4, fp8xfp8), topk_idx, topk_weights, each with
     num_max_tokens_per_rank rows; the intermediate-activation views of DeepGEMM's GPU buffer
     (l1_acts, shared_l2_acts, ...) are None: the CPU kernel keeps those in its own waves
     (shared_l1_acts_sf is a placeholder, see _adopt)."""
@@ -187,7 +187,7 @@ class SymmBuffer:
 
     def _adopt(self, handle, config):
         self._handle, self._config = handle, config
-        fp8 = self.mma_type == 'fp8xfp4'
+        fp8 = self.mma_type != 'bf16xbf16'
         self.x = _tensor_over(handle, 'x')
         self.x_sf = _tensor_over(handle, 'x_sf') if fp8 else None
         self.topk_idx = _tensor_over(handle, 'topk_idx')
@@ -341,15 +341,15 @@ def _check_activation(fn, mma_type, activation):
         raise ValueError(f"{fn}: only the FP8 x FP4 mega MoE has 'situ' (mma_type {mma_type!r})")
 
 
-def _check_call(fn, sym_buffer, mma_type, activation, shared_l1_weights, shared_l2_weights):
+def _check_call(fn, sym_buffer, mma_types, activation, shared_l1_weights, shared_l2_weights):
     if not isinstance(sym_buffer, SymmBuffer):
         raise TypeError(f'{fn}: sym_buffer must be a SymmBuffer, got {type(sym_buffer).__name__}')
     if sym_buffer._handle is None:
         raise RuntimeError(f'{fn}: the symmetric buffer was destroyed')
-    if sym_buffer.mma_type != mma_type:
+    if sym_buffer.mma_type not in mma_types:
         raise ValueError(f'{fn}: the buffer was created for mma_type {sym_buffer.mma_type!r}, this call needs '
-                         f'{mma_type!r}')
-    _check_activation(fn, mma_type, activation)
+                         f'{" or ".join(map(repr, mma_types))}')
+    _check_activation(fn, sym_buffer.mma_type, activation)
     if (shared_l1_weights is None) != (shared_l2_weights is None):
         raise ValueError(f'{fn}: shared_l1_weights and shared_l2_weights must be given together')
     if (shared_l1_weights is not None) != (sym_buffer.num_shared_experts > 0):
@@ -365,13 +365,16 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
                      activation_clamp: Optional[float] = None, fast_math: bool = True,
                      situ_beta: Optional[float] = None, situ_linear_beta: Optional[float] = None) -> None:
     """y[:T] of this rank's T tokens (placed in sym_buffer.x / x_sf / topk_idx / topk_weights).
+    Routed weights: packed FP4 on an 'fp8xfp4' buffer, FP8 (E4M3) on an 'fp8xfp8' one (DeepGEMM
+    2.8), (weights, per-1x32 UE8M0 scales) pairs [E/R, 2I, H] and [E/R, H, I].
     Shared experts (buffers with num_shared_experts > 0): (FP8 weights, per-1x32 UE8M0 scales)
     pairs [2 S I, H] and [H, S I], run on this rank's tokens with weight 1 and summed first in
     the combine. fast_math is accepted: the CPU computes SiLU with exact expf either way.
     activation='situ' (DeepGEMM 2.8's SiTU, with situ_beta and situ_linear_beta, no
     activation_clamp): a = sigmoid(g) * (beta * tanh(g / beta)) * (linear_beta * tanh(u /
     linear_beta)) * topk_weight in float32 (C: dg_fp8_fp4_mega_moe_situ)."""
-    _check_call('fp8_fp4_mega_moe', sym_buffer, 'fp8xfp4', activation, shared_l1_weights, shared_l2_weights)
+    _check_call('fp8_fp4_mega_moe', sym_buffer, ('fp8xfp4', 'fp8xfp8'), activation, shared_l1_weights,
+                shared_l2_weights)
     if tuple(recipe) != (1, 1, 32):
         raise NotImplementedError(f'fp8_fp4_mega_moe: recipe {tuple(recipe)} is not implemented on CPU '
                                   f'(only (1, 1, 32))')
@@ -397,7 +400,7 @@ def bf16_mega_moe(y: torch.Tensor, l1_weights: torch.Tensor, l2_weights: torch.T
                   cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
                   activation: str = 'swiglu', activation_clamp: Optional[float] = None,
                   fast_math: bool = True) -> None:
-    _check_call('bf16_mega_moe', sym_buffer, 'bf16xbf16', activation, shared_l1_weights, shared_l2_weights)
+    _check_call('bf16_mega_moe', sym_buffer, ('bf16xbf16',), activation, shared_l1_weights, shared_l2_weights)
     if _run_packed(False, y, [l1_weights, l2_weights, shared_l1_weights, shared_l2_weights],
                    sym_buffer, cumulative_local_expert_recv_stats, activation_clamp):
         return

@@ -57,9 +57,11 @@ static int parse_mma(PyObject *obj, const char *fn, dg_mega_moe_mma *out) {
         *out = DG_MEGA_MOE_FP8XFP4;
     else if (!strcmp(s, "bf16xbf16"))
         *out = DG_MEGA_MOE_BF16XBF16;
+    else if (!strcmp(s, "fp8xfp8"))
+        *out = DG_MEGA_MOE_FP8XFP8;
     else {
         PyErr_Format(PyExc_NotImplementedError,
-                     "%s: mma_type '%s' is not implemented on CPU (fp8xfp4 and bf16xbf16 are)", fn, s);
+                     "%s: mma_type '%s' is not implemented on CPU (fp8xfp4, fp8xfp8 and bf16xbf16 are)", fn, s);
         return -1;
     }
     return 0;

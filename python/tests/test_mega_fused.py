@@ -418,3 +418,57 @@ def test_situ_activation():
     with pytest.raises(ValueError, match='situ'):
         dg.transform_weights_for_mega_moe(torch.zeros(E, 2 * I, H, dtype=torch.bfloat16),
                                           torch.zeros(E, H, I, dtype=torch.bfloat16), activation='situ')
+
+
+def test_fp8_routed_weights():
+    """mma_type='fp8xfp8' (DeepGEMM 2.8: fp8_fp4_mega_moe on FP8 routed weights with per-1x32
+    UE8M0 scales): raw and pre-packed give the same y, within calc_diff of the chain of public
+    kernels; an FP4 weight on such a buffer, and a buffer of the other kind, are refused."""
+    x, topk_idx, topk_weights, *_ = _problem('fp8xfp4')
+    g = torch.Generator().manual_seed(9)
+
+    def cast(w):  # [E, n, k] BF16 -> FP8 with per-1x32 UE8M0 scales, DeepGEMM's test layout
+        n, k = w.shape[1], w.shape[2]
+        q = torch.empty(E, n, k, dtype=torch.float8_e4m3fn)
+        sf = torch.empty(E, n, k // 32)
+        for i in range(E):
+            q[i], sf[i] = per_token_cast_to_fp8(w[i], use_ue8m0=True, gran_k=32)
+        return q, dg.transform_sf_into_required_layout(sf, n, k, (1, 32), E)
+    l1 = cast(torch.randn(E, 2 * I, H, generator=g).bfloat16() / 16)
+    l2 = cast(torch.randn(E, H, I, generator=g).bfloat16() / 16)
+    buf = dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I, mma_type='fp8xfp8')
+    assert buf.x_sf is not None
+    buf.x[:N].copy_(x[0])
+    buf.x_sf[:N].copy_(x[1])
+    buf.topk_idx[:N].copy_(topk_idx)
+    buf.topk_weights[:N].copy_(topk_weights)
+    y_raw, y_packed = (torch.empty(N, H, dtype=torch.bfloat16) for _ in range(2))
+    dg.fp8_fp4_mega_moe(y_raw, l1, l2, buf, activation_clamp=10.0)
+    dg.fp8_fp4_mega_moe(y_packed, *dg.transform_weights_for_mega_moe(l1, l2), buf, activation_clamp=10.0)
+    assert torch.equal(y_raw, y_packed)
+    want = torch.zeros(N, H)
+    for e in range(E):
+        for j in range(K):
+            rows = (topk_idx[:, j] == e).nonzero().flatten()
+            if not len(rows):
+                continue
+            h = torch.empty(len(rows), 2 * I, dtype=torch.bfloat16)
+            dg.fp8_gemm_nt((x[0][rows], x[1][rows]), (l1[0][e], l1[1][e]), h, recipe=(1, 1, 32))
+            hf = h.float()
+            gate, up = hf[:, :I].clamp(max=10.0), hf[:, I:].clamp(-10.0, 10.0)
+            a = gate / (1 + torch.exp(-gate)) * up * topk_weights[rows, j][:, None]
+            o = torch.empty(len(rows), H, dtype=torch.bfloat16)
+            dg.fp8_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32), (l2[0][e], l2[1][e]), o,
+                           recipe=(1, 1, 32))
+            want[rows] += o.float()
+    assert float(dg.calc_diff(y_raw.float(), want)) < 1e-3
+    *_, f1, f2 = _problem('fp8xfp4')
+    with pytest.raises(TypeError):
+        dg.fp8_fp4_mega_moe(y_raw, f1, f2, buf)  # FP4 weights on an fp8xfp8 buffer
+    with pytest.raises(ValueError, match='situ'):
+        dg.fp8_fp4_mega_moe(y_raw, l1, l2, buf, activation='situ', situ_beta=4.0, situ_linear_beta=25.0)
+    buf.destroy()
+    b4 = dg.get_symm_buffer_for_mega_moe(None, E, N, K, H, I)
+    with pytest.raises(TypeError):
+        dg.fp8_fp4_mega_moe(y_raw, l1, l2, b4)  # FP8 weights on an fp8xfp4 buffer
+    b4.destroy()

@@ -29,13 +29,22 @@ typedef struct fused_args {
     float situ_beta, situ_linear_beta;
 } fused_args;
 
+static const char *mma_name(dg_mega_moe_mma m) {
+    return m == DG_MEGA_MOE_FP8XFP4 ? "fp8xfp4" : m == DG_MEGA_MOE_FP8XFP8 ? "fp8xfp8" : "bf16xbf16";
+}
+
+/* The routed experts' weight dtype of a buffer's mma_type. */
+static dg_dtype routed_dtype(dg_mega_moe_mma m) {
+    return m == DG_MEGA_MOE_FP8XFP4 ? DG_FP4_E2M1X2 : m == DG_MEGA_MOE_FP8XFP8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+}
+
 /* One weight tensor of this rank's E/R experts: [E/R, rows, cols] logical. */
 static dg_status check_weight(const fused_args *a, const dg_symm_buffer *b, int layer, dg_operand *op,
                               int64_t rows, int64_t cols) {
     const char *name = layer == 1 ? "l1_weights" : "l2_weights";
-    const dg_dtype want = a->fp8 ? DG_FP4_E2M1X2 : DG_BFLOAT16;
+    const dg_dtype want = routed_dtype(b->cfg.mma);
     DG_TRY(dg_operand_init(op, name, layer == 1 ? a->l1 : a->l2, 1, &want, 1));
-    DG_CHECK(!a->fp8 || op->fp4_dim == 2, DG_ERR_LAYOUT,
+    DG_CHECK(want != DG_FP4_E2M1X2 || op->fp4_dim == 2, DG_ERR_LAYOUT,
              "argument '%s': packed FP4 weights must be K-major (unit stride in the last dimension)", name);
     const int64_t epr = b->cfg.num_experts / b->cfg.num_ranks;
     DG_CHECK(op->groups == epr && op->mn == rows && op->k == cols, DG_ERR_SHAPE,
@@ -114,7 +123,7 @@ static dg_status check_packed(const fused_args *a, const dg_symm_buffer *b) {
     const int64_t S = cfg->num_shared_experts;
     DG_CHECK(!dg_use_reference(), DG_ERR_UNSUPPORTED,
              "pre-packed weights run on the engine only; the reference backend is selected");
-    const dg_dtype routed = a->fp8 ? DG_FP4_E2M1X2 : DG_BFLOAT16, shared = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+    const dg_dtype routed = routed_dtype(cfg->mma), shared = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
     DG_TRY(check_packed_weight(a->p1, "l1_weights", routed, epr, 2 * I, H));
     DG_TRY(check_packed_weight(a->p2, "l2_weights", routed, epr, H, I));
     DG_CHECK(S == 0 || (a->ps1 && a->ps2), DG_ERR_NULL_POINTER,
@@ -136,9 +145,12 @@ static dg_tensor segment_tensor(const dg_symm_buffer *b) {
 
 static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
     const dg_mega_moe_config *cfg = &b->cfg;
-    DG_CHECK(a->fp8 == (cfg->mma == DG_MEGA_MOE_FP8XFP4), DG_ERR_VALUE,
-             "the symmetric buffer was created for mma_type '%s'; this call needs '%s'",
-             cfg->mma == DG_MEGA_MOE_FP8XFP4 ? "fp8xfp4" : "bf16xbf16", a->fp8 ? "fp8xfp4" : "bf16xbf16");
+    DG_CHECK(a->fp8 == (cfg->mma != DG_MEGA_MOE_BF16XBF16), DG_ERR_VALUE,
+             "the symmetric buffer was created for mma_type '%s'; this call needs %s", mma_name(cfg->mma),
+             a->fp8 ? "'fp8xfp4' or 'fp8xfp8'" : "'bf16xbf16'");
+    DG_CHECK(!a->situ || cfg->mma == DG_MEGA_MOE_FP8XFP4, DG_ERR_VALUE,
+             "SiTU is the FP8 x FP4 mega MoE's (DeepGEMM 2.8); the symmetric buffer was created for mma_type '%s'",
+             mma_name(cfg->mma));
     DG_CHECK(!isnan(a->clamp) && a->clamp >= 0.0f, DG_ERR_VALUE,
              "argument 'activation_clamp' must be >= 0 (INFINITY for none), got %g", (double)a->clamp);
     if (a->situ) {
