@@ -709,6 +709,35 @@ static void test_situ(void) {
     TU_CHECK_STATUS(dg_symm_buffer_create(&c8, name, &b), DG_ERR_VALUE);
 }
 
+/* Activations with NaNs among finite ones (L1 scales of some gate rows so large that those
+ * gates overflow to -inf: silu = -inf / inf):
+ * the fused call (whose activation cast propagates NaNs into a block's scale, where the
+ * reference's skips them) is still bitwise the unfused chain on the reference's steps: a NaN
+ * in an activation row makes its whole L2 output row NaN either way. */
+static void test_nan_activations(void) {
+    const int64_t n = dg_tensor_numel(&g_l1sf);
+    float *sf = (float *)g_l1sf.data, *keep = malloc((size_t)n * sizeof *keep);
+    TU_CHECK(keep != NULL, "malloc");
+    memcpy(keep, sf, (size_t)n * sizeof *keep);
+    const int64_t cols = g_l1sf.shape[2]; /* every 7th gate row only: NaNs among finite values */
+    for (int64_t i = 0; i < n; ++i)
+        if ((i / cols) % (2 * I) < I && (i / cols) % 7 == 0)
+            sf[i] = ldexpf(sf[i], 125);
+    TU_CHECK(run(1, M_OK, 2) == 0 && g_out->status[0][2] == DG_OK, "nan run: %d %s", g_out->status[0][2],
+             g_out->msg[0][2]);
+    static uint16_t fused[N][H];
+    memcpy(fused, g_out->y, sizeof fused);
+    int nans = 0;
+    for (int t = 0; t < N; ++t)
+        for (int c = 0; c < H; ++c)
+            nans += (fused[t][c] & 0x7fff) > 0x7f80;
+    TU_CHECK(nans > 0, "the overflowing scales gave no NaN output");
+    in_child(1, 1, 0);
+    TU_CHECK(memcmp(g_out->y_unfused, fused, sizeof fused) == 0, "NaN activations: fused differs from the unfused chain");
+    memcpy(sf, keep, (size_t)n * sizeof *keep);
+    free(keep);
+}
+
 static void test_failures(void) {
     setenv("DG_COMM_TIMEOUT", "20", 1);
     TU_CHECK(run(2, M_BAD_Y_ON_1, 1) == 0, "bad y: crash");
@@ -818,6 +847,7 @@ int main(void) {
     test_packed();
     test_packed_bad();
     test_situ();
+    test_nan_activations();
     test_failures();
     TU_CHECK(g_out->child_failures == 0, "%d checks failed in checker children", g_out->child_failures);
     return tu_finish();

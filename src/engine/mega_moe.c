@@ -11,8 +11,10 @@
  * The GEMMs are the public dg_fp8_fp4_gemm_nt / dg_bf16_gemm_nt, or their `_packed` forms on
  * the expert's group of pre-packed weights (bitwise the same D): a row of their D depends only
  * on that row of A (batch invariance), so waves of any size, and the grouped GEMMs of an
- * unfused chain, give the same bits. SwiGLU and quantisation are the reference's own steps
- * (src/reference/ref_mega_moe.c: float32 scalar code, the same in every build).
+ * unfused chain, give the same bits. SwiGLU / SiTU are the reference's own scalar steps
+ * (src/reference/ref_mega_moe.c: float32 code, the same in every build); the conversions
+ * around them run on the bulk kernels (dg_cast, per_token_cast_to_fp8's), which give the
+ * reference's bits (NaN activations aside: see run_wave; y is the same).
  */
 #include "mega_moe.h"
 
@@ -149,6 +151,10 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
     }
     dg_tensor act = dg_tensor_2d(m->act, c->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, n, I);
     dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
+    /* (A NaN activation: per_token_cast_to_fp8's block amax propagates it where the reference's
+     * skips it, so their codes and scales differ in that block; but any NaN in a row makes
+     * that row's whole L2 output NaN, so y is the same either way; tests/test_mega_moe_fused.c,
+     * test_nan_activations.) */
     st = c->fp8 ? dg_per_token_cast_to_fp8(&af_t, 1, DG_MEGA_MOE_ACT_GRAN, 0, &act, &act_sf) : dg_cast(&af_t, &act);
     if (st != DG_OK)
         return step_failed(api, "activation cast", x->who);
