@@ -1254,8 +1254,11 @@ DG_API dg_status dg_bf16_mega_moe_reference(
 typedef enum dg_mega_moe_mma {
     DG_MEGA_MOE_FP8XFP4 = 0,  /* DeepGEMM's mma_type 'fp8xfp4' */
     DG_MEGA_MOE_BF16XBF16 = 1, /* 'bf16xbf16' */
-    DG_MEGA_MOE_FP8XFP8 = 2    /* 'fp8xfp8': FP8 tokens and FP8 routed weights (DeepGEMM 2.8), the
+    DG_MEGA_MOE_FP8XFP8 = 2,   /* 'fp8xfp8': FP8 tokens and FP8 routed weights (DeepGEMM 2.8), the
                                 * FP8 x FP4 calls with FLOAT8_E4M3 L1 / L2 and per-1x32 scales */
+    DG_MEGA_MOE_FP4XFP4 = 3    /* 'fp4xfp4': NVFP4 tokens and routed weights (DeepGEMM 2.8's
+                                * fp4_fp4_mega_moe), dg_fp4_fp4_mega_moe; hidden and
+                                * intermediate_hidden multiples of 64 */
 } dg_mega_moe_mma;
 
 typedef struct dg_mega_moe_config {
@@ -1294,9 +1297,11 @@ DG_API const char *dg_mpi_library_version(void);
 DG_API dg_status dg_symm_buffer_config(const dg_symm_buffer *buf, dg_mega_moe_config *cfg);
 /*
  * Views of this rank's inputs in its segment (DeepGEMM's buffer.x, ...), contiguous, with
- * T = num_max_tokens_per_rank rows: "x" [T, H] FLOAT8_E4M3 (BFLOAT16 for bf16xbf16), "x_sf"
- * [T, ceil(H/128)] INT32 (four per-1x32 UE8M0 bytes each; not for bf16xbf16), "topk_idx" [T, K]
- * INT64, "topk_weights" [T, K] FLOAT32. The first y.shape[0] rows are the call's tokens.
+ * T = num_max_tokens_per_rank rows: "x" [T, H] FLOAT8_E4M3 (BFLOAT16 for bf16xbf16; UINT8
+ * [T, H/2] E2M1 pairs, low nibble first, for fp4xfp4), "x_sf" [T, ceil(H/128)] INT32 (four
+ * per-1x32 UE8M0 bytes each; for fp4xfp4 [T, H/64], four per-1x16 E4M3 scale bytes each; not
+ * for bf16xbf16), "topk_idx" [T, K] INT64, "topk_weights" [T, K] FLOAT32. The first y.shape[0]
+ * rows are the call's tokens.
  */
 DG_API dg_status dg_symm_buffer_view(const dg_symm_buffer *buf, const char *field, dg_tensor *out);
 
@@ -1375,6 +1380,51 @@ DG_API dg_status dg_fp8_fp4_mega_moe_packed_situ(const dg_tensor *y, const dg_pa
                                                  const dg_packed_b *shared_l2_weights, dg_symm_buffer *buf,
                                                  const dg_tensor *cumulative_local_expert_recv_stats,
                                                  float situ_beta, float situ_linear_beta);
+
+/*
+ * DeepGEMM 2.8's NVFP4 mega MoE (fp4_fp4_mega_moe) on a buffer of mma_type DG_MEGA_MOE_FP4XFP4:
+ * tokens in the buffer as E2M1 codes with one E4M3 scale per 16 values (the "x" / "x_sf" views),
+ * routed weights the same (l1 [E/R, 2I, H/2], l2 [E/R, H, I/2] DG_FP4_E2M1X2 or INT8, unit
+ * stride along K; l1_sf / l2_sf INT32 [E/R, N, K/64] of four E4M3 bytes each, any strides, e.g.
+ * DeepGEMM's MN-major layout, or FLOAT32 [E/R, N, K/16] of the scale values), optional BF16
+ * shared experts run on BF16 tokens, and the per-expert model scales of NVIDIA's NVFP4
+ * checkpoints. For every (source rank s, token t, slot j) with e = topk_idx[s][t, j] >= 0:
+ *   1. acc = x[s][t] . W1[e]^T over the scaled E2M1 values (each exact in BF16), the float32
+ *      D of dg_fp8_fp4_gemm_nt with recipe (1, 1, 16); gate = BF16(acc[:I] * l1_alphas[e, 0]),
+ *      up = BF16(acc[I:] * l1_alphas[e, 1]) (alphas 1 when not given);
+ *   2. the clamp of dg_fp8_fp4_mega_moe, then 3. a = (gate / (1 + expf(-gate))) * up in float32,
+ *      without the top-k weight (upstream applies it after L2);
+ *   4. a quantised to NVFP4 with g = a2_scales[e] (1 when not given): per 16 values
+ *      sf = E4M3(max((amax / 6) * (1 / g), 2^-9)), codes = E2M1 of a / (sf * g) by round to
+ *      nearest even (as the GPU's cvt.rn.satfinite);
+ *   5. acc2 = codes . W2[e]^T as in step 1 with sf as A's scales; o = BF16((acc2 * g) *
+ *      l2_alphas[e]); o' = BF16(float(o) * topk_weights[s][t, j]);
+ *   6. combine on rank s: r = BF16(float32 sum from +0 of o' over the slots in increasing j),
+ *      r = BF16(float(r) * routed_scaling_factor), then with shared experts
+ *      y[s][t] = BF16(float(r) + float(shared[t])), where shared[t] is dg_bf16_mega_moe's shared
+ *      expert chain (steps 1-5, BF16 activations, weight 1, width S I) on x_bf16[t].
+ * As the other calls: bitwise the same for any rank count, thread count and token split, and
+ * equal to this chain built from the public GEMMs; within DeepGEMM's test thresholds of its
+ * float32 reference. extras may be NULL (no shared experts, alphas, a2_scales; scaling 1).
+ * fast_math is DeepGEMM's GPU switch: exact expf here either way.
+ */
+typedef struct dg_fp4_fp4_mega_moe_extras {
+    const dg_tensor *shared_l1_weights; /* BFLOAT16 [2 S I, H], any strides; NULL without */
+    const dg_tensor *shared_l2_weights; /* BFLOAT16 [H, S I] */
+    const dg_tensor *x_bf16;            /* BFLOAT16 [T_r, H]: this rank's tokens for the shared experts;
+                                         * given exactly when the buffer has shared experts */
+    const dg_tensor *l1_alphas;         /* NULL or FLOAT32 [E/R, 2] (gate, up), any strides */
+    const dg_tensor *l2_alphas;         /* NULL or FLOAT32 [E/R] */
+    const dg_tensor *a2_scales;         /* NULL or FLOAT32 [E/R], every entry finite and > 0 */
+    float routed_scaling_factor;        /* finite; 1 in dg_fp4_fp4_mega_moe_extras_default */
+} dg_fp4_fp4_mega_moe_extras;
+
+DG_API dg_fp4_fp4_mega_moe_extras dg_fp4_fp4_mega_moe_extras_default(void);
+DG_API dg_status dg_fp4_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights,
+                                     const dg_tensor *l1_weights_sf, const dg_tensor *l2_weights,
+                                     const dg_tensor *l2_weights_sf, const dg_fp4_fp4_mega_moe_extras *extras,
+                                     dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
+                                     float activation_clamp);
 
 #ifdef __cplusplus
 }

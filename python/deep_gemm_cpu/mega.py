@@ -28,7 +28,7 @@ from . import _C
 from .utils import align
 
 _DTYPES = {'float8_e4m3fn': torch.float8_e4m3fn, 'bfloat16': torch.bfloat16, 'int32': torch.int32,
-           'int64': torch.int64, 'float32': torch.float32}
+           'int64': torch.int64, 'float32': torch.float32, 'uint8': torch.uint8}
 
 
 class _Bootstrap:
@@ -201,7 +201,8 @@ class SymmBuffer:
         # placeholder of that shape that the kernel ignores.
         self.shared_l1_acts_sf = (torch.zeros((align(self.num_max_tokens_per_rank, 128), self.x_sf.shape[1]),
                                               dtype=torch.int32)
-                                  if fp8 and self.num_shared_experts > 0 else None)
+                                  if self.mma_type in ('fp8xfp4', 'fp8xfp8') and self.num_shared_experts > 0
+                                  else None)
 
     def destroy(self):
         """Calls on this buffer raise afterwards. The memory is released once no view of it
@@ -289,7 +290,7 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = 'sw
             if len(w) != 2 or not all(isinstance(t, torch.Tensor) for t in w):
                 raise TypeError(f'transform_weights_for_mega_moe: {name} must be a (weights, scales) pair of tensors')
             out = TransformedWeights(t.clone() for t in w)
-            if pack:
+            if pack and not _is_nvfp4_pair(w):  # fp4_fp4_mega_moe reads NVFP4 weights in place
                 out.packed = _C.pack_b(tuple(out), recipe=(1, 1, 32))
             return out
         if isinstance(w, torch.Tensor):
@@ -408,6 +409,60 @@ def bf16_mega_moe(y: torch.Tensor, l1_weights: torch.Tensor, l2_weights: torch.T
                            activation_clamp, shared_l1_weights, shared_l2_weights)
 
 
+def _is_nvfp4_pair(w) -> bool:
+    """An NVFP4 (weights, scales) pair: E2M1 pairs [..., K/2] with INT32 scales [..., K/64] (four
+    E4M3 bytes per word, one per 16 values), as DeepGEMM's NVFP4 tests build them."""
+    return (isinstance(w, (tuple, list)) and len(w) == 2 and all(isinstance(t, torch.Tensor) for t in w)
+            and w[0].dtype in (torch.int8, torch.uint8) and w[1].dtype == torch.int32 and w[0].dim() >= 1
+            and w[0].dim() == w[1].dim() and w[1].shape[-1] * 32 == w[0].shape[-1])
+
+
+def fp4_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tensor],
+                     l2_weights: Tuple[torch.Tensor, torch.Tensor], sym_buffer: SymmBuffer,
+                     shared_l1_weights: Optional[torch.Tensor] = None, shared_l2_weights: Optional[torch.Tensor] = None,
+                     x_bf16: Optional[torch.Tensor] = None,
+                     cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                     recipe: Tuple[int, int, int] = (1, 1, 16), activation: str = 'swiglu',
+                     activation_clamp: Optional[float] = None, fast_math: bool = True,
+                     l1_alphas: Optional[torch.Tensor] = None, l2_alphas: Optional[torch.Tensor] = None,
+                     a2_scales: Optional[torch.Tensor] = None, routed_scaling_factor: float = 1.0) -> None:
+    """DeepGEMM 2.8's NVFP4 mega MoE on a buffer of mma_type 'fp4xfp4': tokens in buffer.x (E2M1
+    pairs, uint8) and buffer.x_sf (int32, four E4M3 scales per word, one per 16 values); routed
+    weights (E2M1 pairs int8 [E/R, N, K/2], int32 E4M3 scales [E/R, N, K/64] of any strides, e.g.
+    DeepGEMM's MN-major layout; float32 [E/R, N, K/16] scale values are taken too); optional BF16
+    shared experts run on x_bf16; l1_alphas [E/R, 2], l2_alphas [E/R] (per-expert model scales)
+    and a2_scales [E/R] (the L2 input's global scale, finite and > 0); routed_scaling_factor
+    applied to the routed sum before the shared output is added. The chain, rounding by rounding,
+    is dg_fp4_fp4_mega_moe's in deepgemm.h (upstream's test reference). fast_math is accepted:
+    exact expf either way. Pre-packed weights are not used by this call (it reads the weights
+    in place)."""
+    if not isinstance(sym_buffer, SymmBuffer):
+        raise TypeError(f'fp4_fp4_mega_moe: sym_buffer must be a SymmBuffer, got {type(sym_buffer).__name__}')
+    if sym_buffer.mma_type != 'fp4xfp4':
+        raise ValueError(f'NVFP4 MegaMoE requires an fp4xfp4 symmetric buffer, got {sym_buffer.mma_type!r}')
+    if sym_buffer.activation != activation:
+        raise ValueError(f'Activation mismatch: buffer={sym_buffer.activation!r}, call={activation!r}')
+    if not ((shared_l1_weights is None) == (shared_l2_weights is None) == (x_bf16 is None)):
+        raise ValueError('Shared L1 weights, shared L2 weights, and x_bf16 must be provided together')
+    num_shared_experts = 0 if shared_l2_weights is None else \
+        shared_l2_weights.size(1) // sym_buffer.intermediate_hidden
+    if sym_buffer.num_shared_experts != num_shared_experts:
+        raise ValueError(f'Shared-expert layout mismatch: buffer={sym_buffer.num_shared_experts}, '
+                         f'call={num_shared_experts}')
+    _check_call('fp4_fp4_mega_moe', sym_buffer, ('fp4xfp4',), activation, shared_l1_weights, shared_l2_weights)
+    if tuple(recipe) != (1, 1, 16):
+        raise NotImplementedError(f'fp4_fp4_mega_moe: recipe {tuple(recipe)} is not implemented on CPU '
+                                  f'(only NVFP4\'s (1, 1, 16))')
+    for name, w in (('l1_weights', l1_weights), ('l2_weights', l2_weights)):
+        if not (isinstance(w, (tuple, list)) and len(w) == 2):
+            raise TypeError(f'fp4_fp4_mega_moe: {name} must be a (weights, scales) pair')
+    _C.fused_fp4_fp4_mega_moe(y, l1_weights[0], l1_weights[1], l2_weights[0], l2_weights[1], sym_buffer._handle,
+                              cumulative_local_expert_recv_stats, activation_clamp,
+                              shared_l1_weights=shared_l1_weights, shared_l2_weights=shared_l2_weights,
+                              x_bf16=x_bf16, l1_alphas=l1_alphas, l2_alphas=l2_alphas, a2_scales=a2_scales,
+                              routed_scaling_factor=float(routed_scaling_factor))
+
+
 def _missing(name, why):
     def fn(*args, **kwargs):
         raise NotImplementedError(f'deep_gemm_cpu.{name} is not implemented: {why}')
@@ -417,8 +472,6 @@ def _missing(name, why):
 
 fp8_mega_moe = _missing('fp8_mega_moe', 'the SM90 FP8 x FP8 mega MoE (block-128 scales) has no CPU kernel yet; '
                         'fp8_fp4_mega_moe and bf16_mega_moe are implemented')
-fp4_fp4_mega_moe = _missing('fp4_fp4_mega_moe', 'the NVFP4 mega MoE has no CPU kernel yet; fp8_fp4_mega_moe and '
-                            'bf16_mega_moe are implemented')
 get_ring_limit_for_mega_moe = _missing('get_ring_limit_for_mega_moe', 'the CPU kernel has no ring buffer')
 # DeepGEMM 2.8's SM90 (Hopper) mega MoE names: the FP8 x FP8 mega MoE's buffer and weight layout.
 _SM90_WHY = ('the SM90 FP8 x FP8 mega MoE has no CPU kernel yet; get_symm_buffer_for_mega_moe, '

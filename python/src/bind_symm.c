@@ -7,6 +7,7 @@
  *   symm_buffer_size(...same configuration as create, without rank and name...) -> bytes
  *   fp8_fp4_mega_moe(y, l1, l1_sf, l2, l2_sf, handle, stats, activation_clamp)
  *   bf16_mega_moe(y, l1, l2, handle, stats, activation_clamp)
+ *   fused_fp4_fp4_mega_moe(y, l1, l1_sf, l2, l2_sf, handle, stats, activation_clamp, ...extras)
  * The bootstrap (names, barriers between create, attach and seal) is Python's: mega.py runs it
  * over a torch.distributed group or an mpi4py communicator.
  *
@@ -59,9 +60,11 @@ static int parse_mma(PyObject *obj, const char *fn, dg_mega_moe_mma *out) {
         *out = DG_MEGA_MOE_BF16XBF16;
     else if (!strcmp(s, "fp8xfp8"))
         *out = DG_MEGA_MOE_FP8XFP8;
+    else if (!strcmp(s, "fp4xfp4"))
+        *out = DG_MEGA_MOE_FP4XFP4;
     else {
         PyErr_Format(PyExc_NotImplementedError,
-                     "%s: mma_type '%s' is not implemented on CPU (fp8xfp4, fp8xfp8 and bf16xbf16 are)", fn, s);
+                     "%s: mma_type '%s' is not implemented on CPU (fp8xfp4, fp8xfp8, fp4xfp4 and bf16xbf16 are)", fn, s);
         return -1;
     }
     return 0;
@@ -340,6 +343,47 @@ static PyObject *fused_packed(PyObject *args, PyObject *kw) {
     return result;
 }
 
+/* The NVFP4 call: routed weights and their INT32 (E4M3 bytes) or FLOAT32 scales; the extras of
+ * dg_fp4_fp4_mega_moe_extras as keywords (None: not given). */
+static PyObject *py_fp4_fp4_mega_moe(PyObject *s, PyObject *args, PyObject *kw) {
+    const char *fn = "fp4_fp4_mega_moe";
+    static char *kwl[] = {"y", "l1_weights", "l1_weights_sf", "l2_weights", "l2_weights_sf", "buffer",
+                          "cumulative_local_expert_recv_stats", "activation_clamp", "shared_l1_weights",
+                          "shared_l2_weights", "x_bf16", "l1_alphas", "l2_alphas", "a2_scales",
+                          "routed_scaling_factor", NULL};
+    PyObject *y, *l1, *l1sf, *l2, *l2sf, *cap, *stats = Py_None, *clamp_obj = Py_None;
+    PyObject *o[6] = {Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
+    double rsf = 1.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOOOOOOd", kwl, &y, &l1, &l1sf, &l2, &l2sf, &cap, &stats,
+                                     &clamp_obj, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &rsf))
+        return NULL;
+    handle *h = get_handle(cap, fn, 1);
+    float clamp;
+    if (!h || parse_clamp(clamp_obj, fn, &clamp))
+        return NULL;
+    static const char *names[6] = {"shared_l1_weights", "shared_l2_weights", "x_bf16", "l1_alphas", "l2_alphas",
+                                   "a2_scales"};
+    dgp_tensor ty = {0}, t1 = {0}, t1s = {0}, t2 = {0}, t2s = {0}, ts = {0}, ex[6];
+    memset(ex, 0, sizeof ex);
+    if (dgp_tensor_from(y, fn, "y", DGP_WRITABLE, &ty) || dgp_tensor_from(l1, fn, "l1_weights", 0, &t1) ||
+        dgp_tensor_from(l1sf, fn, "l1_weights_sf", 0, &t1s) || dgp_tensor_from(l2, fn, "l2_weights", 0, &t2) ||
+        dgp_tensor_from(l2sf, fn, "l2_weights_sf", 0, &t2s) ||
+        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
+        return NULL;
+    for (int i = 0; i < 6; ++i)
+        if (dgp_tensor_from(o[i], fn, names[i], DGP_OPTIONAL, &ex[i]))
+            return NULL;
+    dg_fp4_fp4_mega_moe_extras e = dg_fp4_fp4_mega_moe_extras_default();
+    e.shared_l1_weights = dgp_ptr(&ex[0]), e.shared_l2_weights = dgp_ptr(&ex[1]), e.x_bf16 = dgp_ptr(&ex[2]);
+    e.l1_alphas = dgp_ptr(&ex[3]), e.l2_alphas = dgp_ptr(&ex[4]), e.a2_scales = dgp_ptr(&ex[5]);
+    e.routed_scaling_factor = (float)rsf;
+    dg_status st;
+    DGP_NOGIL(st, dg_fp4_fp4_mega_moe(&ty.t, &t1.t, &t1s.t, &t2.t, &t2s.t, &e, h->buf, dgp_ptr(&ts), clamp));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_fp8_fp4_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 1); }
 static PyObject *py_bf16_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 0); }
 static PyObject *py_fused_packed(PyObject *s, PyObject *args, PyObject *kw) { return fused_packed(args, kw); }
@@ -373,6 +417,11 @@ PyMethodDef dgp_symm_methods[] = {
      "cumulative_local_expert_recv_stats=None, activation_clamp=None, shared_l1_weights=None, "
      "shared_l1_weights_sf=None, shared_l2_weights=None, shared_l2_weights_sf=None, situ_beta=0, situ_linear_beta=0 "
      "(betas given: SiTU)"},
+    {"fused_fp4_fp4_mega_moe", KW py_fp4_fp4_mega_moe, METH_VARARGS | METH_KEYWORDS,
+     "fused_fp4_fp4_mega_moe(y, l1_weights, l1_weights_sf, l2_weights, l2_weights_sf, buffer, "
+     "cumulative_local_expert_recv_stats=None, activation_clamp=None, shared_l1_weights=None, "
+     "shared_l2_weights=None, x_bf16=None, l1_alphas=None, l2_alphas=None, a2_scales=None, "
+     "routed_scaling_factor=1.0): the NVFP4 mega MoE (dg_fp4_fp4_mega_moe)"},
     {"fused_bf16_mega_moe", KW py_bf16_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_bf16_mega_moe(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
      "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None)"},

@@ -131,7 +131,7 @@ def test_runtime_settings():
     assert dg.get_backend() in ('auto', 'reference')
 
 
-@pytest.mark.parametrize('name', ['fp8_mega_moe', 'fp4_fp4_mega_moe', 'SM90SymmBuffer',
+@pytest.mark.parametrize('name', ['fp8_mega_moe', 'SM90SymmBuffer',
                                   'get_symm_buffer_for_sm90_mega_moe', 'transform_weights_for_mega_moe_sm90'])
 def test_not_implemented(name):
     with pytest.raises(NotImplementedError, match=name):

@@ -19,7 +19,9 @@
 #include <string.h>
 
 typedef struct fused_args {
-    int fp8;
+    int fp8;                                      /* FP8 tokens: fp8xfp4 or fp8xfp8 */
+    int nvfp4;                                    /* dg_fp4_fp4_mega_moe: fp4xfp4, with ex */
+    dg_fp4_fp4_mega_moe_extras ex;
     const dg_tensor *y, *l1, *l1_sf, *l2, *l2_sf, *stats;
     const dg_tensor *sh1, *sh1_sf, *sh2, *sh2_sf; /* the shared expert(s), NULL without */
     int packed;                                   /* the `_packed` calls: the weights below instead */
@@ -30,13 +32,21 @@ typedef struct fused_args {
 } fused_args;
 
 static const char *mma_name(dg_mega_moe_mma m) {
-    return m == DG_MEGA_MOE_FP8XFP4 ? "fp8xfp4" : m == DG_MEGA_MOE_FP8XFP8 ? "fp8xfp8" : "bf16xbf16";
+    return m == DG_MEGA_MOE_FP8XFP4   ? "fp8xfp4"
+           : m == DG_MEGA_MOE_FP8XFP8 ? "fp8xfp8"
+           : m == DG_MEGA_MOE_FP4XFP4 ? "fp4xfp4"
+                                      : "bf16xbf16";
 }
 
 /* The routed experts' weight dtype of a buffer's mma_type. */
 static dg_dtype routed_dtype(dg_mega_moe_mma m) {
-    return m == DG_MEGA_MOE_FP8XFP4 ? DG_FP4_E2M1X2 : m == DG_MEGA_MOE_FP8XFP8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+    return m == DG_MEGA_MOE_FP8XFP4 || m == DG_MEGA_MOE_FP4XFP4 ? DG_FP4_E2M1X2
+           : m == DG_MEGA_MOE_FP8XFP8                          ? DG_FLOAT8_E4M3
+                                                               : DG_BFLOAT16;
 }
+
+/* Scale granularity along K of the routed weights: NVFP4's 16, else per-1x32. */
+static int weight_gran(const fused_args *a) { return a->nvfp4 ? 16 : DG_MEGA_MOE_ACT_GRAN; }
 
 /* One weight tensor of this rank's E/R experts: [E/R, rows, cols] logical. */
 static dg_status check_weight(const fused_args *a, const dg_symm_buffer *b, int layer, dg_operand *op,
@@ -52,16 +62,29 @@ static dg_status check_weight(const fused_args *a, const dg_symm_buffer *b, int 
              name, (long long)epr, (long long)rows, (long long)cols,
              layer == 1 ? "2 * intermediate_hidden, hidden" : "hidden, intermediate_hidden", (long long)op->groups,
              (long long)op->mn, (long long)op->k);
-    if (a->fp8)
+    if (a->fp8 || a->nvfp4)
         DG_TRY(dg_operand_set_scales(op, layer == 1 ? "l1_weights_sf" : "l2_weights_sf",
-                                     layer == 1 ? a->l1_sf : a->l2_sf, 1, DG_MEGA_MOE_ACT_GRAN));
+                                     layer == 1 ? a->l1_sf : a->l2_sf, 1, weight_gran(a)));
     return DG_OK;
 }
 
-/* The shared experts' weights: [2 S I, H] and [H, S I], FP8 with per-1x32 scales or BF16. */
+/* The shared experts' weights: [2 S I, H] and [H, S I], FP8 with per-1x32 scales or BF16 (the
+ * NVFP4 call's, with their BF16 tokens x_bf16 [T_r, H]). */
 static dg_status check_shared(const fused_args *a, const dg_symm_buffer *b) {
     const int64_t S = b->cfg.num_shared_experts, SI = S * b->cfg.intermediate_hidden, H = b->cfg.hidden;
     const int given = a->sh1 || a->sh2;
+    if (a->nvfp4) {
+        const dg_tensor *xb = a->ex.x_bf16;
+        DG_CHECK((a->sh1 == NULL) == (a->sh2 == NULL) && (a->sh1 == NULL) == (xb == NULL), DG_ERR_VALUE,
+                 "arguments 'shared_l1_weights', 'shared_l2_weights' and 'x_bf16' must be given together");
+        if (xb) {
+            DG_TRY(dg_check_tensor_dtype(xb, "x_bf16", 2, DG_BFLOAT16));
+            DG_CHECK(xb->shape[0] == a->y->shape[0] && xb->shape[1] == H, DG_ERR_SHAPE,
+                     "argument 'x_bf16' must be [%lld, %lld] (y's tokens, hidden), got [%lld, %lld]",
+                     (long long)a->y->shape[0], (long long)H, (long long)xb->shape[0], (long long)xb->shape[1]);
+            DG_TRY(dg_check_no_overlap(a->y, "y", xb, "x_bf16", false));
+        }
+    }
     DG_CHECK(S == 0 || (a->sh1 && a->sh2), DG_ERR_NULL_POINTER,
              "the symmetric buffer was created with num_shared_experts = %lld: arguments 'shared_l1_weights' and "
              "'shared_l2_weights' are required", (long long)S);
@@ -69,7 +92,7 @@ static dg_status check_shared(const fused_args *a, const dg_symm_buffer *b) {
              "shared expert weights were given, but the symmetric buffer was created with num_shared_experts = 0");
     if (S == 0)
         return DG_OK;
-    const dg_dtype want = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
+    const dg_dtype want = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16; /* NVFP4's are BF16 */
     const struct { const dg_tensor *w, *sf; const char *name, *sf_name; int64_t rows, cols; } ws[2] = {
         {a->sh1, a->sh1_sf, "shared_l1_weights", "shared_l1_weights_sf", 2 * SI, H},
         {a->sh2, a->sh2_sf, "shared_l2_weights", "shared_l2_weights_sf", H, SI}};
@@ -143,11 +166,34 @@ static dg_tensor segment_tensor(const dg_symm_buffer *b) {
     return dg_tensor_1d(b->local, DG_INT8, b->lay.bytes);
 }
 
+/* The NVFP4 call's per-expert scales: FLOAT32 [E/R, cols] (a 1-D [E/R] when cols is 0). */
+static dg_status check_expert_scales(const fused_args *a, const dg_tensor *t, const char *name, int64_t epr,
+                                     int64_t cols, bool positive) {
+    if (!t)
+        return DG_OK;
+    DG_TRY(dg_check_tensor_dtype(t, name, cols ? 2 : 1, DG_FLOAT32));
+    DG_TRY(dg_check_dim(t, name, 0, epr));
+    if (cols)
+        DG_TRY(dg_check_dim(t, name, 1, cols));
+    DG_TRY(dg_check_no_overlap(a->y, "y", t, name, false));
+    if (a->stats)
+        DG_TRY(dg_check_no_overlap(a->stats, "cumulative_local_expert_recv_stats", t, name, false));
+    for (int64_t e = 0; positive && e < epr; ++e) {
+        const float v = ((const float *)t->data)[e * t->strides[0]];
+        DG_CHECK(isfinite(v) && v > 0.0f, DG_ERR_VALUE, "argument '%s': entry %lld is %g; each must be finite and > 0",
+                 name, (long long)e, (double)v);
+    }
+    return DG_OK;
+}
+
 static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
     const dg_mega_moe_config *cfg = &b->cfg;
-    DG_CHECK(a->fp8 == (cfg->mma != DG_MEGA_MOE_BF16XBF16), DG_ERR_VALUE,
-             "the symmetric buffer was created for mma_type '%s'; this call needs %s", mma_name(cfg->mma),
-             a->fp8 ? "'fp8xfp4' or 'fp8xfp8'" : "'bf16xbf16'");
+    const dg_mega_moe_mma m = cfg->mma;
+    const bool fits = a->nvfp4 ? m == DG_MEGA_MOE_FP4XFP4
+                      : a->fp8 ? m == DG_MEGA_MOE_FP8XFP4 || m == DG_MEGA_MOE_FP8XFP8
+                               : m == DG_MEGA_MOE_BF16XBF16;
+    DG_CHECK(fits, DG_ERR_VALUE, "the symmetric buffer was created for mma_type '%s'; this call needs %s",
+             mma_name(m), a->nvfp4 ? "'fp4xfp4'" : a->fp8 ? "'fp8xfp4' or 'fp8xfp8'" : "'bf16xbf16'");
     DG_CHECK(!a->situ || cfg->mma == DG_MEGA_MOE_FP8XFP4, DG_ERR_VALUE,
              "SiTU is the FP8 x FP4 mega MoE's (DeepGEMM 2.8); the symmetric buffer was created for mma_type '%s'",
              mma_name(cfg->mma));
@@ -178,6 +224,14 @@ static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
         DG_TRY(dg_check_tensor_dtype(a->stats, s, 1, DG_INT32));
         DG_TRY(dg_check_dim(a->stats, s, 0, cfg->num_experts / cfg->num_ranks));
         DG_TRY(dg_check_contiguous(a->stats, s));
+    }
+    if (a->nvfp4) {
+        const int64_t epr = cfg->num_experts / cfg->num_ranks;
+        DG_CHECK(isfinite(a->ex.routed_scaling_factor), DG_ERR_VALUE,
+                 "argument 'routed_scaling_factor' must be finite, got %g", (double)a->ex.routed_scaling_factor);
+        DG_TRY(check_expert_scales(a, a->ex.l1_alphas, "l1_alphas", epr, 2, false));
+        DG_TRY(check_expert_scales(a, a->ex.l2_alphas, "l2_alphas", epr, 0, false));
+        DG_TRY(check_expert_scales(a, a->ex.a2_scales, "a2_scales", epr, 0, true));
     }
     /* Outputs overlap neither each other, nor the weights, nor the symmetric buffer. */
     const dg_tensor seg = segment_tensor(b);
@@ -250,8 +304,10 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
     keep_message(msg_a, sizeof msg_a);
 
     dg_status work = DG_OK;
-    dg_mega_moe_call c = {.buf = b, .fp8 = a->fp8, .y = a->y, .l1 = a->l1, .l1_sf = a->l1_sf, .l2 = a->l2,
-                          .l2_sf = a->l2_sf, .stats = a->stats, .shared_l1 = a->sh1, .shared_l1_sf = a->sh1_sf,
+    dg_mega_moe_call c = {.buf = b, .fp8 = a->fp8, .nvfp4 = a->nvfp4, .x_bf16 = a->ex.x_bf16,
+                          .l1_alphas = a->ex.l1_alphas, .l2_alphas = a->ex.l2_alphas, .a2_scales = a->ex.a2_scales,
+                          .routed_scaling_factor = a->ex.routed_scaling_factor, .y = a->y, .l1 = a->l1,
+                          .l1_sf = a->l1_sf, .l2 = a->l2, .l2_sf = a->l2_sf, .stats = a->stats, .shared_l1 = a->sh1, .shared_l1_sf = a->sh1_sf,
                           .shared_l2 = a->sh2, .shared_l2_sf = a->sh2_sf, .l1p = a->p1, .l2p = a->p2,
                           .shared_l1p = a->ps1, .shared_l2p = a->ps2, .shared_y = shared_y, .clamp = a->clamp,
                           .situ = a->situ, .situ_beta = a->situ_beta, .situ_linear_beta = a->situ_linear_beta,
@@ -298,7 +354,8 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
     }
     dg_mega_moe_combine(&c, scratch, threads);
     DG_PATH("%s, %d rank%s; expert waves on %s%s", b->net ? "network path (MPI)" : "symmetric buffer over shared memory",
-            R, R == 1 ? "" : "s", a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt",
+            R, R == 1 ? "" : "s",
+            a->nvfp4 ? "dg_fp8_fp4_gemm_nt (NVFP4, recipe (1, 1, 16))" : a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt",
             a->packed ? "_packed (pre-packed weights)" : " (weights packed per wave)");
 done:
     dg_free(tokens);
@@ -379,5 +436,23 @@ dg_status dg_fp8_fp4_mega_moe_packed_situ(const dg_tensor *y, const dg_packed_b 
     const fused_args a = {.fp8 = 1, .y = y, .packed = 1, .p1 = l1_weights, .p2 = l2_weights, .ps1 = shared_l1_weights,
                           .ps2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats, .clamp = INFINITY,
                           .situ = 1, .situ_beta = situ_beta, .situ_linear_beta = situ_linear_beta};
+    return fused(&a, buf);
+}
+
+dg_fp4_fp4_mega_moe_extras dg_fp4_fp4_mega_moe_extras_default(void) {
+    dg_fp4_fp4_mega_moe_extras e = {0};
+    e.routed_scaling_factor = 1.0f;
+    return e;
+}
+
+dg_status dg_fp4_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l1_weights_sf,
+                              const dg_tensor *l2_weights, const dg_tensor *l2_weights_sf,
+                              const dg_fp4_fp4_mega_moe_extras *extras, dg_symm_buffer *buf,
+                              const dg_tensor *cumulative_local_expert_recv_stats, float activation_clamp) {
+    dg_api_begin("dg_fp4_fp4_mega_moe");
+    fused_args a = {.nvfp4 = 1, .ex = extras ? *extras : dg_fp4_fp4_mega_moe_extras_default(), .y = y,
+                    .l1 = l1_weights, .l1_sf = l1_weights_sf, .l2 = l2_weights, .l2_sf = l2_weights_sf,
+                    .stats = cumulative_local_expert_recv_stats, .clamp = activation_clamp};
+    a.sh1 = a.ex.shared_l1_weights, a.sh2 = a.ex.shared_l2_weights;
     return fused(&a, buf);
 }

@@ -274,7 +274,7 @@ static dg_status gather_area(dg_symm_buffer *b, const int64_t *tokens, int64_t o
 
 dg_status dg_symm_net_dispatch(dg_symm_buffer *b, const int64_t *tokens) {
     const int R = b->cfg.num_ranks, me = b->cfg.rank;
-    const int64_t K = b->cfg.num_topk, xrow = b->cfg.hidden * b->lay.x_elem, sfrow = b->lay.sf_cols * 4;
+    const int64_t K = b->cfg.num_topk, xrow = b->lay.x_row, sfrow = b->lay.sf_cols * 4;
     const int64_t row = xrow + sfrow;
     int64_t all_tokens = 0, mine_out = 0, in_total = 0;
     for (int r = 0; r < R; ++r)

@@ -31,8 +31,10 @@ dg_status dg_symm_check_config(const dg_mega_moe_config *in, int check_rank, dg_
              "num_ranks must be in [1, 4096], got %d", in->num_ranks);
     DG_CHECK(!check_rank || (in->rank >= 0 && in->rank < in->num_ranks), DG_ERR_VALUE,
              "rank must be in [0, num_ranks = %d), got %d", in->num_ranks, in->rank);
-    DG_CHECK(in->mma == DG_MEGA_MOE_FP8XFP4 || in->mma == DG_MEGA_MOE_BF16XBF16 || in->mma == DG_MEGA_MOE_FP8XFP8,
-             DG_ERR_VALUE, "mma must be DG_MEGA_MOE_FP8XFP4, DG_MEGA_MOE_BF16XBF16 or DG_MEGA_MOE_FP8XFP8, got %d",
+    DG_CHECK(in->mma == DG_MEGA_MOE_FP8XFP4 || in->mma == DG_MEGA_MOE_BF16XBF16 || in->mma == DG_MEGA_MOE_FP8XFP8 ||
+                 in->mma == DG_MEGA_MOE_FP4XFP4,
+             DG_ERR_VALUE,
+             "mma must be DG_MEGA_MOE_FP8XFP4, DG_MEGA_MOE_BF16XBF16, DG_MEGA_MOE_FP8XFP8 or DG_MEGA_MOE_FP4XFP4, got %d",
              (int)in->mma);
     DG_CHECK(in->num_experts > 0 && in->num_experts <= (1 << 20) && in->num_experts % in->num_ranks == 0,
              DG_ERR_VALUE, "num_experts must be a positive multiple of num_ranks (%d) up to 2^20, got %lld",
@@ -49,6 +51,12 @@ dg_status dg_symm_check_config(const dg_mega_moe_config *in, int check_rank, dg_
              (long long)in->hidden, (long long)in->intermediate_hidden);
     DG_CHECK(in->mma != DG_MEGA_MOE_FP8XFP4 || (in->hidden % 2 == 0 && in->intermediate_hidden % 2 == 0),
              DG_ERR_VALUE, "fp8xfp4 needs even hidden and intermediate_hidden (packed FP4 weights), got %lld and %lld",
+             (long long)in->hidden, (long long)in->intermediate_hidden);
+    /* NVFP4: tokens, activations and weights carry one E4M3 scale per 16 values, four to an INT32
+     * word (DeepGEMM's layout), so both widths are whole words of scales. */
+    DG_CHECK(in->mma != DG_MEGA_MOE_FP4XFP4 || (in->hidden % 64 == 0 && in->intermediate_hidden % 64 == 0),
+             DG_ERR_VALUE, "fp4xfp4 needs hidden and intermediate_hidden multiples of 64 (NVFP4 scales per 16 "
+             "values, four per INT32), got %lld and %lld",
              (long long)in->hidden, (long long)in->intermediate_hidden);
     DG_CHECK(in->num_shared_experts >= 0 && in->num_shared_experts <= 64 &&
                  in->num_shared_experts * in->intermediate_hidden <= (1 << 20),
@@ -71,11 +79,11 @@ static bool add_area(int64_t *cursor, int64_t *at, int64_t a, int64_t b, int64_t
 
 bool dg_symm_compute_layout(const dg_mega_moe_config *cfg, dg_symm_layout *lay) {
     const int64_t T = cfg->num_max_tokens_per_rank, K = cfg->num_topk, H = cfg->hidden;
-    const int fp8 = cfg->mma != DG_MEGA_MOE_BF16XBF16; /* FP8 tokens with scales */
+    const int bf16 = cfg->mma == DG_MEGA_MOE_BF16XBF16, nvfp4 = cfg->mma == DG_MEGA_MOE_FP4XFP4;
     int64_t cur = SYMM_PAGE, unused;
-    lay->x_elem = fp8 ? 1 : 2;
-    lay->sf_cols = fp8 ? dg_ceil_div(H, 128) : 0;
-    if (!add_area(&cur, &lay->x, T, H, lay->x_elem) || !add_area(&cur, &lay->x_sf, T, lay->sf_cols, 4) ||
+    lay->x_row = bf16 ? 2 * H : nvfp4 ? H / 2 : H;
+    lay->sf_cols = bf16 ? 0 : nvfp4 ? H / 64 : dg_ceil_div(H, 128);
+    if (!add_area(&cur, &lay->x, T, lay->x_row, 1) || !add_area(&cur, &lay->x_sf, T, lay->sf_cols, 4) ||
         !add_area(&cur, &lay->topk_idx, T, K, 8) || !add_area(&cur, &lay->topk_weights, T, K, 4) ||
         !add_area(&cur, &lay->combine, T * K, H, 2) || !add_area(&cur, &unused, 0, 0, 0))
         return false;
@@ -234,7 +242,7 @@ static dg_status check_peer(const dg_symm_buffer *b, int r, const dg_symm_header
     DG_CHECK((int64_t)(field) == (int64_t)(value), DG_ERR_VALUE,                                   \
              "the ranks passed different configurations: rank %d has %s = %lld, rank %d has %lld", r, \
              what, (long long)(field), c->rank, (long long)(value))
-    SAME(h->mma, c->mma, "mma_type (0: fp8xfp4, 1: bf16xbf16, 2: fp8xfp8)");
+    SAME(h->mma, c->mma, "mma_type (0: fp8xfp4, 1: bf16xbf16, 2: fp8xfp8, 3: fp4xfp4)");
     SAME(h->num_experts, c->num_experts, "num_experts");
     SAME(h->num_max_tokens, c->num_max_tokens_per_rank, "num_max_tokens_per_rank (aligned)");
     SAME(h->num_topk, c->num_topk, "num_topk");
@@ -311,8 +319,11 @@ dg_status dg_symm_buffer_view(const dg_symm_buffer *b, const char *field, dg_ten
     DG_CHECK(b != NULL && field != NULL && out != NULL, DG_ERR_NULL_POINTER,
              "arguments 'buf', 'field' and 'out' must not be NULL");
     const int64_t T = b->cfg.num_max_tokens_per_rank, K = b->cfg.num_topk, H = b->cfg.hidden;
-    const int fp8 = b->cfg.mma != DG_MEGA_MOE_BF16XBF16;
-    if (!strcmp(field, "x"))
+    const int fp8 = b->cfg.mma != DG_MEGA_MOE_BF16XBF16; /* tokens with scales */
+    const dg_mega_moe_mma m = b->cfg.mma;
+    if (!strcmp(field, "x") && m == DG_MEGA_MOE_FP4XFP4)
+        *out = dg_tensor_2d(b->local + b->lay.x, DG_UINT8, T, H / 2); /* E2M1 pairs, as DeepGEMM's view */
+    else if (!strcmp(field, "x"))
         *out = dg_tensor_2d(b->local + b->lay.x, fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, T, H);
     else if (!strcmp(field, "x_sf") && fp8)
         *out = dg_tensor_2d(b->local + b->lay.x_sf, DG_INT32, T, b->lay.sf_cols);

@@ -15,6 +15,11 @@
  * (src/reference/ref_mega_moe.c: float32 code, the same in every build); the conversions
  * around them run on the bulk kernels (dg_cast, per_token_cast_to_fp8's), which give the
  * reference's bits (NaN activations aside: see run_wave; y is the same).
+ *
+ * The NVFP4 call (dg_fp4_fp4_mega_moe) runs the same waves on E2M1 tokens and weights with
+ * per-16 E4M3 scales: its GEMMs are dg_fp8_fp4_gemm_nt with recipe (1, 1, 16) and float32 D
+ * (the expert's model scales multiply before the BF16 rounding), the E4M3 scale bytes widened
+ * to float per token and per expert; its BF16 shared experts take x_bf16's rows.
  */
 #include "mega_moe.h"
 
@@ -52,11 +57,11 @@ static int64_t g_wave_rows_override;
 
 void dg_mega_moe_set_wave_rows(int64_t rows) { g_wave_rows_override = rows > 0 ? rows : 0; }
 
-static int64_t wave_rows(const dg_symm_buffer *b, int64_t inter) {
+static int64_t wave_rows(const dg_symm_buffer *b, int64_t inter, int nvfp4) {
     if (g_wave_rows_override > 0)
         return g_wave_rows_override;
-    const int64_t per_row = 3 * 4 * inter + 2 * inter +
-                            2 * b->cfg.hidden + b->cfg.hidden * b->lay.x_elem + 64;
+    const int64_t H = b->cfg.hidden;
+    const int64_t per_row = 3 * 4 * inter + 2 * inter + 2 * H + 2 * H + (nvfp4 ? 4 * H + H / 4 : 0) + 64;
     const int64_t rows = ((int64_t)64 << 20) / per_row;
     return rows < 64 ? 64 : rows > 8192 ? 8192 : rows;
 }
@@ -71,14 +76,33 @@ static dg_tensor group_view(const dg_tensor *t, int64_t g) {
     return v;
 }
 
+/* The NVFP4 scales of group g of an INT32 [G, >= rows, >= words] tensor of four E4M3 bytes each (any
+ * strides), as FLOAT32 [rows, 4 words]: what the GEMMs take (their INT32 scales are UE8M0). */
+static void nvfp4_scales(const dg_tensor *sf, int64_t g, int64_t rows, int64_t words, const float *lut, float *out) {
+    const int64_t s1 = sf->strides[1], s2 = sf->strides[2];
+    const uint32_t *base = (const uint32_t *)sf->data + g * sf->strides[0];
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t w = 0; w < words; ++w) {
+            const uint32_t v = base[r * s1 + w * s2];
+            for (int q = 0; q < 4; ++q)
+                out[r * 4 * words + 4 * w + q] = lut[(v >> (8 * q)) & 0xff];
+        }
+}
+
+/* What an expert's wave multiplies: FP8 tokens (per-1x32 scales), BF16 tokens, or NVFP4 tokens. */
+typedef enum { KIND_FP8, KIND_BF16, KIND_NVFP4 } wave_kind;
+
 typedef struct wave_mem {
-    void *a_in;      /* [W, H] gathered x rows */
-    int32_t *sf_in;  /* [W, ceil(H/128)] their packed scales (fp8) */
+    void *a_in;      /* [W, H] gathered x rows (E4M3, BF16 or E2M1 pairs) */
+    void *sf_in;     /* [W, ceil(H/128)] their packed scales (fp8), or [W, H/16] floats (nvfp4) */
     uint16_t *h;     /* [W, 2I] L1 output, BF16 */
-    void *act;       /* [W, I] activations: E4M3 codes (fp8) or BF16 */
-    float *act_sf;   /* [W, ceil(I/32)] (fp8) */
+    void *act;       /* [W, I] activations: E4M3 codes (fp8), BF16, or E2M1 pairs (nvfp4) */
+    float *act_sf;   /* [W, ceil(I/32)] (fp8) or [W, I/16] (nvfp4) */
     uint16_t *o;     /* [W, H] L2 output, BF16 */
     float *tmp;      /* [n, 2I] L1 output as float, then [n, I] activations (n <= W) */
+    float *of;       /* [W, H] L2 output as float (nvfp4) */
+    float *s1f, *s2f; /* the expert's L1 / L2 scales as float (nvfp4 with INT32 scales) */
+    float lut[256];  /* E4M3 byte -> float (nvfp4) */
 } wave_mem;
 
 /* A step of a wave (a GEMM, a conversion) failed: its message, in this call's name. */
@@ -91,41 +115,77 @@ static dg_status step_failed(const char *api, const char *step, const char *who)
 
 /* One expert's weights as 2-D views (or its pre-packed B's), and where its output rows go. */
 typedef struct expert {
-    dg_tensor w1, s1, w2, s2;
+    wave_kind kind;
+    dg_tensor w1, s1, w2, s2;          /* nvfp4: s1 / s2 FLOAT32 */
     const struct dg_packed_b *p1, *p2; /* non-NULL: the `_packed` calls (w1 .. s2 unused) */
     int64_t inter;       /* I, or num_shared_experts * I for the shared expert */
     uint16_t *shared_y;  /* NULL: routed (rows to the combine areas, top-k weight applied);
                           * else the shared expert: row of token t to shared_y[t], weight 1 */
+    float alpha_gate, alpha_up, alpha2, a2; /* nvfp4: the expert's model scales (1 when not given) */
     char who[48];
 } expert;
+
+static float bf16_round(float v) { return dg_bf16_to_float(dg_float_to_bf16(v)); }
+
+/* Row i of the wave's input: token p->token of rank p->rank (the buffer's x, or x_bf16 for the
+ * NVFP4 call's BF16 shared experts), with its scales as the GEMM takes them. */
+static void gather_row(const dg_mega_moe_call *c, const expert *x, const pair *p, int64_t i, wave_mem *m) {
+    const dg_symm_buffer *b = c->buf;
+    const int64_t H = b->cfg.hidden, xrow = b->lay.x_row, sfc = b->lay.sf_cols;
+    if (x->kind == KIND_BF16 && c->nvfp4) {
+        uint16_t *dst = (uint16_t *)m->a_in + i * H;
+        for (int64_t col = 0; col < H; ++col)
+            dst[col] = *(const uint16_t *)dg_ptr2(c->x_bf16, p->token, col);
+        return;
+    }
+    memcpy((char *)m->a_in + i * xrow, dg_symm_area(b, p->rank, b->lay.x) + p->token * xrow, (size_t)xrow);
+    const uint8_t *sf = (const uint8_t *)dg_symm_area(b, p->rank, b->lay.x_sf) + p->token * sfc * 4;
+    if (x->kind == KIND_FP8)
+        memcpy((int32_t *)m->sf_in + i * sfc, sf, (size_t)sfc * 4);
+    else if (x->kind == KIND_NVFP4)
+        for (int64_t q = 0; q < 4 * sfc; ++q)
+            ((float *)m->sf_in)[i * 4 * sfc + q] = m->lut[sf[q]];
+}
+
+/* The GEMM of one layer: A [n, k] of the wave's kind times the expert's B of that layer, into
+ * d (BF16, or FLOAT32 for NVFP4). */
+static dg_status layer_gemm(const expert *x, int layer, void *a_data, void *a_sf, int64_t n, int64_t k,
+                            const dg_tensor *d) {
+    const dg_tensor *w = layer == 1 ? &x->w1 : &x->w2, *ws = layer == 1 ? &x->s1 : &x->s2;
+    const struct dg_packed_b *p = layer == 1 ? x->p1 : x->p2;
+    dg_gemm_options opts = dg_gemm_options_default();
+    opts.recipe[0] = 1, opts.recipe[1] = 1;
+    if (x->kind == KIND_BF16) {
+        dg_tensor a = dg_tensor_2d(a_data, DG_BFLOAT16, n, k);
+        return p ? dg_bf16_gemm_nt_packed(&a, p, d, NULL) : dg_bf16_gemm_nt(&a, w, d, NULL);
+    }
+    if (x->kind == KIND_FP8) {
+        opts.recipe[2] = DG_MEGA_MOE_ACT_GRAN;
+        /* layer 1 reads the token's packed UE8M0 words, layer 2 the activations' float scales */
+        dg_tensor a = dg_tensor_2d(a_data, DG_FLOAT8_E4M3, n, k);
+        dg_tensor sa = layer == 1 ? dg_tensor_2d(a_sf, DG_INT32, n, dg_ceil_div(k, 128))
+                                  : dg_tensor_2d(a_sf, DG_FLOAT32, n, dg_ceil_div(k, DG_MEGA_MOE_ACT_GRAN));
+        return p ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, p, d, NULL, &opts) : dg_fp8_fp4_gemm_nt(&a, &sa, w, ws, d, NULL, &opts);
+    }
+    opts.recipe[2] = 16;
+    dg_tensor a = dg_tensor_2d(a_data, DG_FP4_E2M1X2, n, k / 2), sa = dg_tensor_2d(a_sf, DG_FLOAT32, n, k / 16);
+    return dg_fp8_fp4_gemm_nt(&a, &sa, w, ws, d, NULL, &opts);
+}
 
 static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair *pairs, int64_t n, wave_mem *m) {
     const dg_symm_buffer *b = c->buf;
     const int64_t H = b->cfg.hidden, I = x->inter, K = b->cfg.num_topk;
-    const int64_t xrow = H * b->lay.x_elem, sfc = b->lay.sf_cols, asfc = dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN);
+    const int nv = x->kind == KIND_NVFP4;
     const char *api = dg_api_name();
 
-    for (int64_t i = 0; i < n; ++i) { /* dispatch: pull the rows from their source ranks */
-        const pair *p = &pairs[i];
-        memcpy((char *)m->a_in + i * xrow, dg_symm_area(b, p->rank, b->lay.x) + p->token * xrow, (size_t)xrow);
-        if (c->fp8)
-            memcpy(m->sf_in + i * sfc, dg_symm_area(b, p->rank, b->lay.x_sf) + p->token * sfc * 4,
-                   (size_t)sfc * 4);
-    }
+    for (int64_t i = 0; i < n; ++i) /* dispatch: pull the rows from their source ranks */
+        gather_row(c, x, &pairs[i], i, m);
 
+    /* L1: BF16 D, except NVFP4's float32 D, which its gate / up scales multiply before rounding. */
+    float *hf = m->tmp, *af = m->tmp + n * 2 * I;
     dg_tensor hd = dg_tensor_2d(m->h, DG_BFLOAT16, n, 2 * I), od = dg_tensor_2d(m->o, DG_BFLOAT16, n, H);
-    dg_status st;
-    dg_gemm_options opts = dg_gemm_options_default();
-    opts.recipe[0] = 1, opts.recipe[1] = 1, opts.recipe[2] = DG_MEGA_MOE_ACT_GRAN;
-    if (c->fp8) {
-        dg_tensor a = dg_tensor_2d(m->a_in, DG_FLOAT8_E4M3, n, H), sa = dg_tensor_2d(m->sf_in, DG_INT32, n, sfc);
-        st = x->p1 ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, x->p1, &hd, NULL, &opts)
-                   : dg_fp8_fp4_gemm_nt(&a, &sa, &x->w1, &x->s1, &hd, NULL, &opts);
-    } else {
-        dg_tensor a = dg_tensor_2d(m->a_in, DG_BFLOAT16, n, H);
-        st = x->p1 ? dg_bf16_gemm_nt_packed(&a, x->p1, &hd, NULL) : dg_bf16_gemm_nt(&a, &x->w1, &hd, NULL);
-    }
-    if (st != DG_OK)
+    dg_tensor hf_t = dg_tensor_2d(hf, DG_FLOAT32, n, 2 * I), af_t = dg_tensor_2d(af, DG_FLOAT32, n, I);
+    if (layer_gemm(x, 1, m->a_in, m->sf_in, n, H, nv ? &hf_t : &hd) != DG_OK)
         return step_failed(api, "L1 GEMM", x->who);
     dg_api_begin(api);
 
@@ -133,44 +193,59 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
      * library's expf, tanhf),
      * between bulk conversions that give the reference's bits: the L1 output to float, then
      * the activations to E4M3 with per-1x32 UE8M0 scales (per_token_cast_to_fp8's kernels:
-     * the reference's quantisation) or to BF16. */
-    float *hf = m->tmp, *af = m->tmp + n * 2 * I;
-    dg_tensor hf_t = dg_tensor_2d(hf, DG_FLOAT32, n, 2 * I), af_t = dg_tensor_2d(af, DG_FLOAT32, n, I);
-    if (dg_cast(&hd, &hf_t) != DG_OK)
+     * the reference's quantisation) or to BF16. NVFP4: the gate / up scales and BF16 rounding
+     * first, no top-k weight (applied after L2), and the NVFP4 quantisation per row. */
+    if (!nv && dg_cast(&hd, &hf_t) != DG_OK)
         return step_failed(api, "L1 output cast", x->who);
     const int threads = dg_num_threads();
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * I >= 32768)
     for (int64_t i = 0; i < n; ++i) {
         const pair *p = &pairs[i];
         const float *wts = (const float *)dg_symm_area(b, p->rank, b->lay.topk_weights);
-        const float w = x->shared_y ? 1.0f : wts[p->token * K + p->slot];
+        const float w = x->shared_y || nv ? 1.0f : wts[p->token * K + p->slot];
+        float *h = hf + i * 2 * I;
+        if (nv)
+            for (int64_t j = 0; j < I; ++j) {
+                h[j] = bf16_round(h[j] * x->alpha_gate);
+                h[I + j] = bf16_round(h[I + j] * x->alpha_up);
+            }
         if (c->situ)
-            dg_ref_mega_moe_situ(hf + i * 2 * I, I, c->situ_beta, c->situ_linear_beta, w, af + i * I);
+            dg_ref_mega_moe_situ(h, I, c->situ_beta, c->situ_linear_beta, w, af + i * I);
         else
-            dg_ref_mega_moe_swiglu(hf + i * 2 * I, I, c->clamp, w, af + i * I);
+            dg_ref_mega_moe_swiglu(h, I, c->clamp, w, af + i * I);
+        if (nv)
+            dg_ref_mega_moe_quantize_nvfp4(af + i * I, I, x->a2, (uint8_t *)m->act + i * (I / 2),
+                                           m->act_sf + i * (I / 16));
     }
-    dg_tensor act = dg_tensor_2d(m->act, c->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, n, I);
-    dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
-    /* (A NaN activation: per_token_cast_to_fp8's block amax propagates it where the reference's
-     * skips it, so their codes and scales differ in that block; but any NaN in a row makes
-     * that row's whole L2 output NaN, so y is the same either way; tests/test_mega_moe_fused.c,
-     * test_nan_activations.) */
-    st = c->fp8 ? dg_per_token_cast_to_fp8(&af_t, 1, DG_MEGA_MOE_ACT_GRAN, 0, &act, &act_sf) : dg_cast(&af_t, &act);
-    if (st != DG_OK)
-        return step_failed(api, "activation cast", x->who);
-    dg_api_begin(api);
+    if (!nv) {
+        const int64_t asfc = dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN);
+        dg_tensor act = dg_tensor_2d(m->act, x->kind == KIND_FP8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, n, I);
+        dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
+        /* (A NaN activation: per_token_cast_to_fp8's block amax propagates it where the reference's
+         * skips it, so their codes and scales differ in that block; but any NaN in a row makes
+         * that row's whole L2 output NaN, so y is the same either way; tests/test_mega_moe_fused.c,
+         * test_nan_activations.) */
+        const dg_status st = x->kind == KIND_FP8 ? dg_per_token_cast_to_fp8(&af_t, 1, DG_MEGA_MOE_ACT_GRAN, 0, &act, &act_sf)
+                                                 : dg_cast(&af_t, &act);
+        if (st != DG_OK)
+            return step_failed(api, "activation cast", x->who);
+        dg_api_begin(api);
+    }
 
-    if (c->fp8) {
-        dg_tensor a = dg_tensor_2d(m->act, DG_FLOAT8_E4M3, n, I), sa = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
-        st = x->p2 ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, x->p2, &od, NULL, &opts)
-                   : dg_fp8_fp4_gemm_nt(&a, &sa, &x->w2, &x->s2, &od, NULL, &opts);
-    } else {
-        dg_tensor a = dg_tensor_2d(m->act, DG_BFLOAT16, n, I);
-        st = x->p2 ? dg_bf16_gemm_nt_packed(&a, x->p2, &od, NULL) : dg_bf16_gemm_nt(&a, &x->w2, &od, NULL);
-    }
-    if (st != DG_OK)
+    dg_tensor of_t = dg_tensor_2d(m->of, DG_FLOAT32, n, H);
+    if (layer_gemm(x, 2, m->act, m->act_sf, n, I, nv ? &of_t : &od) != DG_OK)
         return step_failed(api, "L2 GEMM", x->who);
     dg_api_begin(api);
+
+    if (nv) { /* o = BF16((acc * g) * alpha2), then the top-k weight: BF16(o * w) */
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * H >= 65536)
+        for (int64_t i = 0; i < n; ++i) {
+            const pair *p = &pairs[i];
+            const float w = ((const float *)dg_symm_area(b, p->rank, b->lay.topk_weights))[p->token * K + p->slot];
+            for (int64_t col = 0; col < H; ++col)
+                m->o[i * H + col] = dg_float_to_bf16(bf16_round((m->of[i * H + col] * x->a2) * x->alpha2) * w);
+        }
+    }
 
     for (int64_t i = 0; i < n; ++i) { /* combine, first half: the row into its source's area */
         const pair *p = &pairs[i];
@@ -181,6 +256,10 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
     return DG_OK;
 }
 
+static float entry(const dg_tensor *t, int64_t i, int64_t j) {
+    return t ? *(const float *)dg_ptr2(t, i, j) : 1.0f;
+}
+
 dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
     const dg_symm_buffer *b = c->buf;
     const int R = b->cfg.num_ranks, me = b->cfg.rank;
@@ -188,6 +267,8 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
     const int64_t H = b->cfg.hidden, I = b->cfg.intermediate_hidden;
     const int64_t shared_rows = c->shared_y ? c->num_tokens[me] : 0;
     const int64_t I_max = c->shared_y && b->cfg.num_shared_experts > 1 ? b->cfg.num_shared_experts * I : I;
+    const int nv = c->nvfp4;
+    const wave_kind routed_kind = nv ? KIND_NVFP4 : c->fp8 ? KIND_FP8 : KIND_BF16;
 
     /* Routing, with the range check every rank makes identically on the same data. */
     int64_t *start = dg_calloc((size_t)epr + 1, sizeof *start);
@@ -218,23 +299,34 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
     /* Routed pairs by expert, then the shared expert's: this rank's tokens in order. */
     pair *pairs = dg_calloc((size_t)(total + shared_rows) + 1, sizeof *pairs);
     int64_t *fill = dg_calloc((size_t)epr + 1, sizeof *fill);
-    const int64_t waves = wave_rows(b, I_max), W = most < waves ? most : waves; /* 0: nothing to run */
+    const int64_t waves = wave_rows(b, I_max, nv), W = most < waves ? most : waves; /* 0: nothing to run */
+    const int nv_int_sf = nv && c->l1_sf->dtype == DG_INT32; /* the scales to convert per expert */
     wave_mem m = {0};
     if (W > 0) {
-        m.a_in = dg_malloc((size_t)(W * H * b->lay.x_elem));
-        m.sf_in = dg_malloc((size_t)(W * (b->lay.sf_cols + 1)) * 4);
+        m.a_in = dg_malloc((size_t)(W * H) * 2);
+        m.sf_in = dg_malloc((size_t)(W * (nv ? H / 16 : b->lay.sf_cols) + 1) * 4);
         m.h = dg_malloc((size_t)(W * 2 * I_max) * 2);
         m.act = dg_malloc((size_t)(W * I_max) * 2);
-        m.act_sf = dg_malloc((size_t)(W * (dg_ceil_div(I_max, DG_MEGA_MOE_ACT_GRAN) + 1)) * 4);
+        m.act_sf = dg_malloc((size_t)(W * (dg_ceil_div(I_max, nv ? 16 : DG_MEGA_MOE_ACT_GRAN) + 1)) * 4);
         m.o = dg_malloc((size_t)(W * H) * 2);
         m.tmp = dg_malloc((size_t)(W * 3 * I_max) * 4);
+        if (nv)
+            m.of = dg_malloc((size_t)(W * H) * 4);
+        if (nv_int_sf) {
+            m.s1f = dg_malloc((size_t)(2 * I * (H / 16)) * 4);
+            m.s2f = dg_malloc((size_t)(H * (I / 16)) * 4);
+        }
     }
     dg_status st = DG_OK;
-    if (!pairs || !fill || (W > 0 && (!m.a_in || !m.sf_in || !m.h || !m.act || !m.act_sf || !m.o || !m.tmp))) {
+    if (!pairs || !fill ||
+        (W > 0 && (!m.a_in || !m.sf_in || !m.h || !m.act || !m.act_sf || !m.o || !m.tmp || (nv && !m.of) ||
+                   (nv_int_sf && (!m.s1f || !m.s2f))))) {
         st = dg_fail(DG_ERR_ALLOC, "cannot allocate the expert waves (%lld rows of hidden %lld)", (long long)W,
                      (long long)H);
         goto done;
     }
+    for (int q = 0; q < 256; ++q)
+        m.lut[q] = dg_e4m3_to_float((uint8_t)q);
     for (int r = 0; r < R; ++r)
         for (int64_t t = 0; t < c->num_tokens[r]; ++t)
             for (int64_t j = 0; j < K; ++j) {
@@ -245,22 +337,35 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
     for (int64_t t = 0; t < shared_rows; ++t)
         pairs[total + t] = (pair){.rank = me, .slot = -1, .token = t};
 
-    expert x = {.inter = I};
+    expert x = {.kind = routed_kind, .inter = I, .alpha_gate = 1.0f, .alpha_up = 1.0f, .alpha2 = 1.0f, .a2 = 1.0f};
     for (int64_t e = 0; e < epr && st == DG_OK; ++e) {
+        if (start[e + 1] == start[e])
+            continue;
         if (c->l1p) {
             x.p1 = &c->l1p->group[e], x.p2 = &c->l2p->group[e];
         } else {
             x.w1 = group_view(c->l1, e), x.w2 = group_view(c->l2, e);
-            if (c->fp8)
+            if (c->fp8 || nv)
                 x.s1 = group_view(c->l1_sf, e), x.s2 = group_view(c->l2_sf, e);
+        }
+        if (nv_int_sf) {
+            nvfp4_scales(c->l1_sf, e, 2 * I, H / 64, m.lut, m.s1f);
+            nvfp4_scales(c->l2_sf, e, H, I / 64, m.lut, m.s2f);
+            x.s1 = dg_tensor_2d(m.s1f, DG_FLOAT32, 2 * I, H / 16);
+            x.s2 = dg_tensor_2d(m.s2f, DG_FLOAT32, H, I / 16);
+        }
+        if (nv) {
+            x.alpha_gate = entry(c->l1_alphas, e, 0), x.alpha_up = entry(c->l1_alphas, e, 1);
+            x.alpha2 = c->l2_alphas ? ((const float *)c->l2_alphas->data)[e * c->l2_alphas->strides[0]] : 1.0f;
+            x.a2 = c->a2_scales ? ((const float *)c->a2_scales->data)[e * c->a2_scales->strides[0]] : 1.0f;
         }
         snprintf(x.who, sizeof x.who, "local expert %lld", (long long)e);
         for (int64_t i = start[e]; i < start[e + 1] && st == DG_OK; i += W)
             st = run_wave(c, &x, pairs + i, start[e + 1] - i < W ? start[e + 1] - i : W, &m);
     }
     if (shared_rows > 0 && st == DG_OK) {
-        expert sx = {.p1 = c->shared_l1p, .p2 = c->shared_l2p, .inter = b->cfg.num_shared_experts * I,
-                     .shared_y = c->shared_y};
+        expert sx = {.kind = nv ? KIND_BF16 : routed_kind, .p1 = c->shared_l1p, .p2 = c->shared_l2p,
+                     .inter = b->cfg.num_shared_experts * I, .shared_y = c->shared_y};
         if (!c->shared_l1p) {
             sx.w1 = *c->shared_l1, sx.w2 = *c->shared_l2;
             if (c->fp8)
@@ -281,6 +386,9 @@ done:
     dg_free(m.act_sf);
     dg_free(m.o);
     dg_free(m.tmp);
+    dg_free(m.of);
+    dg_free(m.s1f);
+    dg_free(m.s2f);
     return st;
 }
 
@@ -307,10 +415,19 @@ void dg_mega_moe_combine(const dg_mega_moe_call *c, void *scratch, int threads) 
         uint16_t *row = (uint16_t *)(void *)(mine + (size_t)(K + 1) * sizeof(void *));
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; ++t) {
-            slots[0] = c->shared_y ? c->shared_y + t * H : NULL;
+            /* NVFP4 adds its shared experts after the routed sum and its scaling (upstream's
+             * order); the other calls sum them first. */
+            slots[0] = c->shared_y && !c->nvfp4 ? c->shared_y + t * H : NULL;
             for (int64_t j = 0; j < K; ++j)
                 slots[1 + j] = topk_at(b, me, t, j) >= 0 ? area + (t * K + j) * H : NULL;
             dg_mega_moe_combine_row(slots, K + 1, H, row);
+            if (c->nvfp4)
+                for (int64_t col = 0; col < H; ++col) {
+                    uint16_t v = dg_float_to_bf16(dg_bf16_to_float(row[col]) * c->routed_scaling_factor);
+                    if (c->shared_y)
+                        v = dg_float_to_bf16(dg_bf16_to_float(v) + dg_bf16_to_float(c->shared_y[t * H + col]));
+                    row[col] = v;
+                }
             for (int64_t col = 0; col < H; ++col)
                 *(uint16_t *)dg_ptr2(c->y, t, col) = row[col];
         }

@@ -84,6 +84,33 @@ void dg_ref_mega_moe_swiglu(const float *h, int64_t inter, float clamp, float we
     }
 }
 
+uint8_t dg_e2m1_rne(float x) {
+    static const float kUp[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    static const uint8_t kTieUp[7] = {0, 1, 0, 1, 0, 1, 0}; /* the tie goes to the even code */
+    const float ax = fabsf(x);
+    uint8_t code = 0;
+    for (int i = 0; i < 7; ++i)
+        code += kTieUp[i] ? ax >= kUp[i] : ax > kUp[i];
+    if (x < 0 && code != 0)
+        code |= 8;
+    return code;
+}
+
+void dg_ref_mega_moe_quantize_nvfp4(const float *a, int64_t n, float g, uint8_t *codes, float *sf) {
+    const float inv_g = 1.0f / g;
+    for (int64_t b = 0; b < n / 16; ++b) {
+        const float *v = a + b * 16;
+        float amax = 0.0f;
+        for (int i = 0; i < 16; ++i)
+            amax = fmaxf(amax, fabsf(v[i]));
+        const float s = dg_e4m3_to_float(dg_float_to_e4m3(fmaxf((amax / 6.0f) * inv_g, 0x1p-9f)));
+        const float elem = s * g;
+        sf[b] = s;
+        for (int i = 0; i < 16; i += 2)
+            codes[b * 8 + i / 2] = (uint8_t)(dg_e2m1_rne(v[i] / elem) | (dg_e2m1_rne(v[i + 1] / elem) << 4));
+    }
+}
+
 void dg_ref_mega_moe_situ(const float *h, int64_t inter, float beta, float linear_beta, float weight, float *a) {
     for (int64_t i = 0; i < inter; ++i) {
         const float gate = h[i], up = h[inter + i];

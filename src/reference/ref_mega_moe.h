@@ -63,6 +63,18 @@ void dg_ref_mega_moe_situ(const float *h, int64_t inter, float beta, float linea
  * itself for in place) receives the dequantized values codes * sf, exact in float32.
  */
 void dg_ref_mega_moe_quantize_fp8(const float *a, int64_t n, uint8_t *codes, float *sf, float *a_q);
+/*
+ * Step 4 of the NVFP4 mega MoE (dg_fp4_fp4_mega_moe): per 16 values, with g the expert's
+ * a2_scale (1 without), amax = max |a| (NaNs skipped), sf = E4M3(max((amax / 6) * (1 / g),
+ * 2^-9)) (round to nearest even, saturating at 448), code = E2M1 of a / (sf * g) by round to
+ * nearest even with saturation at 6 (dg_e2m1_rne; a NaN gives 0). codes: n / 2 bytes of pairs,
+ * low nibble first; sf: n / 16 floats (the E4M3 values). n is a multiple of 16.
+ */
+void dg_ref_mega_moe_quantize_nvfp4(const float *a, int64_t n, float g, uint8_t *codes, float *sf);
+/* E2M1 by round to nearest even (PTX cvt.rn.satfinite.e2m1x2: ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
+ * 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; NaN -> 0. dg_float_to_e2m1 differs at
+ * the ties 0.75, 1.75 and 3.5 (DeepGEMM's casts round those down). */
+uint8_t dg_e2m1_rne(float x);
 /* Step 4 (BF16 variant): a rounded to BF16 in place. */
 void dg_ref_mega_moe_round_bf16(float *a, int64_t n);
 
