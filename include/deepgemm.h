@@ -1425,6 +1425,21 @@ DG_API dg_status dg_fp4_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_wei
                                      const dg_tensor *l2_weights_sf, const dg_fp4_fp4_mega_moe_extras *extras,
                                      dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
                                      float activation_clamp);
+/*
+ * The NVFP4 call on pre-packed weights: l1_weights / l2_weights dg_pack_b_grouped of this rank's
+ * routed experts with FLOAT32 scales [E/R, N, K/16] (the E4M3 values) and opts->recipe
+ * (1, 1, 16); shared_l1_weights / shared_l2_weights dg_pack_b of the BF16 shared experts (NULL
+ * without; extras' shared tensors must then be NULL, x_bf16 is still given). y is bitwise the
+ * unpacked call's: the waves run dg_fp8_fp4_gemm_nt_packed. Rules otherwise as
+ * dg_fp8_fp4_mega_moe_packed's (live objects packed for the current ISA level, not under the
+ * reference backend).
+ */
+DG_API dg_status dg_fp4_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights,
+                                            const dg_packed_b *l2_weights, const dg_packed_b *shared_l1_weights,
+                                            const dg_packed_b *shared_l2_weights,
+                                            const dg_fp4_fp4_mega_moe_extras *extras, dg_symm_buffer *buf,
+                                            const dg_tensor *cumulative_local_expert_recv_stats,
+                                            float activation_clamp);
 
 #ifdef __cplusplus
 }

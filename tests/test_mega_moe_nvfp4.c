@@ -288,6 +288,59 @@ static void test_chain(void) {
     dg_symm_buffer_destroy(bufs[1]);
 }
 
+/* The packed call (routed weights dg_pack_b_grouped with float scales per 1x16, the BF16 shared
+ * experts dg_pack_b): bitwise the unpacked call on every engine variant; its refusals. */
+static void test_packed(void) {
+    static uint16_t want[T][H], y[T][H];
+    int32_t stats[E];
+    dg_symm_buffer *b = buffer(1, DG_MEGA_MOE_FP4XFP4);
+    const dg_isa best = dg_get_isa();
+    const dg_gemm_options o = nvfp4_opts();
+    for (int v = 0; v < tu_engine_variants(best); ++v) {
+        tu_engine_variant_set(v);
+        dg_packed_b *p1 = NULL, *p2 = NULL, *s1 = NULL, *s2 = NULL;
+        TU_CHECK(dg_pack_b_grouped(&g_l1, &g_l1sff, &o, &p1) == DG_OK && dg_pack_b_grouped(&g_l2, &g_l2sff, &o, &p2) == DG_OK &&
+                     dg_pack_b(&g_sh1, NULL, NULL, &s1) == DG_OK && dg_pack_b(&g_sh2, NULL, NULL, &s2) == DG_OK,
+                 "packing: %s", dg_last_error());
+        dg_set_num_sms(1 + v % 2);
+        TU_CHECK(call(b, &(call_opts){1, 1, 0}, want, stats) == DG_OK, "unpacked: %s", dg_last_error());
+        dg_tensor yt = dg_tensor_2d(y, DG_BFLOAT16, T, H), st = dg_tensor_1d(stats, DG_INT32, E);
+        dg_fp4_fp4_mega_moe_extras ex = dg_fp4_fp4_mega_moe_extras_default();
+        ex.routed_scaling_factor = kRsf, ex.l1_alphas = &g_tal1, ex.l2_alphas = &g_tal2, ex.a2_scales = &g_ta2;
+        ex.x_bf16 = &g_txb;
+        memset(y, 0xff, sizeof y);
+        TU_CHECK(dg_fp4_fp4_mega_moe_packed(&yt, p1, p2, s1, s2, &ex, b, &st, kClamp) == DG_OK, "packed: %s",
+                 dg_last_error());
+        TU_CHECK(memcmp(y, want, sizeof y) == 0, "variant %d: the packed call's y differs from the unpacked call's", v);
+        memset(y, 0x5a, sizeof y);
+        TU_CHECK(dg_fp4_fp4_mega_moe_packed(&yt, p1, p2, NULL, NULL, &ex, b, &st, kClamp) != DG_OK,
+                 "packed call without the shared experts of the buffer");
+        ex.shared_l1_weights = &g_sh1;
+        TU_CHECK(dg_fp4_fp4_mega_moe_packed(&yt, p1, p2, s1, s2, &ex, b, &st, kClamp) == DG_ERR_VALUE,
+                 "packed call with extras' shared tensors");
+        ex.shared_l1_weights = NULL, ex.x_bf16 = NULL;
+        TU_CHECK(dg_fp4_fp4_mega_moe_packed(&yt, p1, p2, s1, s2, &ex, b, &st, kClamp) == DG_ERR_VALUE,
+                 "packed call without x_bf16");
+        ex.x_bf16 = &g_txb;
+        TU_CHECK(dg_fp4_fp4_mega_moe_packed(&yt, p2, p1, s1, s2, &ex, b, &st, kClamp) != DG_OK, "L1 / L2 swapped");
+        dg_packed_b *q1 = NULL;
+        dg_gemm_options o32 = nvfp4_opts();
+        o32.recipe[2] = 32;
+        dg_tensor sf32 = tu_alloc3(DG_FLOAT32, E, 2 * I, H / 32);
+        TU_CHECK(dg_pack_b_grouped(&g_l1, &sf32, &o32, &q1) == DG_OK, "pack per 1x32: %s", dg_last_error());
+        TU_CHECK(dg_fp4_fp4_mega_moe_packed(&yt, q1, p2, s1, s2, &ex, b, &st, kClamp) == DG_ERR_VALUE &&
+                     strstr(dg_last_error(), "1x16"),
+                 "weights packed per 1x32: %s", dg_last_error());
+        for (size_t q = 0; q < sizeof y / 2; ++q)
+            TU_CHECK(((uint16_t *)y)[q] == 0x5a5a, "y written by a refused packed call (entry %zu)", q);
+        tu_free(&sf32);
+        dg_packed_b_free(q1), dg_packed_b_free(p1), dg_packed_b_free(p2), dg_packed_b_free(s1), dg_packed_b_free(s2);
+    }
+    tu_engine_variants_done(best);
+    dg_set_num_sms(2);
+    dg_symm_buffer_destroy(b);
+}
+
 static void test_refusals(void) {
     static uint16_t y[T][H];
     int32_t stats[E] = {0};
@@ -367,6 +420,7 @@ int main(void) {
     g_ta2 = dg_tensor_1d(g_a2, DG_FLOAT32, E), g_txb = dg_tensor_2d(g_xb, DG_BFLOAT16, T, H);
     test_quantiser_edges();
     test_chain();
+    test_packed();
     test_refusals();
     return tu_finish();
 }

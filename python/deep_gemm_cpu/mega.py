@@ -290,7 +290,10 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights, activation: str = 'sw
             if len(w) != 2 or not all(isinstance(t, torch.Tensor) for t in w):
                 raise TypeError(f'transform_weights_for_mega_moe: {name} must be a (weights, scales) pair of tensors')
             out = TransformedWeights(t.clone() for t in w)
-            if pack and not _is_nvfp4_pair(w):  # fp4_fp4_mega_moe reads NVFP4 weights in place
+            if pack and _is_nvfp4_pair(w):  # NVFP4: the E4M3 scale values as float32, per 1x16
+                values = w[1].contiguous().view(torch.uint8).view(torch.float8_e4m3fn).float()
+                out.packed = _C.pack_b((out[0], values), recipe=(1, 1, 16))
+            elif pack:
                 out.packed = _C.pack_b(tuple(out), recipe=(1, 1, 32))
             return out
         if isinstance(w, torch.Tensor):
@@ -434,8 +437,8 @@ def fp4_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
     and a2_scales [E/R] (the L2 input's global scale, finite and > 0); routed_scaling_factor
     applied to the routed sum before the shared output is added. The chain, rounding by rounding,
     is dg_fp4_fp4_mega_moe's in deepgemm.h (upstream's test reference). fast_math is accepted:
-    exact expf either way. Pre-packed weights are not used by this call (it reads the weights
-    in place)."""
+    exact expf either way. Weights from transform_weights_for_mega_moe run on their packed form
+    (NVFP4 scales packed as float32 per 1x16; the same bits as the weights read in place)."""
     if not isinstance(sym_buffer, SymmBuffer):
         raise TypeError(f'fp4_fp4_mega_moe: sym_buffer must be a SymmBuffer, got {type(sym_buffer).__name__}')
     if sym_buffer.mma_type != 'fp4xfp4':
@@ -456,11 +459,19 @@ def fp4_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
     for name, w in (('l1_weights', l1_weights), ('l2_weights', l2_weights)):
         if not (isinstance(w, (tuple, list)) and len(w) == 2):
             raise TypeError(f'fp4_fp4_mega_moe: {name} must be a (weights, scales) pair')
+    extras = dict(x_bf16=x_bf16, l1_alphas=l1_alphas, l2_alphas=l2_alphas, a2_scales=a2_scales,
+                  routed_scaling_factor=float(routed_scaling_factor))
+    given = [l1_weights, l2_weights] + ([] if shared_l1_weights is None else [shared_l1_weights, shared_l2_weights])
+    packed = [_packed_of(w) for w in given]
+    if all(p is not None for p in packed):
+        shared = packed[2:] or [None, None]
+        _C.fused_fp4_fp4_mega_moe_packed(y, packed[0], packed[1], sym_buffer._handle,
+                                         cumulative_local_expert_recv_stats, activation_clamp, shared[0], shared[1],
+                                         **extras)
+        return
     _C.fused_fp4_fp4_mega_moe(y, l1_weights[0], l1_weights[1], l2_weights[0], l2_weights[1], sym_buffer._handle,
                               cumulative_local_expert_recv_stats, activation_clamp,
-                              shared_l1_weights=shared_l1_weights, shared_l2_weights=shared_l2_weights,
-                              x_bf16=x_bf16, l1_alphas=l1_alphas, l2_alphas=l2_alphas, a2_scales=a2_scales,
-                              routed_scaling_factor=float(routed_scaling_factor))
+                              shared_l1_weights=shared_l1_weights, shared_l2_weights=shared_l2_weights, **extras)
 
 
 def _missing(name, why):

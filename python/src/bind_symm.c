@@ -286,6 +286,31 @@ static PyObject *fused(PyObject *args, PyObject *kw, int fp8) {
         return dgp_raise(st);
     Py_RETURN_NONE;
 }
+/* Holds the PackedB's w[0..3] (w[2], w[3] may be None) for a call; returns how many slots were
+ * processed (4: all held; fewer: an error is set). release_weights undoes it. */
+static const char *const kPackedNames[4] = {"l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights"};
+static int hold_weights(PyObject *const w[4], const char *fn, const dg_packed_b *p[4]) {
+    int held = 0;
+    for (; held < 4; ++held) {
+        if (held >= 2 && w[held] == Py_None)
+            continue;
+        if (!dgp_is_packed(w[held])) {
+            PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be a PackedB, got %s", fn, kPackedNames[held],
+                         Py_TYPE(w[held])->tp_name);
+            break;
+        }
+        if (dgp_packed_hold(w[held], fn, kPackedNames[held], &p[held])) /* the library checks the rest */
+            break;
+    }
+    return held;
+}
+
+static void release_weights(PyObject *const w[4], const dg_packed_b *p[4], int held) {
+    for (int i = 0; i < held; ++i)
+        if (p[i])
+            dgp_packed_end(w[i]);
+}
+
 /* The `_packed` calls: l1 / l2 PackedB's of this rank's experts ([E/R, N, K], pack_b), the
  * shared ones dense PackedB's or None. Each stays held (dgp_packed_begin) until the call returns. */
 static PyObject *fused_packed(PyObject *args, PyObject *kw) {
@@ -300,7 +325,6 @@ static PyObject *fused_packed(PyObject *args, PyObject *kw) {
                                      &w[2], &w[3], &situ[0], &situ[1]))
         return NULL;
     fn = fp8 ? "fp8_fp4_mega_moe" : "bf16_mega_moe";
-    static const char *names[4] = {"l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights"};
     handle *h = get_handle(cap, fn, 1);
     float clamp;
     if (!h || parse_clamp(clamp_obj, fn, &clamp))
@@ -310,18 +334,7 @@ static PyObject *fused_packed(PyObject *args, PyObject *kw) {
         dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
         return NULL;
     const dg_packed_b *p[4] = {NULL, NULL, NULL, NULL};
-    int held = 0;
-    for (; held < 4; ++held) {
-        if (held >= 2 && w[held] == Py_None)
-            continue;
-        if (!dgp_is_packed(w[held])) {
-            PyErr_Format(PyExc_TypeError, "%s: argument '%s' must be a PackedB, got %s", fn, names[held],
-                         Py_TYPE(w[held])->tp_name);
-            break;
-        }
-        if (dgp_packed_hold(w[held], fn, names[held], &p[held])) /* the library checks the rest */
-            break;
-    }
+    const int held = hold_weights(w, fn, p);
     PyObject *result = NULL;
     if (held == 4) {
         dg_status st;
@@ -337,9 +350,7 @@ static PyObject *fused_packed(PyObject *args, PyObject *kw) {
         else
             Py_INCREF(Py_None), result = Py_None;
     }
-    for (int i = 0; i < held; ++i)
-        if (p[i])
-            dgp_packed_end(w[i]);
+    release_weights(w, p, held);
     return result;
 }
 
@@ -384,6 +395,49 @@ static PyObject *py_fp4_fp4_mega_moe(PyObject *s, PyObject *args, PyObject *kw) 
     Py_RETURN_NONE;
 }
 
+/* The NVFP4 call on PackedB weights (routed grouped, shared dense BF16 or None). */
+static PyObject *py_fp4_fp4_mega_moe_packed(PyObject *s, PyObject *args, PyObject *kw) {
+    const char *fn = "fp4_fp4_mega_moe";
+    static char *kwl[] = {"y", "l1_weights", "l2_weights", "buffer", "cumulative_local_expert_recv_stats",
+                          "activation_clamp", "shared_l1_weights", "shared_l2_weights", "x_bf16", "l1_alphas",
+                          "l2_alphas", "a2_scales", "routed_scaling_factor", NULL};
+    PyObject *y, *cap, *stats = Py_None, *clamp_obj = Py_None, *w[4] = {NULL, NULL, Py_None, Py_None};
+    PyObject *o[4] = {Py_None, Py_None, Py_None, Py_None};
+    double rsf = 1.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOOOOOOOd", kwl, &y, &w[0], &w[1], &cap, &stats, &clamp_obj,
+                                     &w[2], &w[3], &o[0], &o[1], &o[2], &o[3], &rsf))
+        return NULL;
+    handle *h = get_handle(cap, fn, 1);
+    float clamp;
+    if (!h || parse_clamp(clamp_obj, fn, &clamp))
+        return NULL;
+    static const char *names[4] = {"x_bf16", "l1_alphas", "l2_alphas", "a2_scales"};
+    dgp_tensor ty = {0}, ts = {0}, ex[4];
+    memset(ex, 0, sizeof ex);
+    if (dgp_tensor_from(y, fn, "y", DGP_WRITABLE, &ty) ||
+        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
+        return NULL;
+    for (int i = 0; i < 4; ++i)
+        if (dgp_tensor_from(o[i], fn, names[i], DGP_OPTIONAL, &ex[i]))
+            return NULL;
+    dg_fp4_fp4_mega_moe_extras e = dg_fp4_fp4_mega_moe_extras_default();
+    e.x_bf16 = dgp_ptr(&ex[0]), e.l1_alphas = dgp_ptr(&ex[1]), e.l2_alphas = dgp_ptr(&ex[2]);
+    e.a2_scales = dgp_ptr(&ex[3]), e.routed_scaling_factor = (float)rsf;
+    const dg_packed_b *p[4] = {NULL, NULL, NULL, NULL};
+    const int held = hold_weights(w, fn, p);
+    PyObject *result = NULL;
+    if (held == 4) {
+        dg_status st;
+        DGP_NOGIL(st, dg_fp4_fp4_mega_moe_packed(&ty.t, p[0], p[1], p[2], p[3], &e, h->buf, dgp_ptr(&ts), clamp));
+        if (st != DG_OK)
+            dgp_raise(st);
+        else
+            Py_INCREF(Py_None), result = Py_None;
+    }
+    release_weights(w, p, held);
+    return result;
+}
+
 static PyObject *py_fp8_fp4_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 1); }
 static PyObject *py_bf16_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 0); }
 static PyObject *py_fused_packed(PyObject *s, PyObject *args, PyObject *kw) { return fused_packed(args, kw); }
@@ -422,6 +476,10 @@ PyMethodDef dgp_symm_methods[] = {
      "cumulative_local_expert_recv_stats=None, activation_clamp=None, shared_l1_weights=None, "
      "shared_l2_weights=None, x_bf16=None, l1_alphas=None, l2_alphas=None, a2_scales=None, "
      "routed_scaling_factor=1.0): the NVFP4 mega MoE (dg_fp4_fp4_mega_moe)"},
+    {"fused_fp4_fp4_mega_moe_packed", KW py_fp4_fp4_mega_moe_packed, METH_VARARGS | METH_KEYWORDS,
+     "fused_fp4_fp4_mega_moe_packed(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
+     "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None, x_bf16=None, l1_alphas=None, "
+     "l2_alphas=None, a2_scales=None, routed_scaling_factor=1.0): the NVFP4 call on PackedB weights"},
     {"fused_bf16_mega_moe", KW py_bf16_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_bf16_mega_moe(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
      "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None)"},

@@ -113,7 +113,7 @@ def _reference(alphas=True, shared=True):
     return y, torch.bincount(topk_idx[topk_idx >= 0].flatten(), minlength=E).int()
 
 
-def _call(buf, rank, R, first, n, alphas=True, shared=True):
+def _call(buf, rank, R, first, n, alphas=True, shared=True, pack=True):
     x, topk_idx, topk_weights, l1, l2, sh1, sh2, l1_alphas, l2_alphas, a2 = _problem()
     xq, xsf = _nvfp4(x)
     buf.x[:n].copy_(xq[first:first + n].view(torch.uint8))
@@ -124,11 +124,12 @@ def _call(buf, rank, R, first, n, alphas=True, shared=True):
     lo, hi = rank * epr, (rank + 1) * epr
     (w1, s1), _ = _weights(l1)
     (w2, s2), _ = _weights(l2)
-    t1, t2 = dg.transform_weights_for_mega_moe((w1[lo:hi], s1[lo:hi]), (w2[lo:hi], s2[lo:hi]))
-    assert t1.packed is None and t2.packed is None  # NVFP4 weights are read in place
+    t1, t2 = dg.transform_weights_for_mega_moe((w1[lo:hi], s1[lo:hi]), (w2[lo:hi], s2[lo:hi]), pack=pack)
+    assert (t1.packed is not None) == pack and (t2.packed is not None) == pack
     kw = dict(l1_alphas=l1_alphas[lo:hi], l2_alphas=l2_alphas[lo:hi], a2_scales=a2[lo:hi]) if alphas else {}
     if shared:
-        kw.update(shared_l1_weights=sh1, shared_l2_weights=sh2, x_bf16=x[first:first + n])
+        s1w, s2w = dg.transform_weights_for_mega_moe(sh1, sh2, pack=pack)
+        kw.update(shared_l1_weights=s1w, shared_l2_weights=s2w, x_bf16=x[first:first + n])
     y = torch.empty(n, H, dtype=torch.bfloat16)
     stats = torch.full((epr,), 7, dtype=torch.int32)
     dg.fp4_fp4_mega_moe(y, t1, t2, buf, cumulative_local_expert_recv_stats=stats, activation_clamp=CLAMP,
@@ -173,6 +174,13 @@ def test_nvfp4_one_rank_matches_reference():
     y0_ref, _ = _reference(alphas=False, shared=False)
     assert float(dg.calc_diff(y0.float(), y0_ref)) < 1e-3
     assert torch.all(y0[5] == 0)
+    # the same bits on the raw weights (no packed form), and on packed routed with raw shared ones
+    y_raw, _ = _call(buf, 0, 1, 0, N, pack=False)
+    assert torch.equal(y_raw, y)
+    dg.set_print_paths(2)
+    _call(buf, 0, 1, 0, N)
+    assert any('dg_fp4_fp4_mega_moe_packed' in r for r in dg.get_path_report())
+    dg.set_print_paths(0)
     # the same bits with another thread count
     sms = dg.get_num_sms()
     dg.set_num_sms(1 if sms > 1 else 2)

@@ -68,23 +68,29 @@ static dg_status check_weight(const fused_args *a, const dg_symm_buffer *b, int 
     return DG_OK;
 }
 
+/* The NVFP4 call's BF16 tokens for its shared experts, x_bf16 [T_r, H]: given exactly when the
+ * shared weights are (`shared`, raw or packed). */
+static dg_status check_x_bf16(const fused_args *a, const dg_symm_buffer *b, bool shared) {
+    const dg_tensor *xb = a->ex.x_bf16;
+    const int64_t H = b->cfg.hidden;
+    DG_CHECK(shared == (xb != NULL), DG_ERR_VALUE,
+             "arguments 'shared_l1_weights', 'shared_l2_weights' and 'x_bf16' must be given together");
+    if (!xb)
+        return DG_OK;
+    DG_TRY(dg_check_tensor_dtype(xb, "x_bf16", 2, DG_BFLOAT16));
+    DG_CHECK(xb->shape[0] == a->y->shape[0] && xb->shape[1] == H, DG_ERR_SHAPE,
+             "argument 'x_bf16' must be [%lld, %lld] (y's tokens, hidden), got [%lld, %lld]",
+             (long long)a->y->shape[0], (long long)H, (long long)xb->shape[0], (long long)xb->shape[1]);
+    return dg_check_no_overlap(a->y, "y", xb, "x_bf16", false);
+}
+
 /* The shared experts' weights: [2 S I, H] and [H, S I], FP8 with per-1x32 scales or BF16 (the
- * NVFP4 call's, with their BF16 tokens x_bf16 [T_r, H]). */
+ * NVFP4 call's, with their BF16 tokens x_bf16). */
 static dg_status check_shared(const fused_args *a, const dg_symm_buffer *b) {
     const int64_t S = b->cfg.num_shared_experts, SI = S * b->cfg.intermediate_hidden, H = b->cfg.hidden;
     const int given = a->sh1 || a->sh2;
-    if (a->nvfp4) {
-        const dg_tensor *xb = a->ex.x_bf16;
-        DG_CHECK((a->sh1 == NULL) == (a->sh2 == NULL) && (a->sh1 == NULL) == (xb == NULL), DG_ERR_VALUE,
-                 "arguments 'shared_l1_weights', 'shared_l2_weights' and 'x_bf16' must be given together");
-        if (xb) {
-            DG_TRY(dg_check_tensor_dtype(xb, "x_bf16", 2, DG_BFLOAT16));
-            DG_CHECK(xb->shape[0] == a->y->shape[0] && xb->shape[1] == H, DG_ERR_SHAPE,
-                     "argument 'x_bf16' must be [%lld, %lld] (y's tokens, hidden), got [%lld, %lld]",
-                     (long long)a->y->shape[0], (long long)H, (long long)xb->shape[0], (long long)xb->shape[1]);
-            DG_TRY(dg_check_no_overlap(a->y, "y", xb, "x_bf16", false));
-        }
-    }
+    if (a->nvfp4)
+        DG_TRY(check_x_bf16(a, b, a->sh1 && a->sh2));
     DG_CHECK(S == 0 || (a->sh1 && a->sh2), DG_ERR_NULL_POINTER,
              "the symmetric buffer was created with num_shared_experts = %lld: arguments 'shared_l1_weights' and "
              "'shared_l2_weights' are required", (long long)S);
@@ -113,16 +119,16 @@ static dg_status check_shared(const fused_args *a, const dg_symm_buffer *b) {
 
 /* One pre-packed weight of the `_packed` calls: live, packed for the current kernel, with the
  * dtype, recipe, group count and shape the configuration asks for. */
-static dg_status check_packed_weight(const dg_packed_b *p, const char *name, dg_dtype want, int64_t groups,
+static dg_status check_packed_weight(const dg_packed_b *p, const char *name, dg_dtype want, int gran, int64_t groups,
                                      int64_t rows, int64_t cols) {
     DG_CHECK(p != NULL, DG_ERR_NULL_POINTER, "argument '%s' is NULL", name);
     DG_CHECK(p->magic == DG_PACKED_B_MAGIC, DG_ERR_VALUE, "argument '%s' is not a live dg_packed_b (freed?)", name);
     DG_CHECK(p->dtype == want, DG_ERR_DTYPE, "argument '%s' was packed from %s weights; this call takes %s", name,
              dg_dtype_name(p->dtype), dg_dtype_name(want));
-    DG_CHECK(want == DG_BFLOAT16 || (p->gran_b[0] == 1 && p->gran_b[1] == DG_MEGA_MOE_ACT_GRAN), DG_ERR_VALUE,
-             "argument '%s' was packed with B granularity (%d, %d); the mega MoE's weights have per-1x%d scales "
+    DG_CHECK(want == DG_BFLOAT16 || (p->gran_b[0] == 1 && p->gran_b[1] == gran), DG_ERR_VALUE,
+             "argument '%s' was packed with B granularity (%d, %d); this mega MoE's weights have per-1x%d scales "
              "(pack with recipe (1, 1, %d))",
-             name, p->gran_b[0], p->gran_b[1], DG_MEGA_MOE_ACT_GRAN, DG_MEGA_MOE_ACT_GRAN);
+             name, p->gran_b[0], p->gran_b[1], gran, gran);
     if (groups > 0)
         DG_CHECK(p->groups == groups, DG_ERR_VALUE,
                  "argument '%s' must hold %lld groups (dg_pack_b_grouped of this rank's experts), got %lld", name,
@@ -147,16 +153,18 @@ static dg_status check_packed(const fused_args *a, const dg_symm_buffer *b) {
     DG_CHECK(!dg_use_reference(), DG_ERR_UNSUPPORTED,
              "pre-packed weights run on the engine only; the reference backend is selected");
     const dg_dtype routed = routed_dtype(cfg->mma), shared = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
-    DG_TRY(check_packed_weight(a->p1, "l1_weights", routed, epr, 2 * I, H));
-    DG_TRY(check_packed_weight(a->p2, "l2_weights", routed, epr, H, I));
+    DG_TRY(check_packed_weight(a->p1, "l1_weights", routed, weight_gran(a), epr, 2 * I, H));
+    DG_TRY(check_packed_weight(a->p2, "l2_weights", routed, weight_gran(a), epr, H, I));
+    if (a->nvfp4)
+        DG_TRY(check_x_bf16(a, b, a->ps1 && a->ps2));
     DG_CHECK(S == 0 || (a->ps1 && a->ps2), DG_ERR_NULL_POINTER,
              "the symmetric buffer was created with num_shared_experts = %lld: arguments 'shared_l1_weights' and "
              "'shared_l2_weights' are required", (long long)S);
     DG_CHECK(S > 0 || (!a->ps1 && !a->ps2), DG_ERR_VALUE,
              "shared expert weights were given, but the symmetric buffer was created with num_shared_experts = 0");
     if (S > 0) {
-        DG_TRY(check_packed_weight(a->ps1, "shared_l1_weights", shared, 0, 2 * S * I, H));
-        DG_TRY(check_packed_weight(a->ps2, "shared_l2_weights", shared, 0, H, S * I));
+        DG_TRY(check_packed_weight(a->ps1, "shared_l1_weights", shared, DG_MEGA_MOE_ACT_GRAN, 0, 2 * S * I, H));
+        DG_TRY(check_packed_weight(a->ps2, "shared_l2_weights", shared, DG_MEGA_MOE_ACT_GRAN, 0, H, S * I));
     }
     return DG_OK;
 }
@@ -353,10 +361,11 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
         goto done;
     }
     dg_mega_moe_combine(&c, scratch, threads);
-    DG_PATH("%s, %d rank%s; expert waves on %s%s", b->net ? "network path (MPI)" : "symmetric buffer over shared memory",
-            R, R == 1 ? "" : "s",
-            a->nvfp4 ? "dg_fp8_fp4_gemm_nt (NVFP4, recipe (1, 1, 16))" : a->fp8 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt",
-            a->packed ? "_packed (pre-packed weights)" : " (weights packed per wave)");
+    DG_PATH("%s, %d rank%s; expert waves on %s%s%s",
+            b->net ? "network path (MPI)" : "symmetric buffer over shared memory", R, R == 1 ? "" : "s",
+            a->fp8 || a->nvfp4 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt",
+            a->packed ? "_packed (pre-packed weights)" : " (weights packed per wave)",
+            a->nvfp4 ? ", NVFP4 recipe (1, 1, 16)" : "");
 done:
     dg_free(tokens);
     dg_free(recv);
@@ -454,5 +463,19 @@ dg_status dg_fp4_fp4_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, c
                     .l1 = l1_weights, .l1_sf = l1_weights_sf, .l2 = l2_weights, .l2_sf = l2_weights_sf,
                     .stats = cumulative_local_expert_recv_stats, .clamp = activation_clamp};
     a.sh1 = a.ex.shared_l1_weights, a.sh2 = a.ex.shared_l2_weights;
+    return fused(&a, buf);
+}
+
+dg_status dg_fp4_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights, const dg_packed_b *l2_weights,
+                                     const dg_packed_b *shared_l1_weights, const dg_packed_b *shared_l2_weights,
+                                     const dg_fp4_fp4_mega_moe_extras *extras, dg_symm_buffer *buf,
+                                     const dg_tensor *cumulative_local_expert_recv_stats, float activation_clamp) {
+    dg_api_begin("dg_fp4_fp4_mega_moe_packed");
+    fused_args a = {.nvfp4 = 1, .ex = extras ? *extras : dg_fp4_fp4_mega_moe_extras_default(), .y = y,
+                    .packed = 1, .p1 = l1_weights, .p2 = l2_weights, .ps1 = shared_l1_weights,
+                    .ps2 = shared_l2_weights, .stats = cumulative_local_expert_recv_stats, .clamp = activation_clamp};
+    DG_CHECK(!a.ex.shared_l1_weights && !a.ex.shared_l2_weights, DG_ERR_VALUE,
+             "the packed call takes its shared experts as packed arguments; extras' shared_l1_weights and "
+             "shared_l2_weights must be NULL");
     return fused(&a, buf);
 }

@@ -169,7 +169,7 @@ static dg_status layer_gemm(const expert *x, int layer, void *a_data, void *a_sf
     }
     opts.recipe[2] = 16;
     dg_tensor a = dg_tensor_2d(a_data, DG_FP4_E2M1X2, n, k / 2), sa = dg_tensor_2d(a_sf, DG_FLOAT32, n, k / 16);
-    return dg_fp8_fp4_gemm_nt(&a, &sa, w, ws, d, NULL, &opts);
+    return p ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, p, d, NULL, &opts) : dg_fp8_fp4_gemm_nt(&a, &sa, w, ws, d, NULL, &opts);
 }
 
 static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair *pairs, int64_t n, wave_mem *m) {
@@ -300,7 +300,7 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
     pair *pairs = dg_calloc((size_t)(total + shared_rows) + 1, sizeof *pairs);
     int64_t *fill = dg_calloc((size_t)epr + 1, sizeof *fill);
     const int64_t waves = wave_rows(b, I_max, nv), W = most < waves ? most : waves; /* 0: nothing to run */
-    const int nv_int_sf = nv && c->l1_sf->dtype == DG_INT32; /* the scales to convert per expert */
+    const int nv_int_sf = nv && c->l1_sf && c->l1_sf->dtype == DG_INT32; /* scales to convert per expert */
     wave_mem m = {0};
     if (W > 0) {
         m.a_in = dg_malloc((size_t)(W * H) * 2);
