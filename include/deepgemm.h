@@ -1256,9 +1256,14 @@ typedef enum dg_mega_moe_mma {
     DG_MEGA_MOE_BF16XBF16 = 1, /* 'bf16xbf16' */
     DG_MEGA_MOE_FP8XFP8 = 2,   /* 'fp8xfp8': FP8 tokens and FP8 routed weights (DeepGEMM 2.8), the
                                 * FP8 x FP4 calls with FLOAT8_E4M3 L1 / L2 and per-1x32 scales */
-    DG_MEGA_MOE_FP4XFP4 = 3    /* 'fp4xfp4': NVFP4 tokens and routed weights (DeepGEMM 2.8's
+    DG_MEGA_MOE_FP4XFP4 = 3,   /* 'fp4xfp4': NVFP4 tokens and routed weights (DeepGEMM 2.8's
                                 * fp4_fp4_mega_moe), dg_fp4_fp4_mega_moe; hidden and
                                 * intermediate_hidden multiples of 64 */
+    DG_MEGA_MOE_SM90_FP8 = 4   /* DeepGEMM 2.8's SM90 buffer (get_symm_buffer_for_sm90_mega_moe):
+                                * FP8 tokens with float scales per 1x128 and FP8 weights with
+                                * float scales per 128x128 block, dg_fp8_mega_moe; hidden a
+                                * multiple of 256, intermediate_hidden of 128, no shared experts,
+                                * tokens aligned to dg_get_token_alignment_for_sm90_mega_moe() */
 } dg_mega_moe_mma;
 
 typedef struct dg_mega_moe_config {
@@ -1273,6 +1278,9 @@ typedef struct dg_mega_moe_config {
 typedef struct dg_symm_buffer dg_symm_buffer;
 
 DG_API int64_t dg_get_token_alignment_for_mega_moe(void);
+/* 128, as DeepGEMM's SM90 kernel: num_max_tokens_per_rank of a DG_MEGA_MOE_SM90_FP8 buffer is
+ * rounded up to it. */
+DG_API int64_t dg_get_token_alignment_for_sm90_mega_moe(void);
 /* Bytes of one rank's segment for cfg (rank ignored); DG_ERR_* for an invalid configuration. */
 DG_API dg_status dg_get_symm_buffer_size_for_mega_moe(const dg_mega_moe_config *cfg, int64_t *bytes);
 /* name: 1-64 characters of [A-Za-z0-9_.-], the same on every rank, unique per buffer. */
@@ -1299,9 +1307,9 @@ DG_API dg_status dg_symm_buffer_config(const dg_symm_buffer *buf, dg_mega_moe_co
  * Views of this rank's inputs in its segment (DeepGEMM's buffer.x, ...), contiguous, with
  * T = num_max_tokens_per_rank rows: "x" [T, H] FLOAT8_E4M3 (BFLOAT16 for bf16xbf16; UINT8
  * [T, H/2] E2M1 pairs, low nibble first, for fp4xfp4), "x_sf" [T, ceil(H/128)] INT32 (four
- * per-1x32 UE8M0 bytes each; for fp4xfp4 [T, H/64], four per-1x16 E4M3 scale bytes each; not
- * for bf16xbf16), "topk_idx" [T, K] INT64, "topk_weights" [T, K] FLOAT32. The first y.shape[0]
- * rows are the call's tokens.
+ * per-1x32 UE8M0 bytes each; for fp4xfp4 [T, H/64], four per-1x16 E4M3 scale bytes each; for
+ * the SM90 buffer [T, H/128] FLOAT32, one scale per 1x128; not for bf16xbf16), "topk_idx"
+ * [T, K] INT64, "topk_weights" [T, K] FLOAT32. The first y.shape[0] rows are the call's tokens.
  */
 DG_API dg_status dg_symm_buffer_view(const dg_symm_buffer *buf, const char *field, dg_tensor *out);
 
@@ -1440,6 +1448,47 @@ DG_API dg_status dg_fp4_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_
                                             const dg_fp4_fp4_mega_moe_extras *extras, dg_symm_buffer *buf,
                                             const dg_tensor *cumulative_local_expert_recv_stats,
                                             float activation_clamp);
+
+/*
+ * DeepGEMM 2.8's SM90 FP8 mega MoE (fp8_mega_moe, recipe (128, 128, 128)) on a buffer of mma
+ * DG_MEGA_MOE_SM90_FP8: tokens E4M3 with one float scale per 1x128 (the "x" / "x_sf" views),
+ * routed weights E4M3 l1 [E/R, 2I, H] (gate rows, then up rows) and l2 [E/R, H, I], unit stride
+ * along K, with FLOAT32 scales per 128x128 block, l1_sf [E/R, 2I/128, H/128] and l2_sf
+ * [E/R, H/128, I/128] (DeepEP's layout; any strides). For every (source rank s, token t, slot j)
+ * with e = topk_idx[s][t, j] >= 0:
+ *   1. h = x[s][t] . W1[e]^T in float32, the float32 D of dg_fp8_gemm_nt with recipe
+ *      (1, 128, 128) (per 128-K block, the block's sum times sa * sb); no BF16 rounding;
+ *   2. with activation_clamp c (as given, not rounded): gate = min(h[:I], c), up =
+ *      min(max(h[I:], -c), c);
+ *   3. a = ((gate / (1 + expf(-gate))) * up) * topk_weights[s][t, j] in float32;
+ *   4. per 64 values of a: sf = 2^ceil(log2(amax * (1 / 448))) (a power of two, exactly;
+ *      sf = 0 and codes 0 when amax is 0), codes = E4M3(a * (1 / sf)) (round to nearest even);
+ *   5. o = BF16(codes . W2[e]^T), the BF16 D of dg_fp8_gemm_nt with recipe_a (1, 64) (sf per
+ *      1x64) and recipe_b (128, 128);
+ *   6. combine on rank s: y[s][t] = BF16(float32 sum from +0 of o over the slots in increasing j;
+ *      masked slots skipped; a token without experts gives 0).
+ * Bitwise the same for any rank count, thread count and token split, and equal to this chain
+ * built from the public GEMMs; within DeepGEMM's test threshold (calc_diff < 0.01) of its
+ * float32 reference. fast_math is DeepGEMM's GPU switch: exact expf here either way. The SM90
+ * kernel has no shared experts and no SiTU; DeepGEMM's transform_weights_for_mega_moe_sm90
+ * interleaves gate and up rows for its tensor cores, which this call does not take (give the
+ * natural layout, or pre-packed weights below).
+ */
+DG_API dg_status dg_fp8_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l1_weights_sf,
+                                 const dg_tensor *l2_weights, const dg_tensor *l2_weights_sf, dg_symm_buffer *buf,
+                                 const dg_tensor *cumulative_local_expert_recv_stats, float activation_clamp);
+/*
+ * The SM90 call on pre-packed weights: l1_weights / l2_weights dg_pack_b_grouped of this rank's
+ * routed experts with their FLOAT32 128x128 block scales and opts->recipe_b (128, 128) (with
+ * recipe_a (1, 128) for L1 and (1, 64) for L2, what the call multiplies them with). y is bitwise
+ * the unpacked call's. Rules as
+ * dg_fp8_fp4_mega_moe_packed's (live objects packed for the current ISA level, not under the
+ * reference backend).
+ */
+DG_API dg_status dg_fp8_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights,
+                                        const dg_packed_b *l2_weights, dg_symm_buffer *buf,
+                                        const dg_tensor *cumulative_local_expert_recv_stats,
+                                        float activation_clamp);
 
 #ifdef __cplusplus
 }

@@ -139,7 +139,7 @@ class SymmBuffer:
         self.group = boot.group
         self.num_ranks, self.rank = boot.size(), boot.rank()
         self.num_experts, self.num_topk = num_experts, num_topk
-        self.num_max_tokens_per_rank = align(num_max_tokens_per_rank, _C.get_token_alignment_for_mega_moe())
+        self.num_max_tokens_per_rank = align(num_max_tokens_per_rank, self._token_alignment())
         self.hidden, self.intermediate_hidden = hidden, intermediate_hidden
         self.num_shared_experts, self.mma_type, self.activation = num_shared_experts, mma_type, activation
         config = (num_experts, self.num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
@@ -185,6 +185,10 @@ class SymmBuffer:
         _C.symm_buffer_seal(handle)
         self._adopt(handle, config)
 
+    @staticmethod
+    def _token_alignment() -> int:
+        return _C.get_token_alignment_for_mega_moe()
+
     def _adopt(self, handle, config):
         self._handle, self._config = handle, config
         fp8 = self.mma_type != 'bf16xbf16'
@@ -218,6 +222,8 @@ def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_ran
                                  hidden: int, intermediate_hidden: int, num_shared_experts: int = 0,
                                  use_fp8_dispatch: Union[bool, None] = None, mma_type: str = 'fp8xfp4',
                                  activation: str = 'swiglu') -> SymmBuffer:
+    if mma_type == 'sm90_fp8':
+        raise ValueError("the SM90 FP8 mega MoE's buffer comes from get_symm_buffer_for_sm90_mega_moe")
     if use_fp8_dispatch is not None:
         if use_fp8_dispatch != (mma_type.split('x')[0] == 'fp8'):
             raise ValueError(f'use_fp8_dispatch={use_fp8_dispatch} contradicts mma_type={mma_type!r}')
@@ -474,6 +480,116 @@ def fp4_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
                               shared_l1_weights=shared_l1_weights, shared_l2_weights=shared_l2_weights, **extras)
 
 
+class SM90SymmBuffer(SymmBuffer):
+    """DeepGEMM 2.8's SM90 (Hopper) symmetric buffer, for fp8_mega_moe: views x (float8_e4m3fn
+    [T, H]), x_sf (float32 [T, H/128], one scale per 1x128), topk_idx, topk_weights, with T =
+    num_max_tokens_per_rank rounded up to 128 as upstream; l1_acts, l1_acts_sf, l2_acts and
+    l2_acts_sf (the GPU kernel's staging) are None: the CPU kernel keeps its activations in its
+    own waves. hidden must be a multiple of 256, intermediate_hidden of 128; no shared experts."""
+
+    def __init__(self, group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
+                 intermediate_hidden: int, use_fp8_dispatch: bool = True, activation: str = 'swiglu'):
+        if not use_fp8_dispatch:
+            raise ValueError('the SM90 FP8 mega MoE dispatches FP8 tokens only (use_fp8_dispatch=True)')
+        if activation != 'swiglu':
+            raise ValueError(f"the SM90 FP8 mega MoE supports activation='swiglu' only, got {activation!r}")
+        super().__init__(group, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
+                         num_shared_experts=0, mma_type='sm90_fp8', activation='swiglu')
+
+    @staticmethod
+    def _token_alignment() -> int:
+        return _C.get_token_alignment_for_sm90_mega_moe()
+
+
+def get_symm_buffer_for_sm90_mega_moe(group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
+                                      hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool = True,
+                                      activation: str = 'swiglu') -> SM90SymmBuffer:
+    return SM90SymmBuffer(group, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
+                          use_fp8_dispatch=use_fp8_dispatch, activation=activation)
+
+
+def _check_sm90_pair(name, pair):
+    """An SM90 (FP8 weights, float32 block-128 scales) pair, checked as upstream checks it."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f'{name} must be a (FP8 weights, float32 scales) pair')
+    w, sf = pair
+    if not isinstance(w, torch.Tensor) or not isinstance(sf, torch.Tensor):
+        raise TypeError(f'{name}: the weights and their scales must both be tensors')
+    if w.ndim != 3 or sf.ndim != 3:
+        raise ValueError(f'{name}: the weights and their scales must both be 3-D ([experts, N, K])')
+    if w.dtype != torch.float8_e4m3fn or sf.dtype != torch.float32:
+        raise TypeError(f'{name} takes float8_e4m3fn weights with float32 scales, got {w.dtype} and {sf.dtype}')
+    if w.device != sf.device:
+        raise ValueError(f'{name}: the weights and their scales must be on the same device')
+    if not w.is_contiguous() or not sf.is_contiguous():
+        raise ValueError(f'{name}: the weights and their scales must be contiguous (their natural layout)')
+    e, n, k = w.shape
+    if e <= 0 or n <= 0 or k <= 0 or n % 128 or k % 128:
+        raise ValueError(f'{name}: need at least one expert and N, K positive multiples of 128, got {tuple(w.shape)}')
+    if tuple(sf.shape) != (e, n // 128, k // 128):
+        raise ValueError(f'{name}: the scales must be {(e, n // 128, k // 128)} (one per 128x128 block), '
+                         f'got {tuple(sf.shape)}')
+
+
+def transform_weights_for_mega_moe_sm90(l1_weights, l2_weights, pack: bool = True):
+    """DeepGEMM 2.8's weight preparation for fp8_mega_moe, with its checks: (FP8 weights, float32
+    scales per 128x128 block) pairs [E/R, 2I, H] and [E/R, H, I], H a multiple of 256. DeepGEMM
+    interleaves the L1 gate and up rows for its tensor cores; the CPU kernel takes the natural
+    layout, so this returns TransformedWeights copies in the input's layout, each carrying (with
+    pack=True) its weights packed once for this ISA level (pack_b with recipe_b (128, 128)), which
+    fp8_mega_moe runs on. Raw pairs passed to fp8_mega_moe give the same bits."""
+    _check_sm90_pair('l1_weights', l1_weights)
+    _check_sm90_pair('l2_weights', l2_weights)
+    l1, l2 = l1_weights[0], l2_weights[0]
+    if l1.shape[0] != l2.shape[0] or l1.shape[1] != 2 * l2.shape[2] or l1.shape[2] != l2.shape[1]:
+        raise ValueError(f'the SM90 mega MoE weights must be [E, 2 I, H] and [E, H, I], got {tuple(l1.shape)} '
+                         f'and {tuple(l2.shape)}')
+    if l2.shape[1] % 256:
+        raise ValueError(f'the SM90 mega MoE needs hidden a multiple of 256, got {l2.shape[1]}')
+    if l1.device != l2.device:
+        raise ValueError('the L1 and L2 weights must be on the same device')
+
+    def transform(pair, gran_a):
+        out = TransformedWeights(t.clone() for t in pair)
+        if pack:
+            out.packed = _C.pack_b(tuple(out), recipe_a=(1, gran_a), recipe_b=(128, 128))
+        return out
+    return transform(l1_weights, 128), transform(l2_weights, 64)
+
+
+def fp8_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tensor],
+                 l2_weights: Tuple[torch.Tensor, torch.Tensor], sym_buffer: SM90SymmBuffer,
+                 cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                 recipe: Tuple[int, int, int] = (128, 128, 128), activation: str = 'swiglu',
+                 activation_clamp: Optional[float] = None, fast_math: bool = True) -> None:
+    """DeepGEMM 2.8's SM90 FP8 mega MoE: y[:T] of this rank's T tokens (placed in sym_buffer.x,
+    x_sf, topk_idx, topk_weights of a get_symm_buffer_for_sm90_mega_moe buffer); routed weights
+    (float8_e4m3fn, float32 scales per 128x128 block) pairs [E/R, 2I, H] and [E/R, H, I], raw or
+    from transform_weights_for_mega_moe_sm90. The chain, rounding by rounding, is dg_fp8_mega_moe's
+    in deepgemm.h: float32 L1, SwiGLU with the clamp (gate from above, up both sides) and the
+    top-k weight, FP8 activations with power-of-two scales per 1x64, BF16 L2 rows summed in slot
+    order. fast_math is accepted: exact expf either way."""
+    if not isinstance(sym_buffer, SM90SymmBuffer):
+        raise TypeError(f'fp8_mega_moe: sym_buffer must be an SM90SymmBuffer (get_symm_buffer_for_sm90_mega_moe), '
+                        f'got {type(sym_buffer).__name__}')
+    if sym_buffer._handle is None:
+        raise RuntimeError('fp8_mega_moe: the symmetric buffer was destroyed')
+    if tuple(recipe) != (128, 128, 128):
+        raise ValueError(f'fp8_mega_moe: the SM90 FP8 mega MoE takes recipe (128, 128, 128), got {tuple(recipe)}')
+    if activation != 'swiglu':
+        raise ValueError(f"fp8_mega_moe: the SM90 FP8 mega MoE supports activation='swiglu' only, got {activation!r}")
+    for name, w in (('l1_weights', l1_weights), ('l2_weights', l2_weights)):
+        if not (isinstance(w, (tuple, list)) and len(w) == 2):
+            raise TypeError(f'fp8_mega_moe: {name} must be a (weights, scales) pair')
+    packed = [_packed_of(w) for w in (l1_weights, l2_weights)]
+    if all(p is not None for p in packed):
+        _C.fused_fp8_mega_moe_packed(y, packed[0], packed[1], sym_buffer._handle, cumulative_local_expert_recv_stats,
+                                     activation_clamp)
+        return
+    _C.fused_fp8_mega_moe(y, l1_weights[0], l1_weights[1], l2_weights[0], l2_weights[1], sym_buffer._handle,
+                          cumulative_local_expert_recv_stats, activation_clamp)
+
+
 def _missing(name, why):
     def fn(*args, **kwargs):
         raise NotImplementedError(f'deep_gemm_cpu.{name} is not implemented: {why}')
@@ -481,18 +597,4 @@ def _missing(name, why):
     return fn
 
 
-fp8_mega_moe = _missing('fp8_mega_moe', 'the SM90 FP8 x FP8 mega MoE (block-128 scales) has no CPU kernel yet; '
-                        'fp8_fp4_mega_moe and bf16_mega_moe are implemented')
 get_ring_limit_for_mega_moe = _missing('get_ring_limit_for_mega_moe', 'the CPU kernel has no ring buffer')
-# DeepGEMM 2.8's SM90 (Hopper) mega MoE names: the FP8 x FP8 mega MoE's buffer and weight layout.
-_SM90_WHY = ('the SM90 FP8 x FP8 mega MoE has no CPU kernel yet; get_symm_buffer_for_mega_moe, '
-             'transform_weights_for_mega_moe and fp8_fp4_mega_moe / bf16_mega_moe are implemented')
-get_symm_buffer_for_sm90_mega_moe = _missing('get_symm_buffer_for_sm90_mega_moe', _SM90_WHY)
-transform_weights_for_mega_moe_sm90 = _missing('transform_weights_for_mega_moe_sm90', _SM90_WHY)
-
-
-class SM90SymmBuffer:
-    """DeepGEMM 2.8's SM90 symmetric buffer: not available on CPU (see fp8_mega_moe)."""
-
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(f'deep_gemm_cpu.SM90SymmBuffer is not implemented: {_SM90_WHY}')

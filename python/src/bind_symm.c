@@ -8,6 +8,7 @@
  *   fp8_fp4_mega_moe(y, l1, l1_sf, l2, l2_sf, handle, stats, activation_clamp)
  *   bf16_mega_moe(y, l1, l2, handle, stats, activation_clamp)
  *   fused_fp4_fp4_mega_moe(y, l1, l1_sf, l2, l2_sf, handle, stats, activation_clamp, ...extras)
+ *   fused_fp8_mega_moe(y, l1, l1_sf, l2, l2_sf, handle, stats, activation_clamp) (SM90; and _packed)
  * The bootstrap (names, barriers between create, attach and seal) is Python's: mega.py runs it
  * over a torch.distributed group or an mpi4py communicator.
  *
@@ -62,9 +63,12 @@ static int parse_mma(PyObject *obj, const char *fn, dg_mega_moe_mma *out) {
         *out = DG_MEGA_MOE_FP8XFP8;
     else if (!strcmp(s, "fp4xfp4"))
         *out = DG_MEGA_MOE_FP4XFP4;
+    else if (!strcmp(s, "sm90_fp8")) /* the module's name for DeepGEMM's SM90SymmBuffer */
+        *out = DG_MEGA_MOE_SM90_FP8;
     else {
         PyErr_Format(PyExc_NotImplementedError,
-                     "%s: mma_type '%s' is not implemented on CPU (fp8xfp4, fp8xfp8, fp4xfp4 and bf16xbf16 are)", fn, s);
+                     "%s: mma_type '%s' is not implemented on CPU (fp8xfp4, fp8xfp8, fp4xfp4 and bf16xbf16 are; "
+                     "the SM90 buffer is get_symm_buffer_for_sm90_mega_moe's)", fn, s);
         return -1;
     }
     return 0;
@@ -438,12 +442,71 @@ static PyObject *py_fp4_fp4_mega_moe_packed(PyObject *s, PyObject *args, PyObjec
     return result;
 }
 
+/* The SM90 FP8 call: E4M3 weights with FLOAT32 128x128 block scales (dg_fp8_mega_moe). */
+static PyObject *py_fp8_mega_moe(PyObject *s, PyObject *args, PyObject *kw) {
+    const char *fn = "fp8_mega_moe";
+    static char *kwl[] = {"y", "l1_weights", "l1_weights_sf", "l2_weights", "l2_weights_sf", "buffer",
+                          "cumulative_local_expert_recv_stats", "activation_clamp", NULL};
+    PyObject *y, *l1, *l1sf, *l2, *l2sf, *cap, *stats = Py_None, *clamp_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OO", kwl, &y, &l1, &l1sf, &l2, &l2sf, &cap, &stats,
+                                     &clamp_obj))
+        return NULL;
+    handle *h = get_handle(cap, fn, 1);
+    float clamp;
+    if (!h || parse_clamp(clamp_obj, fn, &clamp))
+        return NULL;
+    dgp_tensor ty = {0}, t1 = {0}, t1s = {0}, t2 = {0}, t2s = {0}, ts = {0};
+    if (dgp_tensor_from(y, fn, "y", DGP_WRITABLE, &ty) || dgp_tensor_from(l1, fn, "l1_weights", 0, &t1) ||
+        dgp_tensor_from(l1sf, fn, "l1_weights_sf", 0, &t1s) || dgp_tensor_from(l2, fn, "l2_weights", 0, &t2) ||
+        dgp_tensor_from(l2sf, fn, "l2_weights_sf", 0, &t2s) ||
+        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
+        return NULL;
+    dg_status st;
+    DGP_NOGIL(st, dg_fp8_mega_moe(&ty.t, &t1.t, &t1s.t, &t2.t, &t2s.t, h->buf, dgp_ptr(&ts), clamp));
+    if (st != DG_OK)
+        return dgp_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fp8_mega_moe_packed(PyObject *s, PyObject *args, PyObject *kw) {
+    const char *fn = "fp8_mega_moe";
+    static char *kwl[] = {"y", "l1_weights", "l2_weights", "buffer", "cumulative_local_expert_recv_stats",
+                          "activation_clamp", NULL};
+    PyObject *y, *cap, *stats = Py_None, *clamp_obj = Py_None, *w[4] = {NULL, NULL, Py_None, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OO", kwl, &y, &w[0], &w[1], &cap, &stats, &clamp_obj))
+        return NULL;
+    handle *h = get_handle(cap, fn, 1);
+    float clamp;
+    if (!h || parse_clamp(clamp_obj, fn, &clamp))
+        return NULL;
+    dgp_tensor ty = {0}, ts = {0};
+    if (dgp_tensor_from(y, fn, "y", DGP_WRITABLE, &ty) ||
+        dgp_tensor_from(stats, fn, "cumulative_local_expert_recv_stats", DGP_OPTIONAL | DGP_WRITABLE, &ts))
+        return NULL;
+    const dg_packed_b *p[4] = {NULL, NULL, NULL, NULL};
+    const int held = hold_weights(w, fn, p);
+    PyObject *result = NULL;
+    if (held == 4) {
+        dg_status st;
+        DGP_NOGIL(st, dg_fp8_mega_moe_packed(&ty.t, p[0], p[1], h->buf, dgp_ptr(&ts), clamp));
+        if (st != DG_OK)
+            dgp_raise(st);
+        else
+            Py_INCREF(Py_None), result = Py_None;
+    }
+    release_weights(w, p, held);
+    return result;
+}
+
 static PyObject *py_fp8_fp4_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 1); }
 static PyObject *py_bf16_mega_moe(PyObject *s, PyObject *args, PyObject *kw) { return fused(args, kw, 0); }
 static PyObject *py_fused_packed(PyObject *s, PyObject *args, PyObject *kw) { return fused_packed(args, kw); }
 
 static PyObject *py_token_alignment(PyObject *s, PyObject *noargs) {
     return PyLong_FromLongLong((long long)dg_get_token_alignment_for_mega_moe());
+}
+static PyObject *py_sm90_token_alignment(PyObject *s, PyObject *noargs) {
+    return PyLong_FromLongLong((long long)dg_get_token_alignment_for_sm90_mega_moe());
 }
 
 #define KW (PyCFunction)(void (*)(void))
@@ -480,12 +543,20 @@ PyMethodDef dgp_symm_methods[] = {
      "fused_fp4_fp4_mega_moe_packed(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
      "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None, x_bf16=None, l1_alphas=None, "
      "l2_alphas=None, a2_scales=None, routed_scaling_factor=1.0): the NVFP4 call on PackedB weights"},
+    {"fused_fp8_mega_moe", KW py_fp8_mega_moe, METH_VARARGS | METH_KEYWORDS,
+     "fused_fp8_mega_moe(y, l1_weights, l1_weights_sf, l2_weights, l2_weights_sf, buffer, "
+     "cumulative_local_expert_recv_stats=None, activation_clamp=None): the SM90 FP8 mega MoE (dg_fp8_mega_moe)"},
+    {"fused_fp8_mega_moe_packed", KW py_fp8_mega_moe_packed, METH_VARARGS | METH_KEYWORDS,
+     "fused_fp8_mega_moe_packed(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
+     "activation_clamp=None): the SM90 FP8 mega MoE on PackedB weights (dg_fp8_mega_moe_packed)"},
     {"fused_bf16_mega_moe", KW py_bf16_mega_moe, METH_VARARGS | METH_KEYWORDS,
      "fused_bf16_mega_moe(y, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
      "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None)"},
     {"fused_mega_moe_packed", KW py_fused_packed, METH_VARARGS | METH_KEYWORDS,
      "fused_mega_moe_packed(y, fp8, l1_weights, l2_weights, buffer, cumulative_local_expert_recv_stats=None, "
      "activation_clamp=None, shared_l1_weights=None, shared_l2_weights=None): the calls on PackedB weights"},
+    {"get_token_alignment_for_sm90_mega_moe", py_sm90_token_alignment, METH_NOARGS,
+     "dg_get_token_alignment_for_sm90_mega_moe()"},
     {"get_token_alignment_for_mega_moe", py_token_alignment, METH_NOARGS,
      "rows num_max_tokens_per_rank is rounded up to"},
     {NULL, NULL, 0, NULL},

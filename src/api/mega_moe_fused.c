@@ -21,6 +21,7 @@
 typedef struct fused_args {
     int fp8;                                      /* FP8 tokens: fp8xfp4 or fp8xfp8 */
     int nvfp4;                                    /* dg_fp4_fp4_mega_moe: fp4xfp4, with ex */
+    int sm90;                                     /* dg_fp8_mega_moe: the SM90 buffer, block scales */
     dg_fp4_fp4_mega_moe_extras ex;
     const dg_tensor *y, *l1, *l1_sf, *l2, *l2_sf, *stats;
     const dg_tensor *sh1, *sh1_sf, *sh2, *sh2_sf; /* the shared expert(s), NULL without */
@@ -35,13 +36,14 @@ static const char *mma_name(dg_mega_moe_mma m) {
     return m == DG_MEGA_MOE_FP8XFP4   ? "fp8xfp4"
            : m == DG_MEGA_MOE_FP8XFP8 ? "fp8xfp8"
            : m == DG_MEGA_MOE_FP4XFP4 ? "fp4xfp4"
+           : m == DG_MEGA_MOE_SM90_FP8 ? "SM90 fp8"
                                       : "bf16xbf16";
 }
 
 /* The routed experts' weight dtype of a buffer's mma_type. */
 static dg_dtype routed_dtype(dg_mega_moe_mma m) {
     return m == DG_MEGA_MOE_FP8XFP4 || m == DG_MEGA_MOE_FP4XFP4 ? DG_FP4_E2M1X2
-           : m == DG_MEGA_MOE_FP8XFP8                          ? DG_FLOAT8_E4M3
+           : m == DG_MEGA_MOE_FP8XFP8 || m == DG_MEGA_MOE_SM90_FP8 ? DG_FLOAT8_E4M3
                                                                : DG_BFLOAT16;
 }
 
@@ -62,9 +64,17 @@ static dg_status check_weight(const fused_args *a, const dg_symm_buffer *b, int 
              name, (long long)epr, (long long)rows, (long long)cols,
              layer == 1 ? "2 * intermediate_hidden, hidden" : "hidden, intermediate_hidden", (long long)op->groups,
              (long long)op->mn, (long long)op->k);
+    const char *sf_name = layer == 1 ? "l1_weights_sf" : "l2_weights_sf";
+    const dg_tensor *sf = layer == 1 ? a->l1_sf : a->l2_sf;
+    if (a->sm90) { /* float32 per 128x128 block, as DeepGEMM's SM90 kernel reads them */
+        DG_CHECK(sf != NULL, DG_ERR_NULL_POINTER, "argument '%s' is NULL", sf_name);
+        DG_CHECK(sf->dtype == DG_FLOAT32, DG_ERR_DTYPE,
+                 "argument '%s' must be FLOAT32 (one scale per 128x128 block), got %s", sf_name,
+                 dg_dtype_name(sf->dtype));
+        return dg_operand_set_scales(op, sf_name, sf, 128, 128);
+    }
     if (a->fp8 || a->nvfp4)
-        DG_TRY(dg_operand_set_scales(op, layer == 1 ? "l1_weights_sf" : "l2_weights_sf",
-                                     layer == 1 ? a->l1_sf : a->l2_sf, 1, weight_gran(a)));
+        DG_TRY(dg_operand_set_scales(op, sf_name, sf, 1, weight_gran(a)));
     return DG_OK;
 }
 
@@ -125,10 +135,13 @@ static dg_status check_packed_weight(const dg_packed_b *p, const char *name, dg_
     DG_CHECK(p->magic == DG_PACKED_B_MAGIC, DG_ERR_VALUE, "argument '%s' is not a live dg_packed_b (freed?)", name);
     DG_CHECK(p->dtype == want, DG_ERR_DTYPE, "argument '%s' was packed from %s weights; this call takes %s", name,
              dg_dtype_name(p->dtype), dg_dtype_name(want));
-    DG_CHECK(want == DG_BFLOAT16 || (p->gran_b[0] == 1 && p->gran_b[1] == gran), DG_ERR_VALUE,
-             "argument '%s' was packed with B granularity (%d, %d); this mega MoE's weights have per-1x%d scales "
-             "(pack with recipe (1, 1, %d))",
-             name, p->gran_b[0], p->gran_b[1], gran, gran);
+    /* gran 128: the SM90 call's 128x128 blocks */
+    const int gran_n = gran == 128 ? 128 : 1;
+    DG_CHECK(want == DG_BFLOAT16 || (p->gran_b[0] == gran_n && p->gran_b[1] == gran), DG_ERR_VALUE,
+             "argument '%s' was packed with B granularity (%d, %d); this mega MoE's weights have %s scales "
+             "(pack with %s)",
+             name, p->gran_b[0], p->gran_b[1], gran == 128 ? "128x128 block" : gran == 16 ? "per-1x16" : "per-1x32",
+             gran == 128 ? "recipe_b (128, 128)" : gran == 16 ? "recipe (1, 1, 16)" : "recipe (1, 1, 32)");
     if (groups > 0)
         DG_CHECK(p->groups == groups, DG_ERR_VALUE,
                  "argument '%s' must hold %lld groups (dg_pack_b_grouped of this rank's experts), got %lld", name,
@@ -153,8 +166,9 @@ static dg_status check_packed(const fused_args *a, const dg_symm_buffer *b) {
     DG_CHECK(!dg_use_reference(), DG_ERR_UNSUPPORTED,
              "pre-packed weights run on the engine only; the reference backend is selected");
     const dg_dtype routed = routed_dtype(cfg->mma), shared = a->fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16;
-    DG_TRY(check_packed_weight(a->p1, "l1_weights", routed, weight_gran(a), epr, 2 * I, H));
-    DG_TRY(check_packed_weight(a->p2, "l2_weights", routed, weight_gran(a), epr, H, I));
+    const int gran = a->sm90 ? 128 : weight_gran(a);
+    DG_TRY(check_packed_weight(a->p1, "l1_weights", routed, gran, epr, 2 * I, H));
+    DG_TRY(check_packed_weight(a->p2, "l2_weights", routed, gran, epr, H, I));
     if (a->nvfp4)
         DG_TRY(check_x_bf16(a, b, a->ps1 && a->ps2));
     DG_CHECK(S == 0 || (a->ps1 && a->ps2), DG_ERR_NULL_POINTER,
@@ -197,11 +211,16 @@ static dg_status check_expert_scales(const fused_args *a, const dg_tensor *t, co
 static dg_status check_local(const fused_args *a, dg_symm_buffer *b) {
     const dg_mega_moe_config *cfg = &b->cfg;
     const dg_mega_moe_mma m = cfg->mma;
-    const bool fits = a->nvfp4 ? m == DG_MEGA_MOE_FP4XFP4
-                      : a->fp8 ? m == DG_MEGA_MOE_FP8XFP4 || m == DG_MEGA_MOE_FP8XFP8
-                               : m == DG_MEGA_MOE_BF16XBF16;
+    const bool fits = a->nvfp4  ? m == DG_MEGA_MOE_FP4XFP4
+                      : a->sm90 ? m == DG_MEGA_MOE_SM90_FP8
+                      : a->fp8  ? m == DG_MEGA_MOE_FP8XFP4 || m == DG_MEGA_MOE_FP8XFP8
+                                : m == DG_MEGA_MOE_BF16XBF16;
     DG_CHECK(fits, DG_ERR_VALUE, "the symmetric buffer was created for mma_type '%s'; this call needs %s",
-             mma_name(m), a->nvfp4 ? "'fp4xfp4'" : a->fp8 ? "'fp8xfp4' or 'fp8xfp8'" : "'bf16xbf16'");
+             mma_name(m),
+             a->nvfp4  ? "'fp4xfp4'"
+             : a->sm90 ? "the SM90 buffer (DG_MEGA_MOE_SM90_FP8, get_symm_buffer_for_sm90_mega_moe)"
+             : a->fp8  ? "'fp8xfp4' or 'fp8xfp8'"
+                       : "'bf16xbf16'");
     DG_CHECK(!a->situ || cfg->mma == DG_MEGA_MOE_FP8XFP4, DG_ERR_VALUE,
              "SiTU is the FP8 x FP4 mega MoE's (DeepGEMM 2.8); the symmetric buffer was created for mma_type '%s'",
              mma_name(cfg->mma));
@@ -312,7 +331,7 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
     keep_message(msg_a, sizeof msg_a);
 
     dg_status work = DG_OK;
-    dg_mega_moe_call c = {.buf = b, .fp8 = a->fp8, .nvfp4 = a->nvfp4, .x_bf16 = a->ex.x_bf16,
+    dg_mega_moe_call c = {.buf = b, .fp8 = a->fp8, .nvfp4 = a->nvfp4, .sm90 = a->sm90, .x_bf16 = a->ex.x_bf16,
                           .l1_alphas = a->ex.l1_alphas, .l2_alphas = a->ex.l2_alphas, .a2_scales = a->ex.a2_scales,
                           .routed_scaling_factor = a->ex.routed_scaling_factor, .y = a->y, .l1 = a->l1,
                           .l1_sf = a->l1_sf, .l2 = a->l2, .l2_sf = a->l2_sf, .stats = a->stats, .shared_l1 = a->sh1, .shared_l1_sf = a->sh1_sf,
@@ -321,8 +340,9 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
                           .situ = a->situ, .situ_beta = a->situ_beta, .situ_linear_beta = a->situ_linear_beta,
                           .num_tokens = tokens, .recv = recv};
     if (st == DG_OK) {
-        if (!isinf(c.clamp))
-            c.clamp = dg_bf16_to_float(dg_float_to_bf16(c.clamp)); /* the reference's rule */
+        /* The reference's rule (the GPU clamps BF16 values); SM90 clamps float32 ones as given. */
+        if (!isinf(c.clamp) && !a->sm90)
+            c.clamp = dg_bf16_to_float(dg_float_to_bf16(c.clamp));
         if (b->net)
             work = dg_symm_net_dispatch(b, tokens);
         if (work == DG_OK)
@@ -363,9 +383,9 @@ static dg_status fused(const fused_args *a, dg_symm_buffer *b) {
     dg_mega_moe_combine(&c, scratch, threads);
     DG_PATH("%s, %d rank%s; expert waves on %s%s%s",
             b->net ? "network path (MPI)" : "symmetric buffer over shared memory", R, R == 1 ? "" : "s",
-            a->fp8 || a->nvfp4 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt",
+            a->sm90 && !a->packed ? "dg_fp8_gemm_nt" : a->fp8 || a->nvfp4 || a->sm90 ? "dg_fp8_fp4_gemm_nt" : "dg_bf16_gemm_nt",
             a->packed ? "_packed (pre-packed weights)" : " (weights packed per wave)",
-            a->nvfp4 ? ", NVFP4 recipe (1, 1, 16)" : "");
+            a->nvfp4 ? ", NVFP4 recipe (1, 1, 16)" : a->sm90 ? ", SM90 block scales (128, 128)" : "");
 done:
     dg_free(tokens);
     dg_free(recv);
@@ -477,5 +497,24 @@ dg_status dg_fp4_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_w
     DG_CHECK(!a.ex.shared_l1_weights && !a.ex.shared_l2_weights, DG_ERR_VALUE,
              "the packed call takes its shared experts as packed arguments; extras' shared_l1_weights and "
              "shared_l2_weights must be NULL");
+    return fused(&a, buf);
+}
+
+dg_status dg_fp8_mega_moe(const dg_tensor *y, const dg_tensor *l1_weights, const dg_tensor *l1_weights_sf,
+                          const dg_tensor *l2_weights, const dg_tensor *l2_weights_sf, dg_symm_buffer *buf,
+                          const dg_tensor *cumulative_local_expert_recv_stats, float activation_clamp) {
+    dg_api_begin("dg_fp8_mega_moe");
+    const fused_args a = {.sm90 = 1, .y = y, .l1 = l1_weights, .l1_sf = l1_weights_sf, .l2 = l2_weights,
+                          .l2_sf = l2_weights_sf, .stats = cumulative_local_expert_recv_stats,
+                          .clamp = activation_clamp};
+    return fused(&a, buf);
+}
+
+dg_status dg_fp8_mega_moe_packed(const dg_tensor *y, const dg_packed_b *l1_weights, const dg_packed_b *l2_weights,
+                                 dg_symm_buffer *buf, const dg_tensor *cumulative_local_expert_recv_stats,
+                                 float activation_clamp) {
+    dg_api_begin("dg_fp8_mega_moe_packed");
+    const fused_args a = {.sm90 = 1, .y = y, .packed = 1, .p1 = l1_weights, .p2 = l2_weights,
+                          .stats = cumulative_local_expert_recv_stats, .clamp = activation_clamp};
     return fused(&a, buf);
 }

@@ -23,7 +23,12 @@
 /* No configuration needs more per rank; larger ones are typos that would exhaust /dev/shm. */
 #define SYMM_MAX_SEGMENT ((int64_t)1 << 40)
 
+/* DeepGEMM's SM90 kernel aligns its token counts to its 128-row M blocks; the SM90 buffer's
+ * views keep that shape. */
+#define SYMM_SM90_TOKEN_ALIGNMENT 128
+
 int64_t dg_get_token_alignment_for_mega_moe(void) { return SYMM_TOKEN_ALIGNMENT; }
+int64_t dg_get_token_alignment_for_sm90_mega_moe(void) { return SYMM_SM90_TOKEN_ALIGNMENT; }
 
 dg_status dg_symm_check_config(const dg_mega_moe_config *in, int check_rank, dg_mega_moe_config *out) {
     DG_CHECK(in != NULL, DG_ERR_NULL_POINTER, "argument 'cfg' is NULL");
@@ -32,9 +37,10 @@ dg_status dg_symm_check_config(const dg_mega_moe_config *in, int check_rank, dg_
     DG_CHECK(!check_rank || (in->rank >= 0 && in->rank < in->num_ranks), DG_ERR_VALUE,
              "rank must be in [0, num_ranks = %d), got %d", in->num_ranks, in->rank);
     DG_CHECK(in->mma == DG_MEGA_MOE_FP8XFP4 || in->mma == DG_MEGA_MOE_BF16XBF16 || in->mma == DG_MEGA_MOE_FP8XFP8 ||
-                 in->mma == DG_MEGA_MOE_FP4XFP4,
+                 in->mma == DG_MEGA_MOE_FP4XFP4 || in->mma == DG_MEGA_MOE_SM90_FP8,
              DG_ERR_VALUE,
-             "mma must be DG_MEGA_MOE_FP8XFP4, DG_MEGA_MOE_BF16XBF16, DG_MEGA_MOE_FP8XFP8 or DG_MEGA_MOE_FP4XFP4, got %d",
+             "mma must be DG_MEGA_MOE_FP8XFP4, DG_MEGA_MOE_BF16XBF16, DG_MEGA_MOE_FP8XFP8, DG_MEGA_MOE_FP4XFP4 or "
+             "DG_MEGA_MOE_SM90_FP8, got %d",
              (int)in->mma);
     DG_CHECK(in->num_experts > 0 && in->num_experts <= (1 << 20) && in->num_experts % in->num_ranks == 0,
              DG_ERR_VALUE, "num_experts must be a positive multiple of num_ranks (%d) up to 2^20, got %lld",
@@ -58,13 +64,23 @@ dg_status dg_symm_check_config(const dg_mega_moe_config *in, int check_rank, dg_
              DG_ERR_VALUE, "fp4xfp4 needs hidden and intermediate_hidden multiples of 64 (NVFP4 scales per 16 "
              "values, four per INT32), got %lld and %lld",
              (long long)in->hidden, (long long)in->intermediate_hidden);
+    /* SM90: whole 128x128 weight scale blocks in both layers, 64-wide activation scale groups;
+     * DeepGEMM also asks 256 | hidden (its combine's vector width) and has no shared experts. */
+    DG_CHECK(in->mma != DG_MEGA_MOE_SM90_FP8 || (in->hidden % 256 == 0 && in->intermediate_hidden % 128 == 0),
+             DG_ERR_VALUE, "the SM90 FP8 mega MoE needs hidden a multiple of 256 and intermediate_hidden a multiple "
+             "of 128, got %lld and %lld", (long long)in->hidden, (long long)in->intermediate_hidden);
+    DG_CHECK(in->mma != DG_MEGA_MOE_SM90_FP8 || in->num_shared_experts == 0, DG_ERR_VALUE,
+             "the SM90 FP8 mega MoE has no shared experts, got num_shared_experts = %lld",
+             (long long)in->num_shared_experts);
     DG_CHECK(in->num_shared_experts >= 0 && in->num_shared_experts <= 64 &&
                  in->num_shared_experts * in->intermediate_hidden <= (1 << 20),
              DG_ERR_VALUE,
              "num_shared_experts must be in [0, 64] with num_shared_experts * intermediate_hidden <= 2^20, got %lld",
              (long long)in->num_shared_experts);
     *out = *in;
-    out->num_max_tokens_per_rank = dg_align(in->num_max_tokens_per_rank, SYMM_TOKEN_ALIGNMENT);
+    out->num_max_tokens_per_rank = dg_align(in->num_max_tokens_per_rank, in->mma == DG_MEGA_MOE_SM90_FP8
+                                                                              ? SYMM_SM90_TOKEN_ALIGNMENT
+                                                                              : SYMM_TOKEN_ALIGNMENT);
     return DG_OK;
 }
 
@@ -242,7 +258,7 @@ static dg_status check_peer(const dg_symm_buffer *b, int r, const dg_symm_header
     DG_CHECK((int64_t)(field) == (int64_t)(value), DG_ERR_VALUE,                                   \
              "the ranks passed different configurations: rank %d has %s = %lld, rank %d has %lld", r, \
              what, (long long)(field), c->rank, (long long)(value))
-    SAME(h->mma, c->mma, "mma_type (0: fp8xfp4, 1: bf16xbf16, 2: fp8xfp8, 3: fp4xfp4)");
+    SAME(h->mma, c->mma, "mma_type (0: fp8xfp4, 1: bf16xbf16, 2: fp8xfp8, 3: fp4xfp4, 4: SM90 fp8)");
     SAME(h->num_experts, c->num_experts, "num_experts");
     SAME(h->num_max_tokens, c->num_max_tokens_per_rank, "num_max_tokens_per_rank (aligned)");
     SAME(h->num_topk, c->num_topk, "num_topk");
@@ -326,7 +342,8 @@ dg_status dg_symm_buffer_view(const dg_symm_buffer *b, const char *field, dg_ten
     else if (!strcmp(field, "x"))
         *out = dg_tensor_2d(b->local + b->lay.x, fp8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, T, H);
     else if (!strcmp(field, "x_sf") && fp8)
-        *out = dg_tensor_2d(b->local + b->lay.x_sf, DG_INT32, T, b->lay.sf_cols);
+        *out = dg_tensor_2d(b->local + b->lay.x_sf, m == DG_MEGA_MOE_SM90_FP8 ? DG_FLOAT32 : DG_INT32, T,
+                            b->lay.sf_cols);
     else if (!strcmp(field, "topk_idx"))
         *out = dg_tensor_2d(b->local + b->lay.topk_idx, DG_INT64, T, K);
     else if (!strcmp(field, "topk_weights"))

@@ -7,8 +7,8 @@
  *   header        one page: identity, configuration, the owner's pid, the arrival counter and
  *                 the two posting slots (status, token count, message) of the barrier
  *   x             [T, H] E4M3 codes (BF16 for bf16xbf16, [T, H/2] E2M1 pairs for fp4xfp4)
- *   x_sf          [T, ceil(H/128)] INT32 packed UE8M0 ([T, H/64] packed E4M3 for fp4xfp4; none
- *                 for bf16xbf16)
+ *   x_sf          [T, ceil(H/128)] INT32 packed UE8M0 ([T, H/64] packed E4M3 for fp4xfp4,
+ *                 [T, H/128] FLOAT32 for the SM90 buffer; none for bf16xbf16)
  *   topk_idx      [T, K] INT64
  *   topk_weights  [T, K] FLOAT32
  *   combine       [T, K, H] BF16: row (t, j) is written by the rank owning topk_idx[t, j]
@@ -54,8 +54,8 @@ typedef struct dg_symm_header {
 typedef struct dg_symm_layout {
     int64_t x, x_sf, topk_idx, topk_weights, combine, bytes;
     int64_t x_row;        /* bytes of a token row: H (E4M3), 2H (BF16) or H / 2 (E2M1 pairs) */
-    int64_t sf_cols;      /* INT32 scale words per token: ceil(H / 128) (UE8M0 per 32), H / 64
-                           * (fp4xfp4: E4M3 per 16), 0 for bf16xbf16 */
+    int64_t sf_cols;      /* 4-byte scale words per token: ceil(H / 128) (INT32, UE8M0 per 32), H / 64
+                           * (fp4xfp4: E4M3 per 16), H / 128 (SM90: FLOAT32 per 128), 0 for bf16xbf16 */
 } dg_symm_layout;
 
 struct dg_symm_buffer {

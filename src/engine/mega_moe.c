@@ -20,6 +20,10 @@
  * per-16 E4M3 scales: its GEMMs are dg_fp8_fp4_gemm_nt with recipe (1, 1, 16) and float32 D
  * (the expert's model scales multiply before the BF16 rounding), the E4M3 scale bytes widened
  * to float per token and per expert; its BF16 shared experts take x_bf16's rows.
+ *
+ * The SM90 call (dg_fp8_mega_moe) runs them on FP8 tokens and weights with float scales per
+ * 1x128 and per 128x128 block: dg_fp8_gemm_nt with float32 L1 D (no BF16 rounding before
+ * SwiGLU) and per-1x64 power-of-two activation scales (dg_ref_mega_moe_quantize_fp8_pow2).
  */
 #include "mega_moe.h"
 
@@ -89,8 +93,9 @@ static void nvfp4_scales(const dg_tensor *sf, int64_t g, int64_t rows, int64_t w
         }
 }
 
-/* What an expert's wave multiplies: FP8 tokens (per-1x32 scales), BF16 tokens, or NVFP4 tokens. */
-typedef enum { KIND_FP8, KIND_BF16, KIND_NVFP4 } wave_kind;
+/* What an expert's wave multiplies: FP8 tokens (per-1x32 scales), BF16 tokens, NVFP4 tokens, or
+ * FP8 tokens and weights with float block scales (SM90: 1x128 / 128x128). */
+typedef enum { KIND_FP8, KIND_BF16, KIND_NVFP4, KIND_FP8_BLOCK } wave_kind;
 
 typedef struct wave_mem {
     void *a_in;      /* [W, H] gathered x rows (E4M3, BF16 or E2M1 pairs) */
@@ -140,7 +145,7 @@ static void gather_row(const dg_mega_moe_call *c, const expert *x, const pair *p
     }
     memcpy((char *)m->a_in + i * xrow, dg_symm_area(b, p->rank, b->lay.x) + p->token * xrow, (size_t)xrow);
     const uint8_t *sf = (const uint8_t *)dg_symm_area(b, p->rank, b->lay.x_sf) + p->token * sfc * 4;
-    if (x->kind == KIND_FP8)
+    if (x->kind == KIND_FP8 || x->kind == KIND_FP8_BLOCK) /* packed UE8M0 words, or SM90's floats */
         memcpy((int32_t *)m->sf_in + i * sfc, sf, (size_t)sfc * 4);
     else if (x->kind == KIND_NVFP4)
         for (int64_t q = 0; q < 4 * sfc; ++q)
@@ -159,6 +164,13 @@ static dg_status layer_gemm(const expert *x, int layer, void *a_data, void *a_sf
         dg_tensor a = dg_tensor_2d(a_data, DG_BFLOAT16, n, k);
         return p ? dg_bf16_gemm_nt_packed(&a, p, d, NULL) : dg_bf16_gemm_nt(&a, w, d, NULL);
     }
+    if (x->kind == KIND_FP8_BLOCK) { /* A per 1x128 (tokens) or 1x64 (activations), B per 128x128 */
+        const int gran = layer == 1 ? 128 : DG_MEGA_MOE_SM90_ACT_GRAN;
+        opts.recipe[0] = opts.recipe[1] = 0;
+        opts.recipe_a[0] = 1, opts.recipe_a[1] = gran, opts.recipe_b[0] = 128, opts.recipe_b[1] = 128;
+        dg_tensor a = dg_tensor_2d(a_data, DG_FLOAT8_E4M3, n, k), sa = dg_tensor_2d(a_sf, DG_FLOAT32, n, k / gran);
+        return p ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, p, d, NULL, &opts) : dg_fp8_gemm_nt(&a, &sa, w, ws, d, NULL, &opts);
+    }
     if (x->kind == KIND_FP8) {
         opts.recipe[2] = DG_MEGA_MOE_ACT_GRAN;
         /* layer 1 reads the token's packed UE8M0 words, layer 2 the activations' float scales */
@@ -175,17 +187,18 @@ static dg_status layer_gemm(const expert *x, int layer, void *a_data, void *a_sf
 static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair *pairs, int64_t n, wave_mem *m) {
     const dg_symm_buffer *b = c->buf;
     const int64_t H = b->cfg.hidden, I = x->inter, K = b->cfg.num_topk;
-    const int nv = x->kind == KIND_NVFP4;
+    const int nv = x->kind == KIND_NVFP4, blk = x->kind == KIND_FP8_BLOCK;
     const char *api = dg_api_name();
 
     for (int64_t i = 0; i < n; ++i) /* dispatch: pull the rows from their source ranks */
         gather_row(c, x, &pairs[i], i, m);
 
-    /* L1: BF16 D, except NVFP4's float32 D, which its gate / up scales multiply before rounding. */
+    /* L1: BF16 D, except NVFP4's float32 D, which its gate / up scales multiply before rounding,
+     * and SM90's, which SwiGLU takes unrounded. */
     float *hf = m->tmp, *af = m->tmp + n * 2 * I;
     dg_tensor hd = dg_tensor_2d(m->h, DG_BFLOAT16, n, 2 * I), od = dg_tensor_2d(m->o, DG_BFLOAT16, n, H);
     dg_tensor hf_t = dg_tensor_2d(hf, DG_FLOAT32, n, 2 * I), af_t = dg_tensor_2d(af, DG_FLOAT32, n, I);
-    if (layer_gemm(x, 1, m->a_in, m->sf_in, n, H, nv ? &hf_t : &hd) != DG_OK)
+    if (layer_gemm(x, 1, m->a_in, m->sf_in, n, H, nv || blk ? &hf_t : &hd) != DG_OK)
         return step_failed(api, "L1 GEMM", x->who);
     dg_api_begin(api);
 
@@ -195,7 +208,7 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
      * the activations to E4M3 with per-1x32 UE8M0 scales (per_token_cast_to_fp8's kernels:
      * the reference's quantisation) or to BF16. NVFP4: the gate / up scales and BF16 rounding
      * first, no top-k weight (applied after L2), and the NVFP4 quantisation per row. */
-    if (!nv && dg_cast(&hd, &hf_t) != DG_OK)
+    if (!nv && !blk && dg_cast(&hd, &hf_t) != DG_OK)
         return step_failed(api, "L1 output cast", x->who);
     const int threads = dg_num_threads();
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * I >= 32768)
@@ -216,8 +229,11 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
         if (nv)
             dg_ref_mega_moe_quantize_nvfp4(af + i * I, I, x->a2, (uint8_t *)m->act + i * (I / 2),
                                            m->act_sf + i * (I / 16));
+        if (blk)
+            dg_ref_mega_moe_quantize_fp8_pow2(af + i * I, I, (uint8_t *)m->act + i * I,
+                                              m->act_sf + i * (I / DG_MEGA_MOE_SM90_ACT_GRAN));
     }
-    if (!nv) {
+    if (!nv && !blk) {
         const int64_t asfc = dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN);
         dg_tensor act = dg_tensor_2d(m->act, x->kind == KIND_FP8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, n, I);
         dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
@@ -268,7 +284,7 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
     const int64_t shared_rows = c->shared_y ? c->num_tokens[me] : 0;
     const int64_t I_max = c->shared_y && b->cfg.num_shared_experts > 1 ? b->cfg.num_shared_experts * I : I;
     const int nv = c->nvfp4;
-    const wave_kind routed_kind = nv ? KIND_NVFP4 : c->fp8 ? KIND_FP8 : KIND_BF16;
+    const wave_kind routed_kind = nv ? KIND_NVFP4 : c->sm90 ? KIND_FP8_BLOCK : c->fp8 ? KIND_FP8 : KIND_BF16;
 
     /* Routing, with the range check every rank makes identically on the same data. */
     int64_t *start = dg_calloc((size_t)epr + 1, sizeof *start);
@@ -345,7 +361,7 @@ dg_status dg_mega_moe_experts(const dg_mega_moe_call *c) {
             x.p1 = &c->l1p->group[e], x.p2 = &c->l2p->group[e];
         } else {
             x.w1 = group_view(c->l1, e), x.w2 = group_view(c->l2, e);
-            if (c->fp8 || nv)
+            if (c->fp8 || nv || c->sm90)
                 x.s1 = group_view(c->l1_sf, e), x.s2 = group_view(c->l2_sf, e);
         }
         if (nv_int_sf) {

@@ -13,6 +13,7 @@ typedef struct dg_mega_moe_call {
     dg_symm_buffer *buf;
     int fp8;                                  /* FP8 tokens (fp8xfp4, fp8xfp8) */
     int nvfp4;                                /* fp4xfp4 (dg_fp4_fp4_mega_moe): the block below */
+    int sm90;                                 /* the SM90 FP8 call (dg_fp8_mega_moe): block-128 scales */
     const dg_tensor *x_bf16;                  /* [T_me, H] BF16, the shared experts' input; NULL without */
     const dg_tensor *l1_alphas, *l2_alphas, *a2_scales; /* NULL or FLOAT32 [E/R, 2], [E/R], [E/R] */
     float routed_scaling_factor;

@@ -111,6 +111,30 @@ void dg_ref_mega_moe_quantize_nvfp4(const float *a, int64_t n, float g, uint8_t 
     }
 }
 
+void dg_ref_mega_moe_quantize_fp8_pow2(const float *a, int64_t n, uint8_t *codes, float *sf) {
+    for (int64_t g = 0; g < n / DG_MEGA_MOE_SM90_ACT_GRAN; ++g) {
+        const float *v = a + g * DG_MEGA_MOE_SM90_ACT_GRAN;
+        float amax = 0.0f;
+        for (int i = 0; i < DG_MEGA_MOE_SM90_ACT_GRAN; ++i)
+            amax = fmaxf(amax, fabsf(v[i]));
+        /* 2^e with e = ceil(log2(amax / 448)) read off the float's bits, as the GPU's integer
+         * log2 does; e = -127 (amax 0) gives sf 0 and an inverse of 2^127 (codes 0). The
+         * inverse is exact: a power of two. */
+        uint32_t bits;
+        const float q = amax * (1.0f / 448.0f);
+        memcpy(&bits, &q, 4);
+        const int e = (int)((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0);
+        const uint32_t sf_bits = e <= -127 ? 0u : (uint32_t)(e + 127) << 23; /* e <= 128: inf at most */
+        const uint32_t inv_bits = e >= 127 ? 0u : (uint32_t)(127 - e) << 23;
+        float scale, inv;
+        memcpy(&scale, &sf_bits, 4);
+        memcpy(&inv, &inv_bits, 4);
+        sf[g] = scale;
+        for (int i = 0; i < DG_MEGA_MOE_SM90_ACT_GRAN; ++i)
+            codes[g * DG_MEGA_MOE_SM90_ACT_GRAN + i] = dg_float_to_e4m3(v[i] * inv);
+    }
+}
+
 void dg_ref_mega_moe_situ(const float *h, int64_t inter, float beta, float linear_beta, float weight, float *a) {
     for (int64_t i = 0; i < inter; ++i) {
         const float gate = h[i], up = h[inter + i];

@@ -71,6 +71,16 @@ void dg_ref_mega_moe_quantize_fp8(const float *a, int64_t n, uint8_t *codes, flo
  * low nibble first; sf: n / 16 floats (the E4M3 values). n is a multiple of 16.
  */
 void dg_ref_mega_moe_quantize_nvfp4(const float *a, int64_t n, float g, uint8_t *codes, float *sf);
+/*
+ * Step 4 of the SM90 FP8 mega MoE (dg_fp8_mega_moe): per 64 values (n a multiple of 64), with
+ * amax = max |a| (NaNs skipped), sf = 2^ceil(log2(amax * (1 / 448))) taken from the bits of
+ * amax * (1 / 448) (its exponent, plus one when any mantissa bit is set; a subnormal counts as
+ * 2^-126) and 0 when amax is 0; codes = E4M3(a * 2^-log2(sf)) (round to nearest even; 0 when
+ * sf is 0). sf: n / 64 floats. As DeepGEMM's kernel: no epsilon, the reciprocal multiplied.
+ */
+void dg_ref_mega_moe_quantize_fp8_pow2(const float *a, int64_t n, uint8_t *codes, float *sf);
+/* Values per activation scale of the SM90 FP8 mega MoE's step 4. */
+#define DG_MEGA_MOE_SM90_ACT_GRAN 64
 /* E2M1 by round to nearest even (PTX cvt.rn.satfinite.e2m1x2: ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
  * 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; NaN -> 0. dg_float_to_e2m1 differs at
  * the ties 0.75, 1.75 and 3.5 (DeepGEMM's casts round those down). */
