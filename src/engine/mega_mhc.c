@@ -31,6 +31,9 @@ const dg_mhc_kernels *dg_mhc_kernels_for(dg_isa isa) {
                                            dg_mhc_scale_generic};
 #if DG_MHC_HAVE_AVX2
     static const dg_mhc_kernels avx2 = {"avx2", dg_mhc_post_avx2, dg_mhc_collapse_avx2, dg_mhc_scale_avx2};
+    static const dg_mhc_kernels avx512 = {"avx512", dg_mhc_post_avx512, dg_mhc_collapse_avx2, dg_mhc_scale_avx512};
+    if (isa >= DG_ISA_AVX512)
+        return &avx512;
     if (isa >= DG_ISA_AVX2)
         return &avx2;
 #endif

@@ -31,6 +31,9 @@
 
 #define HC_MB 256 /* rows per block: their state (400 KiB) stays in L2; B is packed once per block */
 #define HC_MIN_FLOPS_PER_THREAD 4e6 /* below this a thread costs more than it saves */
+/* Bytes of B a thread streams in about the time of HC_MIN_FLOPS_PER_THREAD FMAs' work (~20 us
+ * at 10 GB/s per core): what a thread must save to be worth starting at decode sizes. */
+#define HC_B_BYTES_PER_FLOPS_UNIT (256.0 * 1024.0)
 
 const dg_hc_kernel *dg_hc_kernel_for(dg_isa isa) {
 #define KERNEL(isa, ISA, fin)                                                                            \
@@ -58,6 +61,7 @@ typedef struct hc_job {
     int64_t lda, ldb, ldd, d_split, s_split; /* element strides */
     int64_t m, n, k;
     int splits, threads;
+    int col_parts; /* > 1: threads share the columns of one split (decode sizes), see run_thread */
     int64_t state_floats; /* per row, DG_HC_STATE(lanes) */
     size_t scratch_floats; /* per thread: panel, converted A, then min(M, HC_MB) row states */
     float *scratch;
@@ -328,8 +332,24 @@ static void run_items_split_major(const hc_job *j, float *scratch, int64_t i0, i
     }
 }
 
+/*
+ * Work items [i0, i1) of the (split, column part) pairs, every row: for few rows, where B (N x K
+ * floats) outweighs A, threads that share the columns each read 1/col_parts of B from memory,
+ * where sharing the rows would make each read all of it. Parts are whole column groups of the
+ * micro kernel. An output's sums do not depend on the part that computes it.
+ */
+static void run_items_column_parts(const hc_job *j, float *scratch, int64_t i0, int64_t i1) {
+    const int64_t P = j->col_parts, groups = dg_ceil_div(j->n, j->kern->cols);
+    for (int64_t i = i0; i < i1; ++i) {
+        const int64_t p = i % P, g0 = groups * p / P, g1 = groups * (p + 1) / P;
+        const int64_t ns0 = g0 * j->kern->cols, ns1 = g1 * j->kern->cols < j->n ? g1 * j->kern->cols : j->n;
+        if (ns0 < ns1)
+            run_block_columns(j, scratch, (int)(i / P), 0, j->m, ns0, ns1 - ns0);
+    }
+}
+
 static void run_thread(const hc_job *j, int t, int nt) {
-    const int64_t total = j->splits * j->m;
+    const int64_t total = j->splits * (j->col_parts > 1 ? j->col_parts : j->m);
     float *scratch = j->scratch + (size_t)t * j->scratch_floats;
 #if DG_HC_HAVE_AMX
     if (j->amx) {
@@ -339,7 +359,9 @@ static void run_thread(const hc_job *j, int t, int nt) {
         return;
     }
 #endif
-    if (j->m <= HC_MB)
+    if (j->col_parts > 1)
+        run_items_column_parts(j, scratch, total * t / nt, total * (t + 1) / nt);
+    else if (j->m <= HC_MB)
         run_items_split_major(j, scratch, total * t / nt, total * (t + 1) / nt);
     else
         run_items_row_major(j, scratch, total * t / nt, total * (t + 1) / nt);
@@ -483,7 +505,20 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     {
         j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * j.kern->ld + block_rows * j.state_floats, 16);
     }
-    j.threads = choose_threads(j.splits * j.m, 2.0 * (double)j.m * (double)j.n * (double)j.k);
+    /* Fewer splits than threads and B heavier than A (2N > M: N x K floats against M x K BF16):
+     * the threads share one panel's columns (run_items_column_parts). */
+    const int want = dg_num_threads();
+    j.col_parts = 1;
+    if (!j.amx && j.m <= HC_MB && j.n <= DG_HC_NS && 2 * j.n > j.m && j.splits < want) {
+        const int64_t groups = dg_ceil_div(j.n, j.kern->cols), parts = dg_ceil_div(want, j.splits);
+        j.col_parts = (int)(parts < groups ? parts : groups);
+    }
+    /* Sharing columns splits B's bytes, which at decode sizes cost more than the FMAs: count
+     * them as work too (HC_MIN_FLOPS_PER_THREAD per HC_B_BYTES_PER_FLOPS_UNIT bytes). */
+    const double b_work = j.col_parts > 1 ? (double)j.n * (double)j.k * 4.0 / HC_B_BYTES_PER_FLOPS_UNIT : 0.0;
+    const double flops = 2.0 * (double)j.m * (double)j.n * (double)j.k;
+    j.threads = choose_threads(j.splits * (j.col_parts > 1 ? j.col_parts : j.m),
+                               (flops > b_work * HC_MIN_FLOPS_PER_THREAD ? flops : b_work * HC_MIN_FLOPS_PER_THREAD));
     int64_t next_unit = 0;
     j.next_unit = &next_unit;
     const size_t bytes = (size_t)j.threads * j.scratch_floats * sizeof(float);

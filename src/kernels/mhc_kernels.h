@@ -43,6 +43,9 @@ void dg_mhc_post_avx2(int hc, int64_t H, const uint16_t *x, const uint16_t *res,
 void dg_mhc_collapse_avx2(int hc, int64_t H, const uint16_t *nr, const float *w, float *s,
                           float lane[DG_MHC_KERNEL_LANES]);
 void dg_mhc_scale_avx2(int64_t H, const float *s, float r, const float *ws, uint16_t *y);
+void dg_mhc_post_avx512(int hc, int64_t H, const uint16_t *x, const uint16_t *res, const float *post,
+                        const float *comb, uint16_t *out);
+void dg_mhc_scale_avx512(int64_t H, const float *s, float r, const float *ws, uint16_t *y);
 #else
 #define DG_MHC_HAVE_AVX2 0
 #endif

@@ -11,19 +11,36 @@
 
 #include <immintrin.h>
 
+/* Eight columns of every output row: the hc residual rows and x are loaded and widened once
+ * for all hc outputs (each output's products and sums in the reference's order). */
+static inline void post_cols(int hc, int64_t H, int64_t h, const uint16_t *x, const uint16_t *res,
+                             const __m256 *pv, const float *comb, uint16_t *out) {
+    __m256 r[DG_MEGA_MHC_MAX_HC_MULT];
+    for (int i = 0; i < hc; ++i)
+        r[i] = dg_avx2_load_bf16x8(res + i * H + h);
+    const __m256 xv = dg_avx2_load_bf16x8(x + h);
+    for (int j = 0; j < hc; ++j) {
+        __m256 e = _mm256_mul_ps(_mm256_set1_ps(comb[j]), r[0]);
+        for (int i = 1; i < hc; ++i)
+            e = _mm256_add_ps(e, _mm256_mul_ps(_mm256_set1_ps(comb[i * hc + j]), r[i]));
+        dg_avx2_store_low_halves(out + j * H + h, dg_avx2_bf16_from_f32x8(_mm256_add_ps(_mm256_mul_ps(xv, pv[j]), e)));
+    }
+}
+
 void dg_mhc_post_avx2(int hc, int64_t H, const uint16_t *x, const uint16_t *res, const float *post,
                       const float *comb, uint16_t *out) {
     const int64_t body = H / 8 * 8;
+    __m256 pv[DG_MEGA_MHC_MAX_HC_MULT];
+    for (int j = 0; j < hc; ++j)
+        pv[j] = _mm256_set1_ps(post[j]);
+    if (hc == 4) /* DeepSeek's hc_mult: the loops unrolled at a constant count */
+        for (int64_t h = 0; h < body; h += 8)
+            post_cols(4, H, h, x, res, pv, comb, out);
+    else
+        for (int64_t h = 0; h < body; h += 8)
+            post_cols(hc, H, h, x, res, pv, comb, out);
     for (int j = 0; j < hc; ++j) {
-        const __m256 pj = _mm256_set1_ps(post[j]);
         uint16_t *o = out + j * H;
-        for (int64_t h = 0; h < body; h += 8) {
-            __m256 e = _mm256_mul_ps(_mm256_set1_ps(comb[j]), dg_avx2_load_bf16x8(res + h));
-            for (int i = 1; i < hc; ++i)
-                e = _mm256_add_ps(e, _mm256_mul_ps(_mm256_set1_ps(comb[i * hc + j]), dg_avx2_load_bf16x8(res + i * H + h)));
-            const __m256 v = _mm256_add_ps(_mm256_mul_ps(dg_avx2_load_bf16x8(x + h), pj), e);
-            dg_avx2_store_low_halves(o + h, dg_avx2_bf16_from_f32x8(v));
-        }
         for (int64_t h = body; h < H; ++h) {
             float e = comb[j] * dg_engine_bf16_f32(res[h]);
             for (int i = 1; i < hc; ++i)
