@@ -505,11 +505,14 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     {
         j.scratch_floats = (size_t)dg_align((DG_HC_NS + j.kern->rows) * j.kern->ld + block_rows * j.state_floats, 16);
     }
-    /* Fewer splits than threads and B heavier than A (2N > M: N x K floats against M x K BF16):
-     * the threads share one panel's columns (run_items_column_parts). */
+    /* Fewer splits than threads and B's bytes at least three times A's (4N >= 3 x 2M: N x K
+     * floats against M x K BF16): the threads share one panel's columns (run_items_column_parts).
+     * Below that the rows' shares win: every thread converting all of A costs more than the B
+     * bytes it saves (measured on Zen 4, N = 24, K = 28672: 1.3x faster at M = 1 with B from
+     * memory, even at M = 16, slower above; with B in L3 the same down to M = 8). */
     const int want = dg_num_threads();
     j.col_parts = 1;
-    if (!j.amx && j.m <= HC_MB && j.n <= DG_HC_NS && 2 * j.n > j.m && j.splits < want) {
+    if (!j.amx && j.m <= HC_MB && j.n <= DG_HC_NS && 3 * j.m <= 2 * j.n && j.splits < want) {
         const int64_t groups = dg_ceil_div(j.n, j.kern->cols), parts = dg_ceil_div(want, j.splits);
         j.col_parts = (int)(parts < groups ? parts : groups);
     }
