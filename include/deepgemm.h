@@ -433,7 +433,9 @@ DG_API dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tenso
  * codes, 30 MB of panels). An FP4 B packed on the AVX-512 BF16 level also keeps its codes in
  * decode panels (16 rows x 32 k per 256 bytes, arranged for in-register widening without a
  * transpose) and, for power-of-two scales, their exponent bytes: calls with another A and
- * M <= 64 read those (0.5 bytes per weight plus 1 per 32 weights), 3 bytes per weight in all. Packing per large-M call instead (codes only) was measured (one
+ * M <= 64 read those (0.5 bytes per weight plus 1 per 32 weights), 3 bytes per weight in all;
+ * an FP8 B there keeps its codes also as E4M3 decode panels (16 rows x 32 k per 512 bytes),
+ * read by calls with M <= 8, 4 bytes per weight in all. Packing per large-M call instead (codes only) was measured (one
  * thread, N 2112, K 7168) at 3.6x the time at M = 65, 1.8x at M = 256, 1.2x at M = 1024.
  * It does not refer to b/sfb afterwards. A packed B is read-only: GEMMs may share it across
  * threads. Free it with dg_packed_b_free (NULL is a no-op).

@@ -210,6 +210,50 @@ static void test_fp4_panels_used(void) {
     top_free(&b);
 }
 
+/* Where the level has E4M3 decode panel kernels, a pre-packed FP8 B serves M <= DG_DECODE_MAX_M
+ * from them (M 1 and 5: four and two groups of 16 rows per call) and M = 40 from its kept rows,
+ * with float block scales and with folded UE8M0 ones; a NaN code makes the panels' blocks take
+ * the exact path. Each D equals the unpacked call's. */
+static void test_fp8_panels_used(void) {
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    if (!cfg->decode[DG_DECODE_E4M3P])
+        return;
+    tu_rng r = {4343};
+    for (int trial = 0; trial < 4; ++trial) {
+        const pcase *e = &kCases[trial < 2 ? 2 : 8]; /* fp8 1D2D float; fp8 UE8M0 (scales folded) */
+        const int nan = trial % 2;
+        top b = top_make(&r, e->db, 100, 300, 0, e->gran_b[0], e->gran_b[1], e->packed, 0);
+        if (nan)
+            ((uint8_t *)b.t.data)[37 * b.t.strides[0] + 101] = 0x7f; /* E4M3 NaN */
+        dg_packed_b *pb = NULL;
+        TU_CHECK_OK(pack(e, &b, &pb));
+        const int mode = dg_get_print_paths();
+        dg_set_print_paths(2);
+        const int64_t ms[3] = {1, 5, 40};
+        for (int mi = 0; mi < 3 && pb; ++mi) {
+            top a = top_make(&r, e->da, ms[mi], 300, 0, e->gran_a[0], e->gran_a[1], e->packed, 0);
+            dg_tensor d = tg_out(&r, DG_FLOAT32, ms[mi], 100, 0, 0), dr = clone(&d);
+            dg_clear_path_report();
+            TU_CHECK_OK(packed(e, &a, pb, &d, NULL));
+            char rep[2048];
+            dg_get_path_report(rep, sizeof rep);
+            const bool want = ms[mi] <= DG_DECODE_MAX_M;
+            TU_CHECK((strstr(rep, "from pre-packed E4M3 decode panels") != NULL) == want,
+                     "M=%lld: E4M3 panels %s; report:\n%s", (long long)ms[mi], want ? "not used" : "used", rep);
+            TU_CHECK(!nan || !want || strstr(rep, "exact small-M path") != NULL, "M=%lld: a NaN code ran no exact block:\n%s",
+                     (long long)ms[mi], rep);
+            TU_CHECK_OK(unpacked(e, &a, &b, &dr, NULL));
+            TU_CHECK(same_span(&d, &dr), "M=%lld nan=%d: the packed call's D differs from the unpacked one's",
+                     (long long)ms[mi], nan);
+            free(d.data), free(dr.data);
+            top_free(&a);
+        }
+        dg_set_print_paths(mode);
+        dg_packed_b_free(pb);
+        top_free(&b);
+    }
+}
+
 /* A failing call: the wanted status, a message naming `arg`, and D (and C) untouched. */
 #define EXPECT_FAIL(expr, want, arg, dt)                                                                   \
     do {                                                                                                   \
@@ -313,6 +357,7 @@ int main(void) {
     test_equivalence();
     test_threads();
     test_fp4_panels_used();
+    test_fp8_panels_used();
     test_bad();
     return tu_finish();
 }

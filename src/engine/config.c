@@ -69,7 +69,7 @@ static const dg_engine_cfg kCfg[] = {
                              dg_ukr_bf16_avx512bf16_mr8},
                             .small_fmt = DG_PACK_BF16, .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512, .small_m_max = 256,
                             .decode = {dg_decode_bf16_avx512bf16, dg_decode_e4m3_avx512bf16, dg_decode_e2m1_avx512bf16, NULL,
-                                       dg_decode_e2m1p_avx512bf16},
+                                       dg_decode_e2m1p_avx512bf16, dg_decode_e4m3p_avx512bf16},
                             .decode_wide = {dg_decode_wide_bf16_avx512bf16, dg_decode_wide_e4m3_avx512bf16,
                                             dg_decode_wide_e2m1_avx512bf16, NULL, dg_decode_wide_e2m1p_avx512bf16},
                             .decode_wide_max_m = DECODE_WIDE_MAX_M_AVX512BF16, .decode_pairs = true},

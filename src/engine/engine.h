@@ -186,9 +186,16 @@ void dg_engine_set_decode(int use);
  * r = 4L + q sits in byte 256s + 64c + 16L + 2q + 8(t & 1) + e, low nibble for t < 2, high nibble
  * for t >= 2: the order in which in-lane byte shuffles give each 32-bit lane r its row's pair
  * (decode_avx512bf16.c, load_panel_e2m1). */
+/* DG_DECODE_E4M3P: pre-packed E4M3 decode panels (prepack.c, pack_e4m3_panels) instead of B
+ * rows: panel P holds rows 16P .. 16P + 15 over all of K in steps of 32 k, 512 bytes per step,
+ * panels ldb bytes apart; in step s, k pair p (k = 32s + 2p + e) of row r sits in byte
+ * 512s + 32p + 2r + e, so that zero-extending 32 bytes to words gives each 32-bit lane r its
+ * row's pair (no transpose); codes past K and past B's rows are zero (+0). Narrow kernels only
+ * (M <= DG_DECODE_MAX_M): wider calls read B's rows. */
 enum { DG_DECODE_BF16 = 0, DG_DECODE_E4M3 = 1, DG_DECODE_E2M1 = 2, DG_DECODE_PAIRS = 3, DG_DECODE_E2M1P = 4,
-       DG_DECODE_FORMATS = 5 };
+       DG_DECODE_E4M3P = 5, DG_DECODE_FORMATS = 6 };
 #define DG_E2M1P_STEP_BYTES 256
+#define DG_E4M3P_STEP_BYTES 512
 
 /* A's side of a decode call (smallm.c): rows [m][lda] float32 (A's values as the small-M
  * kernels see them: BF16-rounded, folded scales applied; zero from K up to lda, a multiple of
@@ -296,6 +303,7 @@ bool dg_decode_bf16_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j);
+bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j);
 bool dg_decode_wide_bf16_avx512bf16(const dg_decode_job *j);
 bool dg_decode_wide_e4m3_avx512bf16(const dg_decode_job *j);
 bool dg_decode_wide_e2m1_avx512bf16(const dg_decode_job *j);

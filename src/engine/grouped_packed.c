@@ -149,6 +149,8 @@ static void slice_panels(const struct dg_packed_b *gb, int64_t p0, int64_t np, s
     }
     if (gb->fp8_codes) { /* the kept FP8 rows; p0 * r is a multiple of CHUNK, so of fp8_gran_mn */
         out->fp8_codes = gb->fp8_codes + p0 * pk->r * gb->k;
+        if (gb->fp8p) /* and of the panels' 16 rows */
+            out->fp8p = gb->fp8p + p0 * pk->r / 16 * dg_ceil_div(gb->k, 32) * DG_E4M3P_STEP_BYTES;
         if (gb->fp8_sf)
             out->fp8_sf = gb->fp8_sf + p0 * pk->r / gb->fp8_gran_mn * dg_ceil_div(gb->k, gb->gran_b[1]);
     }

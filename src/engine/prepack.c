@@ -64,12 +64,28 @@ static dg_status own_memory(dg_packed *pk) {
     return DG_OK;
 }
 
-/* The E4M3 copy of b for small-M calls (prepack.h: fp8_codes), scales as float32. */
-static dg_status keep_fp8(const dg_operand *b, struct dg_packed_b *out) {
+/* K-major E4M3 codes [n][k] rearranged into the decode panels of engine.h (DG_DECODE_E4M3P),
+ * zero past K and past row n. */
+static void pack_e4m3_panels(const uint8_t *codes, int64_t n, int64_t k, uint8_t *out) {
+    const int64_t steps = dg_ceil_div(k, 32), panels = dg_ceil_div(n, 16);
+    memset(out, 0, (size_t)(panels * steps * DG_E4M3P_STEP_BYTES));
+    for (int64_t row = 0; row < n; ++row) {
+        uint8_t *panel = out + row / 16 * steps * DG_E4M3P_STEP_BYTES + 2 * (row % 16);
+        for (int64_t kk = 0; kk < k; ++kk)
+            panel[kk / 32 * DG_E4M3P_STEP_BYTES + 32 * (kk % 32 / 2) + (kk & 1)] = codes[row * k + kk];
+    }
+}
+
+/* The E4M3 copy of b for small-M calls (prepack.h: fp8_codes), scales as float32, and its decode
+ * panels (fp8p) where the configuration has kernels for them. */
+static dg_status keep_fp8(const dg_engine_cfg *cfg, const dg_operand *b, struct dg_packed_b *out) {
     const int gmn = b->sf ? gcd(b->gran_mn, DG_PACKED_SLICE) : 1;
     const int64_t rows = b->sf ? dg_ceil_div(b->mn, gmn) : 0, nkb = b->sf ? dg_ceil_div(b->k, b->gran_k) : 0;
     const size_t code_bytes = (size_t)dg_align(b->mn * b->k, 64);
-    uint8_t *mem = dg_packed_alloc(code_bytes + (size_t)(rows * nkb) * sizeof(float) + 64);
+    const bool dec = cfg->decode[DG_DECODE_E4M3P] && !cfg->amx;
+    const size_t sf_bytes = (size_t)dg_align((int64_t)((size_t)(rows * nkb) * sizeof(float)), 64);
+    const size_t panel_bytes = dec ? (size_t)(dg_ceil_div(b->mn, 16) * dg_ceil_div(b->k, 32) * DG_E4M3P_STEP_BYTES) : 0;
+    uint8_t *mem = dg_packed_alloc(code_bytes + sf_bytes + panel_bytes + 64);
     DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for the FP8 codes of a packed B");
     const dg_tensor *t = b->data;
     const uint8_t *src = t->data;
@@ -86,6 +102,11 @@ static dg_status keep_fp8(const dg_operand *b, struct dg_packed_b *out) {
         for (int64_t q = 0; q < nkb; ++q)
             sf[r * nkb + q] = dg_operand_scale(b, 0, r * gmn, q * b->gran_k);
     out->fp8_mem = mem, out->fp8_codes = mem, out->fp8_sf = rows ? sf : NULL, out->fp8_gran_mn = gmn;
+    out->fp8p = NULL;
+    if (dec) {
+        pack_e4m3_panels(mem, b->mn, b->k, mem + code_bytes + sf_bytes);
+        out->fp8p = mem + code_bytes + sf_bytes;
+    }
     return DG_OK;
 }
 
@@ -170,7 +191,7 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
     dg_status st = DG_OK;
     if (b->data->dtype == DG_FLOAT8_E4M3 && b->mn > 0 && b->k > 0 && (cfg->amx || cfg->decode[DG_DECODE_E4M3]) &&
         dg_engine_small_applies(cfg, &one, b))
-        st = keep_fp8(b, out);
+        st = keep_fp8(cfg, b, out);
     if (st == DG_OK)
         st = dg_engine_pack(b, plan.fold_b, plan.gblk, fmt, cfg->nr, cfg, &out->pk);
     st = st == DG_OK ? own_memory(&out->pk) : st;
@@ -179,7 +200,7 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
         dg_free(out->fp8_mem);
         out->fp4_mem = NULL, out->fp4_codes = NULL, out->fp4_sf = NULL;
         memset(&out->fp4p, 0, sizeof out->fp4p);
-        out->fp8_mem = NULL, out->fp8_codes = NULL, out->fp8_sf = NULL;
+        out->fp8_mem = NULL, out->fp8_codes = NULL, out->fp8_sf = NULL, out->fp8p = NULL;
     }
     return st;
 }
@@ -484,7 +505,12 @@ static bool fp8_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
     ob.data = &t, ob.groups = 1, ob.mn = b->n, ob.k = b->k, ob.fp4_dim = -1;
     if (!b->fp8_codes || !dg_engine_small_applies(cfg, a, &ob))
         return false;
-    if (!cfg->amx && a->mn > 2) /* staging codes per K slice costs more than widening the panels */
+    /* Above M = 2 staging codes per K slice costs more than widening the BF16 panels; decode
+     * panels (fp8p) serve M up to the narrow decode kernels' bound where those take the blocks
+     * (smallm.c, decode_declines). */
+    const bool panels = b->fp8p && a->mn <= DG_DECODE_MAX_M && gblk % DG_DECODE_STEP == 0 &&
+                        (!b->fold_b || b->gran_b[1] % DG_DECODE_STEP == 0);
+    if (!cfg->amx && a->mn > 2 && !panels)
         return false;
     if (b->fp8_sf) {
         sf = dg_tensor_2d((void *)b->fp8_sf, DG_FLOAT32, dg_ceil_div(b->n, b->fp8_gran_mn),
@@ -492,7 +518,8 @@ static bool fp8_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
         ob.sf = &sf, ob.gran_mn = b->fp8_gran_mn, ob.gran_k = b->gran_b[1];
     }
     const dg_scale_plan plan = {fold_a, b->fold_b, gblk};
-    *st = dg_engine_gemm_small(cfg, a, &ob, &plan, d, c);
+    const dg_e2m1_panels pp = {b->fp8p, NULL, NULL};
+    *st = dg_engine_gemm_small_panels(cfg, a, &ob, panels ? &pp : NULL, &plan, d, c);
     return true;
 }
 

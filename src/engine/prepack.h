@@ -53,6 +53,11 @@ struct dg_packed_b {
      * 3.6x the time at M = 65, 1.8x at 256, 1.2x at 1024 (N 2112, K 7168, one thread). */
     void *fp8_mem;
     const uint8_t *fp8_codes;
+    /* The same codes as decode panels (engine.h, DG_DECODE_E4M3P: 16 rows x 32 k per 512 bytes)
+     * on configurations with kernels for them (AVX-512 BF16; else NULL), in fp8_mem: decoding
+     * calls M <= DG_DECODE_MAX_M read these (1 byte per weight, no transpose per step; the rows
+     * above serve wider calls and the exact fallback). 2 bytes per weight with the codes. */
+    const uint8_t *fp8p;
     const float *fp8_sf;
     int fp8_gran_mn;
     /* Grouped weights (dg_pack_b_grouped, src/engine/grouped_packed.c): groups = G > 0 and

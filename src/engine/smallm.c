@@ -296,6 +296,10 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
         fmt = DG_DECODE_E2M1P;
         dp->panels = panels->codes, dp->psfe = panels->sfe, dp->pexact = panels->exact;
         dp->panel_bytes = dg_ceil_div(b->k, 32) * DG_E2M1P_STEP_BYTES;
+    } else if (fmt == DG_DECODE_E4M3 && panels && panels->codes && !wide && cfg->decode[DG_DECODE_E4M3P]) {
+        fmt = DG_DECODE_E4M3P; /* its folded scales are read as floats (block_scales) */
+        dp->panels = panels->codes;
+        dp->panel_bytes = dg_ceil_div(b->k, 32) * DG_E4M3P_STEP_BYTES;
     }
     if (a->mn > decode_max_m(cfg) || a->mn < 1 || b->k < 1)
         return DG_OK;
@@ -310,11 +314,12 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     dp->fn = wide ? cfg->decode_wide[fmt] : cfg->decode[fmt];
     /* decode panels: four groups of 16 rows per call at M <= 2, two up to DG_DECODE_MAX_M
      * (decode_avx512bf16.c, panel_body) */
-    dp->rows = fmt == DG_DECODE_E2M1P && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
-               : wide || fmt == DG_DECODE_E2M1P     ? DG_DECODE_WIDE_ROWS
-                                                    : DG_DECODE_ROWS;
+    const bool panel_fmt = fmt == DG_DECODE_E2M1P || fmt == DG_DECODE_E4M3P;
+    dp->rows = panel_fmt && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
+               : wide || panel_fmt     ? DG_DECODE_WIDE_ROWS
+                                       : DG_DECODE_ROWS;
     dp->lanes = dp->rows > 32 ? dp->rows : 32;
-    dp->unit = fmt == DG_DECODE_E4M3 ? 0x1p120f : 1.0f;
+    dp->unit = fmt == DG_DECODE_E4M3 || fmt == DG_DECODE_E4M3P ? 0x1p120f : 1.0f;
     DG_TRY(dg_engine_decode_a(cfg, a, plan->fold_a, plan->gblk, &dp->a));
     *use = true;
     return DG_OK;
@@ -637,7 +642,9 @@ dg_status dg_engine_gemm_small_panels(const dg_engine_cfg *cfg, const dg_operand
     if (decode)
         DG_PATH("%s decode kernel (M <= %lld, %s B %s) | first: m=%lld n=%lld k=%lld", cfg->name,
                 (long long)decode_max_m(cfg), dg_dtype_name(b->data->dtype),
-                dp.panels ? "from pre-packed E2M1 decode panels" : "read in place", (long long)a->mn, (long long)n,
+                dp.panels ? (b->data->dtype == DG_FLOAT8_E4M3 ? "from pre-packed E4M3 decode panels"
+                                                              : "from pre-packed E2M1 decode panels")
+                          : "read in place", (long long)a->mn, (long long)n,
                 (long long)b->k);
     else if (a->mn > 2)
         DG_PATH("%s small-M kernel (M <= %lld) | first: m=%lld n=%lld k=%lld", cfg->name,

@@ -31,13 +31,31 @@
 
 #define DG_INLINE static inline __attribute__((always_inline))
 
-/* FMT_E2M1P: pre-packed E2M1 decode panels (engine.h, DG_DECODE_E2M1P), widened in 128-bit lanes */
-enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E2M1P = 3 };
+/* FMT_E2M1P: pre-packed E2M1 decode panels (engine.h, DG_DECODE_E2M1P), widened in 128-bit lanes;
+ * FMT_E4M3P: pre-packed E4M3 decode panels (DG_DECODE_E4M3P), one k pair of 16 rows per 32 bytes */
+enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E2M1P = 3, FMT_E4M3P = 4 };
 
 /* Constants of the row widening, hoisted out of the per-row code. */
 typedef struct widen_consts {
     __m512i lut, low4, m7f, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
 } widen_consts;
+
+/* BF16 subnormal-code values of E4M3 (exponent field 0, mantissa m: m * 2^-9), word m of a
+ * 32-entry VPERMW table (the other entries unused). */
+static const uint16_t kE4m3SubBf16[32] __attribute__((aligned(64))) = {0x0000, 0x3b00, 0x3b80, 0x3bc0,
+                                                                     0x3c00, 0x3c20, 0x3c40, 0x3c60};
+
+/* E4M3 codes in 16-bit lanes to BF16 bits, exactly for every code but NaN (whose lanes the
+ * callers flag and recompute): a normal code's magnitude bits shifted into place, the exponent
+ * rebiased (+120), subnormals by a one-register table, then the sign. One shuffle where
+ * dg_e4m3_bf16_avx512 takes two two-register ones (the panel kernels' bound at M = 1). */
+DG_INLINE __m512i e4m3_bf16_arith(__m512i c) {
+    const __m512i normal = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(c, 4), _mm512_set1_epi16(0x7f0)),
+                                            _mm512_set1_epi16(0x3c00));
+    const __m512i sub = _mm512_permutexvar_epi16(c, _mm512_load_si512(kE4m3SubBf16));
+    const __m512i v = _mm512_mask_mov_epi16(sub, _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x78)), normal);
+    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8), _mm512_set1_epi16((short)0x8000), 0xf8);
+}
 
 /* Row r's 32 values from k0 (n valid, 1..32) as 16 BF16 pairs; *nan |= its E4M3 NaN lanes. */
 DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, __mmask16 bm, const widen_consts *wc,
@@ -139,14 +157,25 @@ DG_INLINE void widen_panel_chunk(const uint8_t *s, __m512i w[4], const bool bias
 /* Steps prefetched ahead along a panel (4, 8 and 16 measured alike on Zen 4 at M = 1) */
 #define PANEL_AHEAD 4
 
-/* The panel at b (K's steps of 256 bytes) PANEL_AHEAD steps past step st, then the first steps
- * of this thread's next call (next, NULL: none): one stream per panel, not 16 row streams. */
-DG_INLINE void prefetch_panel(const uint8_t *b, const uint8_t *next, int64_t K, int64_t st) {
+/* The panel at b (K's steps of `bytes`: 256 for E2M1, 512 for E4M3) PANEL_AHEAD steps past step
+ * st, then the first steps of this thread's next call (next, NULL: none): one stream per panel,
+ * not 16 row streams. */
+DG_INLINE void prefetch_panel(const uint8_t *b, const uint8_t *next, int64_t K, int64_t st, const int bytes) {
     const int64_t steps = (K + 31) / 32, ah = st + PANEL_AHEAD;
-    const uint8_t *pf = ah < steps ? b + ah * 256 : next ? next + (ah - steps) * 256 : NULL;
+    const uint8_t *pf = ah < steps ? b + ah * bytes : next ? next + (ah - steps) * bytes : NULL;
     if (pf)
-        for (int c = 0; c < 4; ++c)
+        for (int c = 0; c < bytes / 64; ++c)
             _mm_prefetch((const char *)pf + 64 * c, _MM_HINT_T0);
+}
+
+/* Pair p of a step of a pre-packed E4M3 panel (engine.h, DG_DECODE_E4M3P: 32 bytes, row r's two
+ * codes at bytes 2r, 2r + 1) as 16 BF16 pairs, lane r row r: zero-extended to words, the pair
+ * already in its lane (no transpose), widened by table; *nan gets the NaN codes' lanes. */
+DG_INLINE __m512i widen_panel_pair_e4m3(const uint8_t *s, __mmask32 *nan) {
+    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)s));
+    const __m512i m7f = _mm512_set1_epi16(0x7f);
+    *nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, m7f), m7f);
+    return e4m3_bf16_arith(c);
 }
 
 /* A whole step (4 chunks of 64 bytes at s): w[p], p = 0..15. */
@@ -184,13 +213,18 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
 DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
                          const float *fm, const uint8_t *fme, int64_t fblk, int64_t lanes, const widen_consts *wc,
                          const int fmt, __mmask32 *nan, __mmask16 *big, __m512i w[16]) {
-    const int unit_log2 = fmt == FMT_E4M3 ? 120 : 0;
-    const int emax = fmt == FMT_E4M3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
+    const bool e4m3 = fmt == FMT_E4M3 || fmt == FMT_E4M3P;
+    const int unit_log2 = e4m3 ? 120 : 0;
+    const int emax = e4m3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
     const bool scaled = fmt != FMT_BF16 && (fm || (fmt == FMT_E2M1P && fme));
     const bool subs = fmt == FMT_E2M1P || fmt == FMT_E2M1; /* E2M1 scales: biased tables (above) */
     if (fmt == FMT_E2M1P) {
-        prefetch_panel(b, next, K, k0 / 32);
+        prefetch_panel(b, next, K, k0 / 32, 256);
         load_panel_e2m1(b + (k0 / 32) * 256, w, scaled);
+    } else if (fmt == FMT_E4M3P) {
+        prefetch_panel(b, next, K, k0 / 32, DG_E4M3P_STEP_BYTES);
+        for (int p = 0; p < 16; ++p)
+            w[p] = widen_panel_pair_e4m3(b + (k0 / 32) * DG_E4M3P_STEP_BYTES + 32 * p, nan);
     } else {
         load_rows(b, next, ldb, rows, K, k0, wc, fmt, scaled && subs, nan, w);
     }
@@ -290,10 +324,18 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
  * among them (no checks: the compiler keeps it all in registers). */
 DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scaled, const __m512i ex[4][2],
                            const uint32_t *ab, int pe, int split, int64_t kq, __m512 acc[4][DG_DECODE_MAX_M],
-                           __m512 total[4][DG_DECODE_MAX_M],
-                           const int M, const int G, const bool common) {
+                           __m512 total[4][DG_DECODE_MAX_M], __mmask32 *nan,
+                           const int M, const int G, const bool common, const int fmt) {
     __m512i w[4][4];
     for (int h = 0; h < G; ++h) {
+        if (fmt == FMT_E4M3P) { /* exponent adds on the widened values (exps_of) */
+            for (int t = 0; t < 4; ++t) {
+                w[h][t] = widen_panel_pair_e4m3(j->b + h * j->ldb + st * DG_E4M3P_STEP_BYTES + 32 * (4 * c + t), nan);
+                if (scaled)
+                    w[h][t] = apply_exps(w[h][t], ex[h][c >> 1]);
+            }
+            continue;
+        }
         widen_panel_chunk(j->b + h * j->ldb + st * 256 + 64 * c, w[h], scaled);
         if (scaled)
             for (int t = 0; t < 4; ++t)
@@ -314,13 +356,15 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
     }
 }
 
-DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G) {
+DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, const int fmt) {
+    const bool e4m3 = fmt == FMT_E4M3P;
     const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
     __m512 acc[4][DG_DECODE_MAX_M], total[4][DG_DECODE_MAX_M];
     for (int h = 0; h < G; ++h)
         for (int m = 0; m < M; ++m)
             acc[h][m] = total[h][m] = _mm512_setzero_ps();
     __mmask16 big = 0;
+    __mmask32 nan = 0;
     int64_t kb = 0, kq = 0;
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         const int64_t st = k0 / 32;
@@ -339,22 +383,24 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G) {
             for (int h = 0; h < G; ++h) {
                 const float *f = j->fm ? j->fm + 16 * h : NULL;
                 const uint8_t *e = j->fme ? j->fme + h * j->fme_group : NULL;
-                ex[h][0] = scale_exps(f, e, q0, j->lanes, 0, 125, &big, true);
-                ex[h][1] = q1 == q0 ? ex[h][0] : scale_exps(f, e, q1, j->lanes, 0, 125, &big, true);
+                ex[h][0] = scale_exps(f, e, q0, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, &big, !e4m3);
+                ex[h][1] = q1 == q0 ? ex[h][0]
+                                    : scale_exps(f, e, q1, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, &big, !e4m3);
             }
         }
         for (int h = 0; h < G; ++h)
-            prefetch_panel(j->b + h * j->ldb, j->next ? j->next + h * j->ldb : NULL, K, st);
+            prefetch_panel(j->b + h * j->ldb, j->next ? j->next + h * j->ldb : NULL, K, st,
+                           e4m3 ? DG_E4M3P_STEP_BYTES : 256);
         if (pe == 16 && split < 0) /* the common step: no K end, no block end inside */
             for (int c = 0; c < 4; ++c)
-                panel_chunk(j, st, c, scaled, ex, ab, 16, -1, kq, acc, total, M, G, true);
+                panel_chunk(j, st, c, scaled, ex, ab, 16, -1, kq, acc, total, &nan, M, G, true, fmt);
         else
             for (int c = 0; c < 4 && 4 * c < pe; ++c)
-                panel_chunk(j, st, c, scaled, ex, ab, pe, split, kq, acc, total, M, G, false);
+                panel_chunk(j, st, c, scaled, ex, ab, pe, split, kq, acc, total, &nan, M, G, false, fmt);
         if (split >= 0)
             kq++, kb += gblk;
     }
-    if (big)
+    if (big || nan)
         return false;
     for (int h = 0; h < G; ++h) {
         close_block(j, kq, 16 * h, acc[h], total[h], M);
@@ -482,34 +528,37 @@ DECODE_FN(dg_decode_e4m3_avx512bf16, FMT_E4M3)
 DECODE_FN(dg_decode_e2m1_avx512bf16, FMT_E2M1)
 /* Decode panels: calls of several groups of 16 rows run panel_body (up to four at M <= 2, two
  * at M = 3..8), a call of one group (B's last rows) decode_body. */
-bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) {
+DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
     const int groups = (j->rows + 15) / 16;
     if (groups > 1) /* M <= 2: up to 4 groups; M 3..8: 2 (the driver's calls: DG_DECODE_PANEL_ROWS, 32) */
         switch (j->m <= 2 ? groups + 4 * (j->m - 1) : 8 + j->m) {
-        case 2: return panel_body(j, 1, 2);
-        case 3: return panel_body(j, 1, 3);
-        case 4: return panel_body(j, 1, 4);
-        case 6: return panel_body(j, 2, 2);
-        case 7: return panel_body(j, 2, 3);
-        case 8: return panel_body(j, 2, 4);
-        case 11: return panel_body(j, 3, 2);
-        case 12: return panel_body(j, 4, 2);
-        case 13: return panel_body(j, 5, 2);
-        case 14: return panel_body(j, 6, 2);
-        case 15: return panel_body(j, 7, 2);
-        default: return panel_body(j, 8, 2);
+        case 2: return panel_body(j, 1, 2, fmt);
+        case 3: return panel_body(j, 1, 3, fmt);
+        case 4: return panel_body(j, 1, 4, fmt);
+        case 6: return panel_body(j, 2, 2, fmt);
+        case 7: return panel_body(j, 2, 3, fmt);
+        case 8: return panel_body(j, 2, 4, fmt);
+        case 11: return panel_body(j, 3, 2, fmt);
+        case 12: return panel_body(j, 4, 2, fmt);
+        case 13: return panel_body(j, 5, 2, fmt);
+        case 14: return panel_body(j, 6, 2, fmt);
+        case 15: return panel_body(j, 7, 2, fmt);
+        default: return panel_body(j, 8, 2, fmt);
         }
     switch (j->m) {
-    case 1: return decode_body(j, FMT_E2M1P, 1);
-    case 2: return decode_body(j, FMT_E2M1P, 2);
-    case 3: return decode_body(j, FMT_E2M1P, 3);
-    case 4: return decode_body(j, FMT_E2M1P, 4);
-    case 5: return decode_body(j, FMT_E2M1P, 5);
-    case 6: return decode_body(j, FMT_E2M1P, 6);
-    case 7: return decode_body(j, FMT_E2M1P, 7);
-    default: return decode_body(j, FMT_E2M1P, 8);
+    case 1: return decode_body(j, fmt, 1);
+    case 2: return decode_body(j, fmt, 2);
+    case 3: return decode_body(j, fmt, 3);
+    case 4: return decode_body(j, fmt, 4);
+    case 5: return decode_body(j, fmt, 5);
+    case 6: return decode_body(j, fmt, 6);
+    case 7: return decode_body(j, fmt, 7);
+    default: return decode_body(j, fmt, 8);
     }
 }
+
+bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1P); }
+bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E4M3P); }
 
 #define DECODE_WIDE_FN(name, fmt) \
     bool name(const dg_decode_job *j) { return wide_body(j, fmt); }
