@@ -343,6 +343,7 @@ static const gemm_params P[] = {
     PACKED(GEMM_BF16, 64, 2112, 7168),                 PACKED(GEMM_FP8_1D2D, 16, 2112, 7168),
     SHAPE(GEMM_FP4_FP4, LAYOUT_NT, 4096, 2112, 7168),  SHAPE(GEMM_FP4_FP4, LAYOUT_NT, 1, 7168, 2048),
     PACKED(GEMM_FP8_FP4, 1, 7168, 2048),               PACKED(GEMM_FP8_FP4, 16, 7168, 2048),
+    SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 1, 2112, 7168),    PACKED(GEMM_FP8_1D2D, 1, 2112, 7168),
 };
 #undef SHAPE
 #undef PACKED
@@ -365,6 +366,8 @@ static const bench_case CASES[] = {
     {"gemm/fp4_fp4_nt/m1_n7168_k2048", BENCH_LIMIT_INT8, &P[20], gemm_setup, gemm_run, gemm_free},
     CASE("gemm/fp8_fp4_nt_prepacked/m1_n7168_k2048", 21),
     CASE("gemm/fp8_fp4_nt_prepacked/m16_n7168_k2048", 22),
+    CASE("gemm/fp8_nt_1d2d/m1_n2112_k7168", 23),
+    CASE("gemm/fp8_nt_1d2d_prepacked/m1_n2112_k7168", 24),
 };
 #undef CASE
 
