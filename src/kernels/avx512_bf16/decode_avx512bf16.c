@@ -170,7 +170,8 @@ DG_INLINE void prefetch_panel(const uint8_t *b, const uint8_t *next, int64_t K, 
 
 /* Pair p of a step of a pre-packed E4M3 panel (engine.h, DG_DECODE_E4M3P: 32 bytes, row r's two
  * codes at bytes 2r, 2r + 1) as 16 BF16 pairs, lane r row r: zero-extended to words, the pair
- * already in its lane (no transpose), widened by table; *nan gets the NaN codes' lanes. */
+ * already in its lane (no transpose), widened by e4m3_bf16_arith; *nan gets the NaN codes'
+ * lanes (their blocks are recomputed exactly). */
 DG_INLINE __m512i widen_panel_pair_e4m3(const uint8_t *s, __mmask32 *nan) {
     const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)s));
     const __m512i m7f = _mm512_set1_epi16(0x7f);
