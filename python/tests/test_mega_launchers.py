@@ -53,8 +53,9 @@ def _env(**extra):
     return env
 
 
-@pytest.mark.parametrize('R,net', [(2, 0), (4, 1)])
-def test_mpirun_mpi4py(R, net):
+def _mpirun():
+    """mpirun (or mpiexec) where mpi4py and the library's MPI build are there too; else skips
+    (fails on CI)."""
     mpirun = shutil.which('mpirun') or shutil.which('mpiexec')
     try:
         import mpi4py  # noqa: F401
@@ -63,6 +64,12 @@ def test_mpirun_mpi4py(R, net):
         have = False
     _need(have, 'mpirun with mpi4py')
     _need(dg._C.has_mpi(), 'the library\'s MPI build')
+    return mpirun
+
+
+@pytest.mark.parametrize('R,net', [(2, 0), (4, 1)])
+def test_mpirun_mpi4py(R, net):
+    mpirun = _mpirun()
     with tempfile.TemporaryDirectory() as d:
         out = subprocess.run([mpirun, '--allow-run-as-root', '--oversubscribe', '-n', str(R), sys.executable, SCRIPT,
                               'mpi', d], env=_env(DG_COMM_FORCE_NETWORK=str(net)), capture_output=True, text=True,

@@ -6,7 +6,6 @@ reference (calc_diff < 0.01) and against a torch model of the exact chain (power
 scales, calc_diff < 1e-6), bitwise across rank counts, thread counts and packed / raw weights;
 masked slots, an expert without tokens, a token without experts; and the calls' errors."""
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -173,15 +172,8 @@ def _mpi_main(out_dir):
 
 def test_sm90_mpirun_network_path():
     """2 ranks under mpirun with the MPI network path forced: bitwise the one-rank y."""
-    from test_mega_launchers import _env, _need
-    mpirun = shutil.which('mpirun') or shutil.which('mpiexec')
-    try:
-        import mpi4py  # noqa: F401
-        have = mpirun is not None
-    except ImportError:
-        have = False
-    _need(have, 'mpirun with mpi4py')
-    _need(dg._C.has_mpi(), "the library's MPI build")
+    from test_mega_launchers import _env, _mpirun
+    mpirun = _mpirun()
     buf = dg.get_symm_buffer_for_sm90_mega_moe(None, E, TMAX, K, H, I)
     y1, stats1 = _call(buf, 0, 1, 0, N)
     buf.destroy()

@@ -518,10 +518,10 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     }
     /* Sharing columns splits B's bytes, which at decode sizes cost more than the FMAs: count
      * them as work too (HC_MIN_FLOPS_PER_THREAD per HC_B_BYTES_PER_FLOPS_UNIT bytes). */
-    const double b_work = j.col_parts > 1 ? (double)j.n * (double)j.k * 4.0 / HC_B_BYTES_PER_FLOPS_UNIT : 0.0;
     const double flops = 2.0 * (double)j.m * (double)j.n * (double)j.k;
-    j.threads = choose_threads(j.splits * (j.col_parts > 1 ? j.col_parts : j.m),
-                               (flops > b_work * HC_MIN_FLOPS_PER_THREAD ? flops : b_work * HC_MIN_FLOPS_PER_THREAD));
+    const double b_work = j.col_parts > 1 ? (double)j.n * (double)j.k * 4.0 / HC_B_BYTES_PER_FLOPS_UNIT * HC_MIN_FLOPS_PER_THREAD
+                                          : 0.0;
+    j.threads = choose_threads(j.splits * (j.col_parts > 1 ? j.col_parts : j.m), flops > b_work ? flops : b_work);
     int64_t next_unit = 0;
     j.next_unit = &next_unit;
     const size_t bytes = (size_t)j.threads * j.scratch_floats * sizeof(float);

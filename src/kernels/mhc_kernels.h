@@ -10,6 +10,7 @@
 #define DG_KERNELS_MHC_KERNELS_H
 
 #include "../core/internal.h"
+#include "../engine/engine.h"
 
 /* Partial sums of the RMSNorm's mean of squares: lane l takes h = l mod 8 (as DG_MHC_LANES). */
 #define DG_MHC_KERNEL_LANES 8
@@ -30,6 +31,19 @@ typedef struct dg_mhc_kernels {
 } dg_mhc_kernels;
 
 const dg_mhc_kernels *dg_mhc_kernels_for(dg_isa isa);
+
+/* The post pass's columns [h0, H) one by one (the vector kernels' tails), in the reference's
+ * order; included by files compiled with -ffp-contract=off, so no product and sum fuse. */
+static inline void dg_mhc_post_tail(int hc, int64_t H, int64_t h0, const uint16_t *x, const uint16_t *res,
+                                    const float *post, const float *comb, uint16_t *out) {
+    for (int j = 0; j < hc; ++j)
+        for (int64_t h = h0; h < H; ++h) {
+            float e = comb[j] * dg_engine_bf16_f32(res[h]);
+            for (int i = 1; i < hc; ++i)
+                e += comb[i * hc + j] * dg_engine_bf16_f32(res[i * H + h]);
+            out[j * H + h] = dg_engine_f32_bf16(dg_engine_bf16_f32(x[h]) * post[j] + e);
+        }
+}
 
 void dg_mhc_post_generic(int hc, int64_t H, const uint16_t *x, const uint16_t *res, const float *post,
                          const float *comb, uint16_t *out);

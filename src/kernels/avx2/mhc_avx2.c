@@ -39,15 +39,7 @@ void dg_mhc_post_avx2(int hc, int64_t H, const uint16_t *x, const uint16_t *res,
     else
         for (int64_t h = 0; h < body; h += 8)
             post_cols(hc, H, h, x, res, pv, comb, out);
-    for (int j = 0; j < hc; ++j) {
-        uint16_t *o = out + j * H;
-        for (int64_t h = body; h < H; ++h) {
-            float e = comb[j] * dg_engine_bf16_f32(res[h]);
-            for (int i = 1; i < hc; ++i)
-                e += comb[i * hc + j] * dg_engine_bf16_f32(res[i * H + h]);
-            o[h] = dg_engine_f32_bf16(dg_engine_bf16_f32(x[h]) * post[j] + e);
-        }
-    }
+    dg_mhc_post_tail(hc, H, body, x, res, post, comb, out);
 }
 
 void dg_mhc_collapse_avx2(int hc, int64_t H, const uint16_t *nr, const float *w, float *s,

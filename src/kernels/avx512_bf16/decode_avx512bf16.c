@@ -40,23 +40,6 @@ typedef struct widen_consts {
     __m512i lut, low4, m7f, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
 } widen_consts;
 
-/* BF16 subnormal-code values of E4M3 (exponent field 0, mantissa m: m * 2^-9), word m of a
- * 32-entry VPERMW table (the other entries unused). */
-static const uint16_t kE4m3SubBf16[32] __attribute__((aligned(64))) = {0x0000, 0x3b00, 0x3b80, 0x3bc0,
-                                                                     0x3c00, 0x3c20, 0x3c40, 0x3c60};
-
-/* E4M3 codes in 16-bit lanes to BF16 bits, exactly for every code but NaN (whose lanes the
- * callers flag and recompute): a normal code's magnitude bits shifted into place, the exponent
- * rebiased (+120), subnormals by a one-register table, then the sign. One shuffle where
- * dg_e4m3_bf16_avx512 takes two two-register ones (the panel kernels' bound at M = 1). */
-DG_INLINE __m512i e4m3_bf16_arith(__m512i c) {
-    const __m512i normal = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(c, 4), _mm512_set1_epi16(0x7f0)),
-                                            _mm512_set1_epi16(0x3c00));
-    const __m512i sub = _mm512_permutexvar_epi16(c, _mm512_load_si512(kE4m3SubBf16));
-    const __m512i v = _mm512_mask_mov_epi16(sub, _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x78)), normal);
-    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8), _mm512_set1_epi16((short)0x8000), 0xf8);
-}
-
 /* Row r's 32 values from k0 (n valid, 1..32) as 16 BF16 pairs; *nan |= its E4M3 NaN lanes. */
 DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, __mmask16 bm, const widen_consts *wc,
                            const int fmt, const bool biased, __mmask32 *nan) {
@@ -170,13 +153,13 @@ DG_INLINE void prefetch_panel(const uint8_t *b, const uint8_t *next, int64_t K, 
 
 /* Pair p of a step of a pre-packed E4M3 panel (engine.h, DG_DECODE_E4M3P: 32 bytes, row r's two
  * codes at bytes 2r, 2r + 1) as 16 BF16 pairs, lane r row r: zero-extended to words, the pair
- * already in its lane (no transpose), widened by e4m3_bf16_arith; *nan gets the NaN codes'
+ * already in its lane (no transpose), widened by table as rows are; *nan gets the NaN codes'
  * lanes (their blocks are recomputed exactly). */
 DG_INLINE __m512i widen_panel_pair_e4m3(const uint8_t *s, __mmask32 *nan) {
     const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)s));
     const __m512i m7f = _mm512_set1_epi16(0x7f);
     *nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, m7f), m7f);
-    return e4m3_bf16_arith(c);
+    return dg_e4m3_bf16_avx512(c);
 }
 
 /* A whole step (4 chunks of 64 bytes at s): w[p], p = 0..15. */
