@@ -57,6 +57,9 @@ static const dg_engine_cfg kCfg[] = {
                      {dg_ukr_f32_avx2_mr1, dg_ukr_f32_avx2_mr2, dg_ukr_f32_avx2_mr4, dg_ukr_f32_avx2},
                      .small_mr = {1, 2, 4, 6}, .small_m_max = 256,
                      .decode = {dg_decode_bf16_avx2, dg_decode_e4m3_avx2, dg_decode_e2m1_avx2, dg_decode_pairs_avx2},
+                     /* FP4: 4 FMA chains per row of A (decode_avx2.c); BF16 and FP8 rows, whose
+                      * staged chunks span 2-4 lines per row, measured slower with 32 */
+                     .decode_rows = {[DG_DECODE_E2M1] = DG_DECODE_WIDE_ROWS},
                      .stage_e4m3 = dg_decode_stage_e4m3_avx2},
     [DG_ISA_AVX512] = {"avx512/f32", DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512,
                        dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,

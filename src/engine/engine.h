@@ -243,6 +243,9 @@ typedef struct dg_engine_cfg {
      * M take the small-M kernels), 32 rows of B per call. */
     dg_decode_fn decode_wide[DG_DECODE_FORMATS];
     int decode_wide_max_m;
+    /* B rows per call of the decode kernels reading B's rows at M <= DG_DECODE_MAX_M, per B
+     * format (0: DG_DECODE_ROWS; at most DG_DECODE_WIDE_ROWS). */
+    int decode_rows[DG_DECODE_FORMATS];
     /* The decode kernels read A as BF16 pairs (dg_decode_job.ap), not as float rows (a). */
     bool decode_pairs;
     /* The small-M B slice [kc][16] straight from K-major E4M3 codes without folded scales

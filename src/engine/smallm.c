@@ -317,6 +317,7 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     const bool panel_fmt = fmt == DG_DECODE_E2M1P || fmt == DG_DECODE_E4M3P;
     dp->rows = panel_fmt && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
                : wide || panel_fmt     ? DG_DECODE_WIDE_ROWS
+               : cfg->decode_rows[fmt] ? cfg->decode_rows[fmt]
                                        : DG_DECODE_ROWS;
     dp->lanes = dp->rows > 32 ? dp->rows : 32;
     dp->unit = fmt == DG_DECODE_E4M3 || fmt == DG_DECODE_E4M3P ? 0x1p120f : 1.0f;
