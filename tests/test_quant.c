@@ -214,7 +214,55 @@ static void check_custom(const int64_t *shape, const int *dims, int nd, int ue8m
     tu_free(&osf);
 }
 
+/* The indexer's per-row cast (per_custom_dims_cast_to_fp8(x, (0,)) on [T * heads, D], and (0, 1)
+ * on [T, heads, D]): rows of one scale, on the fast per-token kernels for contiguous rows and on
+ * the reference walk for transposed ones, bitwise the naive per-row cast either way. */
+static void check_custom_rows(int64_t t, int64_t h, int64_t d, dg_dtype dt, int ue8m0, int transposed) {
+    tu_rng r = {(uint64_t)(t * 7 + d + dt)};
+    float *xf;
+    const int64_t m = t * h;
+    dg_tensor x = make_input(&r, dt, m, d, transposed, &xf);
+    float *want = naive_block_scales(xf, m, d, 1, (int)d, 448.0f, ue8m0);
+    const int64_t sf_shape[1] = {m};
+    dg_tensor out = tu_alloc2(DG_FLOAT8_E4M3, m, d);
+    dg_tensor osf = tu_alloc(DG_FLOAT32, m == 1 ? 0 : 1, sf_shape); /* DeepGEMM's sf.squeeze() */
+    const int dims[2] = {0, 1};
+    if (!transposed && h > 1) { /* the 3-D form: [t, h, d] with both leading dimensions kept */
+        dg_tensor x3 = x, o3 = out, s2 = osf;
+        x3.ndim = o3.ndim = 3, s2.ndim = 2;
+        x3.shape[0] = o3.shape[0] = s2.shape[0] = t, x3.shape[1] = o3.shape[1] = s2.shape[1] = h;
+        x3.shape[2] = o3.shape[2] = d;
+        x3.strides[0] = h * d, x3.strides[1] = d, x3.strides[2] = 1;
+        o3.strides[0] = h * d, o3.strides[1] = d, o3.strides[2] = 1;
+        s2.strides[0] = h, s2.strides[1] = 1;
+        TU_CHECK_OK(dg_per_custom_dims_cast_to_fp8(&x3, dims, 2, ue8m0, &o3, &s2));
+    } else {
+        TU_CHECK_OK(dg_per_custom_dims_cast_to_fp8(&x, dims, 1, ue8m0, &out, &osf));
+    }
+    long long bad = 0;
+    for (int64_t i = 0; i < m; ++i) {
+        bad += f2u(((const float *)osf.data)[i]) != f2u(want[i]);
+        for (int64_t j = 0; j < d; ++j)
+            bad += ((const uint8_t *)out.data)[i * d + j] != dg_float_to_e4m3(xf[i * d + j] * (1.0f / want[i]));
+    }
+    TU_CHECK(bad == 0, "custom dims rows %lldx%lldx%lld %s ue8m0 %d%s: %lld mismatches", (long long)t, (long long)h,
+             (long long)d, dg_dtype_name(dt), ue8m0, transposed ? " transposed" : "", bad);
+    free(want);
+    free(xf);
+    free_input(&x);
+    tu_free(&out);
+    tu_free(&osf);
+}
+
 static void test_custom_dims(void) {
+    for (int ue = 0; ue < 2; ++ue) {
+        check_custom_rows(33, 8, 128, DG_BFLOAT16, ue, 0);
+        check_custom_rows(33, 8, 128, DG_FLOAT32, ue, 0);
+        check_custom_rows(65, 64, 128, DG_BFLOAT16, ue, 0); /* enough work for the threads */
+        check_custom_rows(1, 1, 128, DG_FLOAT32, ue, 0);
+        check_custom_rows(40, 1, 96, DG_FLOAT32, ue, 1);
+        check_custom_rows(17, 1, 33, DG_BFLOAT16, ue, 0);
+    }
     const int64_t s345[3] = {3, 4, 5}, s315[3] = {3, 1, 5};
     const int d0[1] = {0}, d12[2] = {1, 2}, d2[1] = {2}, d012[3] = {0, 1, 2}, d01[2] = {0, 1};
     const int64_t sh3[1] = {3}, sh45[2] = {4, 5}, sh5[1] = {5};

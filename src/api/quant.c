@@ -263,6 +263,33 @@ dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int gran_k
     return ref_quant_fp4_token(x, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, out, out_sf);
 }
 
+/* t viewed as 2-D [prod(shape[0, split)), prod(shape[split, ndim))] (o), when its dimensions
+ * from split on are row-major contiguous and those before split one uniformly strided run
+ * (dimensions of size 1 take any stride); false when they are not. */
+static bool flatten_2d(const dg_tensor *t, int split, dg_tensor *o) {
+    int64_t inner = 1, rows = 1, rs = 0, next = 0;
+    for (int d = t->ndim - 1; d >= split; --d) {
+        if (t->shape[d] != 1 && t->strides[d] != inner)
+            return false;
+        inner *= t->shape[d];
+    }
+    for (int d = split - 1; d >= 0; --d) {
+        if (t->shape[d] == 1)
+            continue;
+        if (rows > 1 && t->strides[d] != next)
+            return false;
+        if (rows == 1)
+            rs = t->strides[d];
+        rows *= t->shape[d];
+        next = t->strides[d] * t->shape[d];
+    }
+    *o = *t;
+    o->ndim = 2;
+    o->shape[0] = rows, o->shape[1] = inner;
+    o->strides[0] = rows > 1 ? rs : inner, o->strides[1] = 1;
+    return true;
+}
+
 /* Which dimensions keep their own scale; none kept means one scale for the whole tensor (torch's
  * amax over an empty dim list reduces everything, so listing every dimension does the same). */
 static dg_status custom_dims_keep(const dg_tensor *x, const int *dims, int num_dims, bool keep[DG_MAX_DIMS]) {
@@ -308,7 +335,23 @@ dg_status dg_per_custom_dims_cast_to_fp8(const dg_tensor *x, const int *dims, in
     DG_TRY(dg_check_no_overlap(out, "out", x, "x", false));
     DG_TRY(dg_check_no_overlap(out_sf, "out_sf", x, "x", false));
     DG_TRY(dg_check_no_overlap(out_sf, "out_sf", out, "out", false));
-    DG_PATH("reference loops (no fast kernel for custom dims) | first: ndim=%d", x->ndim);
+    /* Kept dimensions before reduced ones (the indexer's per-row cast of q and k): rows of one
+     * scale each, which the per-token kernels quantize with the reference's operations. */
+    int split = 0;
+    for (int d = 0; d < x->ndim; ++d)
+        if (keep[d] && x->shape[d] != 1)
+            split = d + 1;
+    bool leading = true;
+    for (int d = 0; d < split; ++d)
+        leading &= keep[d] || x->shape[d] == 1;
+    dg_tensor x2, out2, sf2;
+    if (!dg_use_reference() && leading && flatten_2d(x, split, &x2) && flatten_2d(out, split, &out2) &&
+        flatten_2d(out_sf, out_sf->ndim, &sf2) && x2.strides[1] == 1 && out2.strides[1] == 1)
+        return fast_quant_blocks(&x2, 1, x2.shape[1] > 0 ? x2.shape[1] : 1, use_ue8m0 != 0, false, false, &out2,
+                                 &sf2);
+    DG_PATH("reference loops (custom dims: kept dimensions after reduced ones, or strides that do not flatten) | "
+            "first: ndim=%d",
+            x->ndim);
     return ref_quant_fp8_custom_dims(x, keep, use_ue8m0 != 0, out, out_sf);
 }
 
