@@ -258,11 +258,28 @@ static void test_einsum_empty_batch_huge_head_stride(void) {
     dg_set_backend(DG_BACKEND_AUTO);
 }
 
+/* fuzz_quant (CI's fixed-seed run): dg_per_custom_dims_cast_to_fp8 of an empty x (a kept
+ * dimension of 0) whose first dimension, 1111551 long, has stride 2^63 - 1 (legal: nothing
+ * steps by it) multiplied the two to flatten x for the per-token kernels: signed overflow
+ * (UBSan, quant.c flatten_2d). Empty or unflattenable tensors now take the reference walk. */
+static void test_custom_dims_empty_huge_stride(void) {
+    static float x[4], s[1];
+    static uint8_t q[4];
+    dg_tensor tx = dg_tensor_3d(x, DG_FLOAT32, 1111551, 0, 4), out = dg_tensor_3d(q, DG_FLOAT8_E4M3, 1111551, 0, 4);
+    dg_tensor sf = dg_tensor_2d(s, DG_FLOAT32, 1111551, 0);
+    tx.strides[0] = out.strides[0] = sf.strides[0] = INT64_MAX;
+    const int dims[2] = {0, 1};
+    const dg_status st = dg_per_custom_dims_cast_to_fp8(&tx, dims, 2, 0, &out, &sf);
+    TU_CHECK(st == DG_OK || st == DG_ERR_LAYOUT || st == DG_ERR_OVERFLOW || st == DG_ERR_SHAPE, "%s: %s",
+             dg_status_string(st), dg_last_error());
+}
+
 int main(int argc, char **argv) {
     static const struct { const char *name; void (*run)(void); } groups[] = {
         {"misaligned_data", test_misaligned_data},
         {"mqa_empty_q_huge_heads", test_mqa_empty_q_huge_heads},
         {"quant_empty_null_data", test_quant_empty_null_data},
+        {"custom_dims_empty_huge_stride", test_custom_dims_empty_huge_stride},
         {"tensor_make_huge", test_tensor_make_huge},
         {"pack_b_grouped_broadcast_huge", test_pack_b_grouped_broadcast_huge},
         {"einsum_empty_many_heads", test_einsum_empty_many_heads},

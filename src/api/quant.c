@@ -263,15 +263,19 @@ dg_status dg_per_token_cast_to_fp4(const dg_tensor *x, int use_ue8m0, int gran_k
     return ref_quant_fp4_token(x, gran_k, use_ue8m0 != 0, use_packed_ue8m0 != 0, out, out_sf);
 }
 
-/* t viewed as 2-D [prod(shape[0, split)), prod(shape[split, ndim))] (o), when its dimensions
- * from split on are row-major contiguous and those before split one uniformly strided run
- * (dimensions of size 1 take any stride); false when they are not. */
+/* t viewed as 2-D [prod(shape[0, split)), prod(shape[split, ndim))] (o), when it has elements,
+ * its dimensions from split on are row-major contiguous and those before split one uniformly
+ * strided run (dimensions of size 1 take any stride); false when they are not (empty tensors,
+ * whose strides may be anything, included: fuzz_quant found 1111551 x (2^63 - 1)). */
 static bool flatten_2d(const dg_tensor *t, int split, dg_tensor *o) {
+    if (dg_tensor_numel(t) == 0)
+        return false;
     int64_t inner = 1, rows = 1, rs = 0, next = 0;
     for (int d = t->ndim - 1; d >= split; --d) {
         if (t->shape[d] != 1 && t->strides[d] != inner)
             return false;
-        inner *= t->shape[d];
+        if (__builtin_mul_overflow(inner, t->shape[d], &inner))
+            return false;
     }
     for (int d = split - 1; d >= 0; --d) {
         if (t->shape[d] == 1)
@@ -280,8 +284,9 @@ static bool flatten_2d(const dg_tensor *t, int split, dg_tensor *o) {
             return false;
         if (rows == 1)
             rs = t->strides[d];
-        rows *= t->shape[d];
-        next = t->strides[d] * t->shape[d];
+        if (__builtin_mul_overflow(rows, t->shape[d], &rows) ||
+            __builtin_mul_overflow(t->strides[d], t->shape[d], &next))
+            return false;
     }
     *o = *t;
     o->ndim = 2;

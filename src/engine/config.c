@@ -60,7 +60,7 @@ static const dg_engine_cfg kCfg[] = {
                      /* FP4: 4 FMA chains per row of A (decode_avx2.c); BF16 and FP8 rows, whose
                       * staged chunks span 2-4 lines per row, measured slower with 32 */
                      .decode_rows = {[DG_DECODE_E2M1] = DG_DECODE_WIDE_ROWS},
-                     .stage_e4m3 = dg_decode_stage_e4m3_avx2},
+                     .stage_e4m3 = dg_decode_stage_e4m3_avx2, .stage_e2m1 = dg_decode_stage_e2m1_avx2},
     [DG_ISA_AVX512] = {"avx512/f32", DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512,
                        dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                        dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL,

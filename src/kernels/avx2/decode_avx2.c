@@ -102,7 +102,7 @@ static const uint8_t kE2m1Bf16HiBiased[16] = {0x00, 0x7e, 0x7e, 0x7e, 0x7f, 0x7f
  * subtrahends (scaled), in both halves of lane r.
  */
 DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m256i sub, const bool scaled, uint32_t *dst,
-                                const int W) {
+                                const bool pairs, const int W) {
     __m256i y[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j)
@@ -126,7 +126,14 @@ DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m256i sub, const 
 #pragma GCC unroll 2
             for (int e = 0; e < 2; ++e) {
                 const int b = 4 * h + 2 * i + e; /* byte b of the rows: k pair b */
-                _mm256_storeu_si256((__m256i *)(dst + b * W), scaled ? _mm256_subs_epu16(w[e], sub) : w[e]);
+                const __m256i v = scaled ? _mm256_subs_epu16(w[e], sub) : w[e];
+                if (pairs) {
+                    _mm256_storeu_si256((__m256i *)(dst + b * W), v);
+                } else { /* float32 [k][W]: the halves */
+                    _mm256_storeu_si256((__m256i *)(dst + 2 * b * W), _mm256_slli_epi32(v, 16));
+                    _mm256_storeu_si256((__m256i *)(dst + (2 * b + 1) * W),
+                                        _mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+                }
             }
         }
     }
@@ -267,7 +274,7 @@ DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const
                                 const int W) {
     if (fmt == FMT_E2M1) /* dst: the step's first pair (pairs W lanes apart) */
         stage_step_e2m1(p, ld, fm ? e2m1_subs(fm[s] + 8 * g, big) : _mm256_setzero_si256(), fm != NULL,
-                        (uint32_t *)dst, W);
+                        (uint32_t *)dst, pairs, W);
     else if (pairs) /* E4M3: its multiplier applied by fma_slice */
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
     else
@@ -284,7 +291,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
     const float unit = fmt == FMT_E4M3 ? 0x1p120f : 1.0f;
     const float *fmrow[CHUNK_K / 8], *const *fm = j->fm ? fmrow : NULL;
     for (int64_t s = 0; j->fm && s < kc; s += kstep) /* one division per step, not per group */
-        fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * 32;
+        fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * j->lanes;
     if (kk + kc <= full) {
         const int64_t off = kk / kstep * pb;
         /* The next chunk of every row, into L2 (whole lines: kc * pb / kstep >= 64). Measured on
@@ -450,6 +457,20 @@ bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, f
     const int64_t full = j->rows == 16 ? j->k / 8 * 8 : 0;
     stage_chunk(j, k0, kc, full, j->k, dst, tail, &nanmax, &big, FMT_E4M3, false, 2);
     return !_mm256_movemask_epi8(_mm256_cmpeq_epi8(nanmax, _mm256_set1_epi8(0x7f)));
+}
+
+/* The same slice from E2M1 codes (k0 and kc multiples of 16), each 16 k in one pass
+ * (stage_step_e2m1) instead of widening rows to BF16 and transposing those; j->fm: the folded
+ * power-of-two scales [k / fblk][j->lanes] or NULL. False: a scale past 2^E2M1_EMAX (the caller
+ * stages the slice its exact way). */
+bool dg_decode_stage_e2m1_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst) {
+    uint8_t tail[32 * 16];
+    __m256i nanmax = _mm256_setzero_si256(), big = _mm256_setzero_si256();
+    const int64_t bytes = (j->k + 1) / 2, full = j->rows == 16 ? bytes / 8 * 16 : 0;
+    for (int64_t kk = k0; kk < k0 + kc; kk += CHUNK_K) /* stage_chunk's scale rows: CHUNK_K at most */
+        stage_chunk(j, kk, k0 + kc - kk < CHUNK_K ? k0 + kc - kk : CHUNK_K, full, bytes, dst + (kk - k0) * 16, tail,
+                    &nanmax, &big, FMT_E2M1, false, 2);
+    return !_mm256_movemask_epi8(big);
 }
 
 /* Up to 32 rows of B per call (cfg->decode_rows; G = 4 groups of 8, fewer rows zero-padded): at
