@@ -352,8 +352,7 @@ dg_status dg_per_custom_dims_cast_to_fp8(const dg_tensor *x, const int *dims, in
     dg_tensor x2, out2, sf2;
     if (!dg_use_reference() && leading && flatten_2d(x, split, &x2) && flatten_2d(out, split, &out2) &&
         flatten_2d(out_sf, out_sf->ndim, &sf2) && x2.strides[1] == 1 && out2.strides[1] == 1)
-        return fast_quant_blocks(&x2, 1, x2.shape[1] > 0 ? x2.shape[1] : 1, use_ue8m0 != 0, false, false, &out2,
-                                 &sf2);
+        return fast_quant_blocks(&x2, 1, x2.shape[1], use_ue8m0 != 0, false, false, &out2, &sf2);
     DG_PATH("reference loops (custom dims: kept dimensions after reduced ones, or strides that do not flatten) | "
             "first: ndim=%d",
             x->ndim);

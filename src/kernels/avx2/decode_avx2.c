@@ -30,6 +30,7 @@
  * block on its exact path.
  */
 #include "../../engine/engine.h"
+#include "../e2m1_bf16_tables.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -70,25 +71,18 @@ DG_INLINE __m256 expand(__m256i w, int fmt, int t) {
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, 4), _mm256_set1_epi32((int)0x87f00000u)));
 }
 
-/* The two bytes of the BF16 values of E2M1 codes 0..15 (VPSHUFB tables), and the high bytes
- * biased by 2^E2M1_BIAS for scaled rows (stage_step_e2m1). */
-static const uint8_t kE2m1Bf16Lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0,
-                                        0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0};
-static const uint8_t kE2m1Bf16Hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
-                                        0x80, 0xbf, 0xbf, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0};
-static const uint8_t kE2m1Bf16HiBiased[16] = {0x00, 0x7e, 0x7e, 0x7e, 0x7f, 0x7f, 0x7f, 0x7f,
-                                              0x00, 0xfe, 0xfe, 0xfe, 0xff, 0xff, 0xff, 0xff};
-/*
- * Scaled E2M1 rows: every nonzero value times 2^E2M1_BIAS (exponent field + 126; never used as
- * a float), both zeros +0; one VPSUBUSW of (126 - e) << 7 per row then gives value * 2^e
- * exactly for the power-of-two scales 2^e with e in [-125, 125] (no borrow into the sign: the
- * result is normal, so the magnitude stays above the subtrahend) and saturates the zeros at +0,
- * the product value * 2^e except -0 for +0, which leaves every sum of the chain as it is (the
- * accumulators start at +0 and never become -0). Larger scales (where 6 * 2^e overflows, the
- * exact path's infinity) make the call return false.
- */
-#define E2M1_BIAS 126
+/* E2M1 widening by VPSHUFB tables, scaled rows through the biased one (e2m1_bf16_tables.h);
+ * scales past 2^E2M1_EMAX (where 6 * 2^e overflows, the exact path's infinity) make the call
+ * return false. */
 #define E2M1_EMAX 125
+
+/* The first 8 bytes of 8 rows (p, stride ld): y[j] = row j in the lower lane, row j + 4 in the upper. */
+DG_INLINE void load_rows8(const uint8_t *p, int64_t ld, __m256i y[4]) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j)
+        y[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p + j * ld))),
+                                       _mm_loadl_epi64((const __m128i *)(p + (j + 4) * ld)), 1);
+}
 
 /*
  * One step of an 8-row E2M1 group (16 k: 8 bytes per row) into dst as 8 registers of BF16
@@ -104,10 +98,7 @@ static const uint8_t kE2m1Bf16HiBiased[16] = {0x00, 0x7e, 0x7e, 0x7e, 0x7f, 0x7f
 DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m256i sub, const bool scaled, uint32_t *dst,
                                 const bool pairs, const int W) {
     __m256i y[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j)
-        y[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p + j * ld))),
-                                       _mm_loadl_epi64((const __m128i *)(p + (j + 4) * ld)), 1);
+    load_rows8(p, ld, y);
     /* u[h], lane l: bytes 4h .. 4h + 3 of rows 4l .. 4l + 3, byte-major */
     const __m256i t01 = _mm256_unpacklo_epi8(y[0], y[1]), t23 = _mm256_unpacklo_epi8(y[2], y[3]);
     const __m256i u[2] = {_mm256_unpacklo_epi16(t01, t23), _mm256_unpackhi_epi16(t01, t23)};
@@ -149,10 +140,7 @@ DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m256i sub, const 
  */
 DG_INLINE void stage_step_e4m3_pairs(const uint8_t *p, int64_t ld, uint32_t *dst, __m256i *nanmax, const int W) {
     __m256i y[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j)
-        y[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p + j * ld))),
-                                       _mm_loadl_epi64((const __m128i *)(p + (j + 4) * ld)), 1);
+    load_rows8(p, ld, y);
     /* u[h], lane l: code pairs 2h, 2h + 1 of rows 4l .. 4l + 3, pair-major */
     const __m256i t01 = _mm256_unpacklo_epi16(y[0], y[1]), t23 = _mm256_unpacklo_epi16(y[2], y[3]);
     const __m256i u[2] = {_mm256_unpacklo_epi32(t01, t23), _mm256_unpackhi_epi32(t01, t23)};
@@ -186,7 +174,7 @@ DG_INLINE __m256i e2m1_subs(const float *f, __m256i *big) {
  * (codes only). */
 DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, __m256i *nanmax, const int fmt,
                            const int W) {
-    const int epw = fmt == FMT_E2M1 ? 4 : 2; /* elements per word */
+    const int epw = 2; /* elements per word: BF16 values or E4M3 codes (E2M1: stage_step_e2m1) */
     __m256i y[4], w[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
@@ -219,7 +207,7 @@ DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, i
             if (fmt == FMT_E4M3 && kk % 16 == 0) /* folded scales: per DG_DECODE_STEP (a divisor of fblk) */
 #pragma GCC unroll 4
                 for (int g = 0; g < G; ++g)
-                    mul[g] = j->fm ? _mm256_loadu_ps(j->fm + (k0 + kk) / j->fblk * 32 + 8 * g)
+                    mul[g] = j->fm ? _mm256_loadu_ps(j->fm + (k0 + kk) / j->fblk * j->lanes + 8 * g)
                                    : _mm256_set1_ps(0x1p120f);
             __m256 bv[2][4];
 #pragma GCC unroll 4

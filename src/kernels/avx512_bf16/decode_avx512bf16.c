@@ -23,6 +23,7 @@
  */
 #include "../../engine/engine.h"
 #include "../dpbf16_avx512.h"
+#include "../e2m1_bf16_tables.h"
 #include "../e4m3_bf16_avx512.h"
 #include "../transpose16_avx512.h"
 
@@ -65,10 +66,9 @@ DG_INLINE __m512i exps_of(__m512i e, int emax, __mmask16 *big) {
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
 }
 
-/* The pre-packed E2M1 panels' form of the same (E2M1_BIAS below): per lane the subtrahend
+/* The pre-packed E2M1 panels' form of the same (E2M1_BIAS: e2m1_bf16_tables.h): per lane the subtrahend
  * (E2M1_BIAS - e) << 7 in both halves, in [0x80, 0x7d80] for the e in [-125, 125] the driver
  * admits (*big as above). */
-#define E2M1_BIAS 126
 DG_INLINE __m512i subs_of(__m512i e, int emax, __mmask16 *big) {
     *big |= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(emax));
     const __m512i h = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(E2M1_BIAS), e), 7),
@@ -97,25 +97,7 @@ DG_INLINE __m512i apply_exps(__m512i w, __m512i add) {
     return _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7fff)), w, add);
 }
 
-/* The BF16 bytes of E2M1 codes 0..15 (low, then high byte), repeated in every 128-bit lane for
- * VPSHUFB. */
-static const uint8_t kE2m1Bf16Lo[16] = {0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0,
-                                        0x00, 0x00, 0x80, 0xc0, 0x00, 0x40, 0x80, 0xc0};
-static const uint8_t kE2m1Bf16Hi[16] = {0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40,
-                                        0x80, 0xbf, 0xbf, 0xbf, 0xc0, 0xc0, 0xc0, 0xc0};
-/*
- * Scaled panels widen through a biased table: every nonzero value times 2^E2M1_BIAS (its
- * exponent field + 126: 0x7e00 .. 0x7fc0 for 0.5 .. 6, an integer that is never a float
- * operand), both zeros as +0; then one VPSUBUSW of (126 - e) << 7 per lane (subs_of) gives
- * value * 2^e for the nonzero values (no borrow: the result is a normal number, so the
- * magnitude stays above the subtrahend, and the sign bit is untouched) and saturates the
- * zeros at +0. That is apply_exps' result with one instruction instead of a test and a masked
- * add, except -0 for +0: a -0 product leaves the chain's sums as they are (the accumulators
- * start at +0, and x + -0 = x + +0 for every x but -0, which no accumulator holds).
- * The low bytes are the unbiased table's (0x7e00 has a zero low byte).
- */
-static const uint8_t kE2m1Bf16HiBiased[16] = {0x00, 0x7e, 0x7e, 0x7e, 0x7f, 0x7f, 0x7f, 0x7f,
-                                              0x00, 0xfe, 0xfe, 0xfe, 0xff, 0xff, 0xff, 0xff};
+/* kE2m1Bf16Lo, kE2m1Bf16Hi (VPSHUFB) and the biased high bytes of scaled panels: e2m1_bf16_tables.h. */
 
 /* Chunk c (64 bytes at s) of a step of a pre-packed E2M1 panel (256 bytes per step, engine.h
  * DG_DECODE_E2M1P) into w[t] = k pair 4c + t of the 16 rows, with no transpose and no lane
@@ -224,7 +206,7 @@ DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int
 
 static const uint16_t kE2m1Bf16[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
                                        0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
-/* The same biased by 2^E2M1_BIAS, both zeros +0 (kE2m1Bf16HiBiased explains it). */
+/* The same biased by 2^E2M1_BIAS, both zeros +0 (e2m1_bf16_tables.h explains it). */
 static const uint16_t kE2m1Bf16Biased[32] = {0x0000, 0x7e00, 0x7e80, 0x7ec0, 0x7f00, 0x7f40, 0x7f80, 0x7fc0,
                                              0x0000, 0xfe00, 0xfe80, 0xfec0, 0xff00, 0xff40, 0xff80, 0xffc0};
 
