@@ -20,6 +20,7 @@ typedef struct scase {
     dg_dtype da, db;
     int gran_a[2], gran_b[2], packed, b_mn_major;
     double max_diff;
+    int sf_mn_major; /* B's scales MN-major (DeepGEMM's layout for weights; the decode kernels read them in place) */
 } scase;
 
 static dg_gemm_options opts_of(const scase *c) {
@@ -110,7 +111,7 @@ static void put_nans(top *b) {
 static void put_big_scales(top *b, uint32_t byte) {
     for (int64_t i = 0; i < b->sf.shape[0]; i += 2) {
         uint32_t *w = (uint32_t *)b->sf.data + i * b->sf.strides[0];
-        *w = (*w & ~0xffu) | byte;
+        *w = b->sf.dtype == DG_FLOAT32 ? byte << 23 : (*w & ~0xffu) | byte; /* float scales: 2^(byte - 127) */
     }
 }
 
@@ -125,7 +126,7 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
     if (!top_layout_ok(c->db, n, k, c->b_mn_major) || !top_layout_ok(c->da, big, k, 0))
         return;
     top a = top_make(r, c->da, big, k, 0, c->gran_a[0], c->gran_a[1], c->packed, 0);
-    top b = top_make(r, c->db, n, k, c->b_mn_major, c->gran_b[0], c->gran_b[1], c->packed, 0);
+    top b = top_make(r, c->db, n, k, c->b_mn_major, c->gran_b[0], c->gran_b[1], c->packed, c->sf_mn_major);
     if (special == NAN_CODES)
         put_nans(&b);
     if (kSpecialScaleByte[special])
@@ -207,15 +208,21 @@ static void run_level(dg_isa isa, int dpbf16) {
     TU_CHECK_OK(dg_set_isa(isa));
     dg_engine_set_dpbf16(dpbf16);
     const scase cases[] = {
-        {"bf16", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 0, 1e-5},
-        {"bf16 B mn-major", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 1, 1e-5},
-        {"fp8 1d2d float", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {128, 128}, 0, 0, 1e-3},
-        {"fp8 ue8m0", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 1, 0, 1e-3},
-        {"fp8 x fp4 ue8m0/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 0, 2e-2},
-        {"fp8 x fp4 float/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 0, 0, 2e-2},
+        {"bf16", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 0, 1e-5, 0},
+        {"bf16 B mn-major", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0, 1, 1e-5, 0},
+        {"fp8 1d2d float", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {128, 128}, 0, 0, 1e-3, 0},
+        {"fp8 ue8m0", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 128}, {1, 128}, 1, 0, 1e-3, 0},
+        {"fp8 x fp4 ue8m0/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 0, 2e-2, 0},
+        {"fp8 x fp4 float/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 0, 0, 2e-2, 0},
         /* blocks of 16: folded scales and accumulation blocks that end inside a decode step of 32 */
-        {"fp8 x fp4 ue8m0/16", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 1, 0, 2e-2},
-        {"fp8 x fp4 float/16", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 0, 0, 2e-2},
+        {"fp8 x fp4 ue8m0/16", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 1, 0, 2e-2, 0},
+        {"fp8 x fp4 float/16", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 0, 0, 2e-2, 0},
+        /* B's scales MN-major: packed UE8M0 as DeepGEMM lays out FP4 weights' scales, and float */
+        {"fp8 x fp4 ue8m0/32 sf mn-major", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 1, 0, 2e-2, 1},
+        {"fp8 x fp4 float/16 sf mn-major", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 0, 0, 2e-2, 1},
+        /* float32 powers of two (folded into B as UE8M0 scales are), K- and MN-major */
+        {"fp8 x fp4 float pow2/32", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 32}, {1, 32}, 2, 0, 2e-2, 0},
+        {"fp8 x fp4 float pow2/16 sf mn-major", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, 16}, {1, 16}, 2, 0, 2e-2, 1},
     };
     static const int64_t kN[] = {90, 16}; /* 90: a last item of 26 columns (AVX-512: 16 + 10) */
     static const int64_t kK[] = {1, 31, 33, 48, 200, 600}; /* 48: FP4 blocks of 16 ending inside a short K */
@@ -232,6 +239,10 @@ static void run_level(dg_isa isa, int dpbf16) {
     check_special(&cases[4], 70, 600, &r, TINY_SCALES);
     check_special(&cases[4], 70, 600, &r, EDGE_HIGH);
     check_special(&cases[4], 70, 600, &r, EDGE_LOW);
+    for (int sc = 8; sc <= 11; ++sc) /* MN-major packed and float scales; float powers of two */
+        for (int special = BIG_SCALES; special <= EDGE_LOW; ++special)
+            if (special != TINY_VALUES)
+                check_special(&cases[sc], 70, 600, &r, special);
     check_special(&cases[0], 70, 600, &r, TINY_VALUES);
     check_special(&cases[1], 16, 600, &r, TINY_VALUES);
     dg_engine_set_dpbf16(-1);

@@ -62,7 +62,8 @@ static inline top top_make(tu_rng *r, dg_dtype dt, int64_t mn, int64_t k, int mn
     const int scaled = dt != DG_BFLOAT16;
     const int64_t sm = scaled ? tg_cdiv(mn, gran_mn) : 0, sk = scaled ? tg_cdiv(k, gran_k) : 0;
 
-    /* Scale values per block: UE8M0 exponents for packed, arbitrary floats otherwise. */
+    /* Scale values per block: UE8M0 exponents for packed (1: as INT32 words, 2: as the float32
+     * powers of two), arbitrary floats otherwise. */
     float *sval = malloc((size_t)(sm * sk + 1) * sizeof(float));
     uint8_t *sexp = malloc((size_t)(sm * sk + 1));
     for (int64_t i = 0; i < sm * sk; ++i) {
@@ -109,17 +110,18 @@ static inline top top_make(tu_rng *r, dg_dtype dt, int64_t mn, int64_t k, int mn
 
     /* Physical scales: float [sm, sk] or packed int32 [sm, ceil(sk / 4)], row- or MN-major. */
     if (scaled) {
-        const int64_t cols = packed ? tg_cdiv(sk, 4) : sk;
+        const int words = packed == 1;
+        const int64_t cols = words ? tg_cdiv(sk, 4) : sk;
         const int64_t lds = sf_mn_major ? (sm + 3) / 4 * 4 : cols; /* 16-byte aligned MN extent */
         const int64_t outer_s = sf_mn_major ? cols : sm;
         o.sfmem = calloc((size_t)(lds * outer_s + 1), 4);
-        o.sf = dg_tensor_2d(o.sfmem, packed ? DG_INT32 : DG_FLOAT32, sm, cols);
+        o.sf = dg_tensor_2d(o.sfmem, words ? DG_INT32 : DG_FLOAT32, sm, cols);
         o.sf.strides[0] = sf_mn_major ? 1 : lds;
         o.sf.strides[1] = sf_mn_major ? lds : 1;
         for (int64_t i = 0; i < sm; ++i)
             for (int64_t q = 0; q < cols; ++q) {
                 const int64_t at = sf_mn_major ? q * lds + i : i * lds + q;
-                if (!packed) {
+                if (!words) {
                     ((float *)o.sfmem)[at] = sval[i * sk + q];
                     continue;
                 }

@@ -100,6 +100,13 @@ void dg_operand_scale_row(const dg_operand *op, int64_t i, int64_t step, int64_t
 /* out[q * ostride] = scale(0, i, (q0 + q) * gran_k) for q < count: the scales of row i's K blocks
  * q0 .. q0 + count - 1 (all inside K), the row located once (the operand has scales). */
 void dg_operand_block_scales(const dg_operand *op, int64_t i, int64_t q0, int64_t count, float *out, int64_t ostride);
+/* The same for rows i0 .. i0 + rows - 1 into out[q * ostride + r] (no call per element; MN-major
+ * packed scales, DeepGEMM's layout for weights, read block by block). */
+void dg_operand_block_scales_rows(const dg_operand *op, int64_t i0, int rows, int64_t q0, int64_t count, float *out,
+                                  int64_t ostride);
+/* Prefetches the scale lines dg_operand_block_scales_rows(op, i0, rows, 0, count) reads (K-major
+ * scales: a row's blocks; a decode call's scales would otherwise be demand misses). */
+void dg_operand_prefetch_scales(const dg_operand *op, int64_t i0, int rows, int64_t count);
 
 static inline float dg_operand_get(const dg_operand *op, int64_t g, int64_t i, int64_t kk) {
     return dg_operand_raw(op, g, i, kk) * dg_operand_scale(op, g, i, kk);

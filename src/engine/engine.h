@@ -164,13 +164,21 @@ typedef struct dg_decode_job {
     /* The rows of B this thread's next call reads (same ldb; NULL: none known), to prefetch
      * their first lines while this call ends (AVX-512 BF16 kernels). */
     const uint8_t *next;
-    /* The lane stride of sb, fm and out: 32 for every kernel but the E2M1P ones at M <= 2,
-     * which take up to 64 rows per call (DG_DECODE_PANEL_ROWS; decode_avx512bf16.c). */
+    /* The lane stride of sb, fm and out: 32 for every kernel but those of cfg->decode_groups
+     * at M <= 2, which take up to 64 rows per call (DG_DECODE_PANEL_ROWS; decode_avx512bf16.c). */
     int64_t lanes;
     /* E2M1P kernels only: the folded scales as exponent bytes instead of fm (dg_e2m1_panels.sfe:
      * [q][16] per group of 16 rows, groups fme_group bytes apart), or NULL. */
     const uint8_t *fme;
     int64_t fme_group;
+    /* E2M1 kernels of configurations with decode_sf_in_place only: B's own scales read in place
+     * as the folded ones, instead of fm (NULL: fm): the call's first row's block 0 at fs
+     * (float32, or with fs_packed INT32 words of four UE8M0 bytes), rows fs_row elements
+     * apart, blocks (words of four blocks) fs_blk apart; unit 1. The kernels check what the
+     * driver checks of fm (powers of two, dg_decode_fold_exact) and return false otherwise. */
+    const uint8_t *fs;
+    int64_t fs_row, fs_blk;
+    int fs_packed;
 } dg_decode_job;
 #define DG_DECODE_PANEL_ROWS 64
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
@@ -248,6 +256,12 @@ typedef struct dg_engine_cfg {
     int decode_rows[DG_DECODE_FORMATS];
     /* The decode kernels read A as BF16 pairs (dg_decode_job.ap), not as float rows (a). */
     bool decode_pairs;
+    /* Per B format: the narrow kernel runs several groups of 16 rows per call, their chains side
+     * by side (decode_avx512bf16.c, panel_body): DG_DECODE_PANEL_ROWS rows at M <= 2,
+     * DG_DECODE_WIDE_ROWS above (decode_rows is then unused). */
+    bool decode_groups[DG_DECODE_FORMATS];
+    /* The E2M1 kernels read B's folded scales in place (dg_decode_job.fs). */
+    bool decode_sf_in_place;
     /* The small-M B slice [kc][16] straight from K-major E4M3 codes without folded scales
      * (kernels/avx2/decode_avx2.c; NULL: widen rows, then transpose). */
     bool (*stage_e4m3)(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);

@@ -215,6 +215,7 @@ typedef struct decode_plan {
     int rows;           /* B rows per call: DG_DECODE_ROWS, or DG_DECODE_WIDE_ROWS (wide kernels) */
     dg_decode_a a;
     int64_t fblk, nkbf; /* fold blocks of B's folded scales (fblk 0: none) */
+    bool sf_in_place;   /* the kernel reads B's folded scales in place (dg_decode_job.fs) */
     float unit;         /* the kernel's value unit for codes (2^120 E4M3, 1 E2M1) */
 } decode_plan;
 
@@ -336,14 +337,20 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
                 (long long)a->mn, (long long)b->mn, (long long)b->k);
         return DG_OK;
     }
-    if (plan->fold_b && b->sf)
+    if (plan->fold_b && b->sf) {
         dp->fblk = b->gran_k, dp->nkbf = dg_ceil_div(b->k, b->gran_k);
+        /* E2M1 rows: the kernel reads the scales where they are, one per row and block, MN- or
+         * K-major (no per-call table: writing and checking one took a fifth of an M = 1 call) */
+        const int64_t s0 = b->sf->strides[0], s1 = b->sf->strides[1];
+        dp->sf_in_place = fmt == DG_DECODE_E2M1 && cfg->decode_sf_in_place && b->gran_mn == 1 &&
+                          ((s0 == 1 && s1 >= 1) || (s1 == 1 && s0 >= 1));
+    }
     dp->fn = wide ? cfg->decode_wide[fmt] : cfg->decode[fmt];
-    /* decode panels: four groups of 16 rows per call at M <= 2, two up to DG_DECODE_MAX_M
-     * (decode_avx512bf16.c, panel_body) */
-    const bool panel_fmt = fmt == DG_DECODE_E2M1P || fmt == DG_DECODE_E4M3P;
-    dp->rows = panel_fmt && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
-               : wide || panel_fmt     ? DG_DECODE_WIDE_ROWS
+    /* groups of rows (decode panels, AVX-512 BF16 E2M1 rows): four groups of 16 rows per call at
+     * M <= 2, two up to DG_DECODE_MAX_M (decode_avx512bf16.c, panel_body) */
+    const bool groups = !wide && cfg->decode_groups[fmt];
+    dp->rows = groups && a->mn <= 2  ? DG_DECODE_PANEL_ROWS
+               : wide || groups      ? DG_DECODE_WIDE_ROWS
                : cfg->decode_rows[fmt] ? cfg->decode_rows[fmt]
                                        : DG_DECODE_ROWS;
     dp->lanes = dp->rows > 32 ? dp->rows : 32;
@@ -361,11 +368,11 @@ static void block_scales(const dg_operand *b, int64_t n0, int rows, int nrows, i
                          int64_t lanes, float *out) {
     const int64_t valid = dg_ceil_div(b->k, step), n = valid < count ? valid : count;
     const bool direct = b->sf && step == b->gran_k;
+    if (direct && rows > 0)
+        dg_operand_block_scales_rows(b, n0, rows, 0, n, out, lanes);
     for (int r = 0; r < nrows; ++r) {
-        int64_t q = 0;
-        if (r < rows && direct)
-            dg_operand_block_scales(b, n0 + r, 0, n, out + r, lanes), q = n;
-        else if (r < rows)
+        int64_t q = r < rows && direct ? n : 0;
+        if (r < rows && !direct)
             dg_operand_scale_row(b, n0 + r, step, count, 1.0f, out + r, lanes), q = count;
         for (; q < count; ++q)
             out[q * lanes + r] = 1.0f;
@@ -384,8 +391,15 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     if (scaled_b || !*sb_ones) /* unscaled: ones, written once per thread (sb_ones) */
         block_scales(b, n0, scaled_b ? (int)cols : 0, nr, plan->gblk, dp->a.nkb, lanes, sb);
     *sb_ones = !scaled_b;
+    if (b->sf && !dp->psfe && next_n0 < b->mn) /* the next call's scales arrive while this one runs */
+        dg_operand_prefetch_scales(b, next_n0, (int)(b->mn - next_n0 < nr ? b->mn - next_n0 : nr),
+                                   dg_ceil_div(b->k, b->gran_k));
     const uint8_t *fme = NULL; /* the kernel reads the packed exponents in place */
-    if (dp->nkbf && dp->psfe) { /* fblk = gran_k; the range check was made at packing */
+    const uint8_t *fs = NULL;  /* the kernel reads B's scales in place (and checks them) */
+    if (dp->nkbf && dp->sf_in_place) {
+        const dg_tensor *sf = b->sf;
+        fs = (const uint8_t *)sf->data + 4 * n0 * sf->strides[0];
+    } else if (dp->nkbf && dp->psfe) { /* fblk = gran_k; the range check was made at packing */
         for (int64_t g = 0; g * 16 < cols; ++g)
             if (!dp->pexact[n0 / 16 + g])
                 return false;
@@ -395,7 +409,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     }
     const float unit = dp->unit;
     int ok = 1; /* dg_decode_fold_exact for every folded scale */
-    for (int64_t q = 0; q < (dp->psfe ? 0 : dp->nkbf); ++q) /* panels: unit 1, checked at packing */
+    for (int64_t q = 0; q < (dp->psfe || fs ? 0 : dp->nkbf); ++q) /* panels: unit 1, checked at packing */
         for (int r = 0; r < nr; ++r) { /* branch-free: it vectorises */
             const float s = fm[q * lanes + r];
             ok &= dg_decode_fold_exact(s, unit);
@@ -408,9 +422,10 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
     const uint8_t *base = dp->panels ? dp->panels : (const uint8_t *)t->data;
     const int64_t ld = dp->panels ? dp->panel_bytes : t->strides[0] * es, per = dp->panels ? 16 : 1;
     const dg_decode_job job = {base + n0 / per * ld, ld, (int)cols, b->k, dp->a.rows, dp->a.lda, (int)a->mn,
-                               plan->gblk, dp->a.sa, sb, dp->a.nkb, dp->fblk, dp->nkbf && !fme ? fm : NULL, out,
+                               plan->gblk, dp->a.sa, sb, dp->a.nkb, dp->fblk, dp->nkbf && !fme && !fs ? fm : NULL, out,
                                dp->a.pairs, next_n0 < b->mn ? base + next_n0 / per * ld : NULL, lanes, fme,
-                               dp->nkbf * 16};
+                               dp->nkbf * 16, fs, fs ? b->sf->strides[0] : 0, fs ? b->sf->strides[1] : 0,
+                               b->sf_packed};
     return dp->fn(&job);
 }
 

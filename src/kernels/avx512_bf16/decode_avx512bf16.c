@@ -36,25 +36,28 @@
  * FMT_E4M3P: pre-packed E4M3 decode panels (DG_DECODE_E4M3P), one k pair of 16 rows per 32 bytes */
 enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E2M1P = 3, FMT_E4M3P = 4 };
 
+/* The 16 E2M1 values as BF16, twice: VPERMW reads 5 bits of each index (load_rows_e2m1). */
+#define E2M1_BF16_VALUES 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, \
+                         0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0
+static const uint16_t kE2m1Bf16[32] = {E2M1_BF16_VALUES, E2M1_BF16_VALUES};
+/* The same biased by 2^E2M1_BIAS, both zeros +0 (e2m1_bf16_tables.h explains it). */
+#define E2M1_BF16_BIASED 0x0000, 0x7e00, 0x7e80, 0x7ec0, 0x7f00, 0x7f40, 0x7f80, 0x7fc0, \
+                         0x0000, 0xfe00, 0xfe80, 0xfec0, 0xff00, 0xff40, 0xff80, 0xffc0
+static const uint16_t kE2m1Bf16Biased[32] = {E2M1_BF16_BIASED, E2M1_BF16_BIASED};
+
 /* Constants of the row widening, hoisted out of the per-row code. */
 typedef struct widen_consts {
-    __m512i lut, low4, m7f, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
+    __m512i lut, m7f, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
 } widen_consts;
 
-/* Row r's 32 values from k0 (n valid, 1..32) as 16 BF16 pairs; *nan |= its E4M3 NaN lanes. */
-DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, __mmask16 bm, const widen_consts *wc,
-                           const int fmt, const bool biased, __mmask32 *nan) {
+/* Row r's 32 values from k0 (BF16 or E4M3; n valid, 1..32) as 16 BF16 pairs; *nan |= its E4M3 NaN lanes. */
+DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, const widen_consts *wc, const int fmt,
+                           __mmask32 *nan) {
     if (fmt == FMT_BF16)
         return _mm512_maskz_loadu_epi16(m, row + 2 * k0);
-    if (fmt == FMT_E4M3) {
-        const __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, row + k0));
-        *nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, wc->m7f), wc->m7f);
-        return dg_e4m3_bf16_avx512(c);
-    }
-    /* E2M1: byte j holds k0 + 2j (low nibble) and k0 + 2j + 1; BF16 of the 16 values by table */
-    const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bm, row + k0 / 2));
-    const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, wc->low4), _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
-    return _mm512_maskz_permutexvar_epi16(m, codes, biased ? wc->lut_biased : wc->lut);
+    const __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, row + k0));
+    *nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, wc->m7f), wc->m7f);
+    return dg_e4m3_bf16_avx512(c);
 }
 
 /* Per-lane exponent adds for the folded scales of fold block q (both 16-bit halves of a word);
@@ -76,17 +79,74 @@ DG_INLINE __m512i subs_of(__m512i e, int emax, __mmask16 *big) {
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
 }
 
-/* Block q's adds (sub: the subtrahends of subs_of) for 16 rows: from the float scales fm
- * ([q][lanes]), or from pre-packed exponent bytes fme when given (dg_decode_job.fme: [q][16],
- * 127 = 2^0; unit 1, E2M1P only). */
-DG_INLINE __m512i scale_exps(const float *fm, const uint8_t *fme, int64_t q, int64_t lanes, int unit_log2, int emax,
-                             __mmask16 *big, const bool sub) {
+/* Where 16 rows (a group, or a wide call's half) find their folded scales: fm ([q][lanes]
+ * floats, the unit included), fme (exponent bytes [q][16], 127 = 2^0; unit 1, E2M1P only), or
+ * B's own scales in place (sf, E2M1 rows only: dg_decode_job.fs; rows: the lanes that are B's
+ * rows, the others read as 2^0). Scales of rows sf_row = 1 apart (MN-major, DeepGEMM's layout
+ * for weights) are one load per block; K-major ones (sf_blk = 1) are read 16 words of 16 rows
+ * at a time and transposed into tile (word w0 + i of row r in tile[i] lane r): a gather per
+ * block took 15% of an M = 1 call on Zen 4. */
+typedef struct fold_src {
+    const float *fm;
+    const uint8_t *fme, *sf;
+    int64_t sf_row, sf_blk, words; /* words: scale words per row */
+    int sf_packed;
+    __mmask16 rows;
+    int64_t w0; /* the tile's first word (-1: none yet) */
+    __m512i tile[16];
+} fold_src;
+
+DG_INLINE void fold_of(const dg_decode_job *j, int r0, fold_src *f) {
+    const int rows = j->rows - r0 >= 16 ? 16 : j->rows - r0 > 0 ? j->rows - r0 : 0;
+    f->fm = j->fm ? j->fm + r0 : NULL;
+    f->fme = j->fme && rows ? j->fme + r0 / 16 * j->fme_group : NULL;
+    f->sf = j->fs ? j->fs + 4 * r0 * j->fs_row : NULL;
+    f->sf_row = j->fs_row, f->sf_blk = j->fs_blk, f->sf_packed = j->fs_packed;
+    const int64_t blocks = j->fblk ? (j->k + j->fblk - 1) / j->fblk : 0;
+    f->words = j->fs_packed ? (blocks + 3) / 4 : blocks;
+    f->rows = (__mmask16)((1u << rows) - 1);
+    f->w0 = -1;
+}
+
+/* Scale word w of the 16 rows (rows past f->rows: fill). K-major: words w0 .. w0 + 15 of each
+ * row (those inside the row) loaded, then transposed. */
+DG_INLINE __m512i sf_words(fold_src *f, int64_t w, __m512i fill) {
+    if (f->sf_row == 1)
+        return _mm512_mask_loadu_epi32(fill, f->rows, f->sf + 4 * w * f->sf_blk);
+    if (f->w0 < 0 || w < f->w0 || w >= f->w0 + 16) { /* K-major: the next 16 words of the rows */
+        f->w0 = w - w % 16;
+        const int64_t nw = f->words - f->w0;
+        const __mmask16 m = (__mmask16)(nw >= 16 ? 0xffffu : (1u << nw) - 1);
+        __m512i in[16];
+        for (int r = 0; r < 16; ++r)
+            in[r] = (f->rows >> r) & 1 ? _mm512_maskz_loadu_epi32(m, f->sf + 4 * (r * f->sf_row + f->w0)) : fill;
+        dg_transpose16_epi32(in, f->tile);
+    }
+    return f->tile[w - f->w0];
+}
+
+/* Block q's adds (sub: the subtrahends of subs_of) for the 16 rows of f. Scales read in place
+ * are checked here as the driver checks fm (dg_decode_fold_exact, unit 1): a power of two in
+ * [2^-100, 2^125] (above, *big as for fm), else *big. */
+DG_INLINE __m512i scale_exps(fold_src *f, int64_t q, int64_t lanes, int unit_log2, int emax, __mmask16 *big,
+                             const bool sub) {
     __m512i e;
-    if (fme) {
-        e = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(fme + q * 16))),
+    if (f->sf) {
+        if (f->sf_packed) {
+            const __m512i w = sf_words(f, q >> 2, _mm512_set1_epi32(0x7f7f7f7f));
+            e = _mm512_and_si512(_mm512_srli_epi32(w, (unsigned)(8 * (q & 3))), _mm512_set1_epi32(0xff));
+        } else {
+            const __m512i w = sf_words(f, q, _mm512_set1_epi32(0x3f800000));
+            *big |= _mm512_test_epi32_mask(w, _mm512_set1_epi32((int)0x807fffffu)); /* sign, mantissa */
+            e = _mm512_srli_epi32(w, 23);
+        }
+        e = _mm512_sub_epi32(e, _mm512_set1_epi32(127));
+        *big |= _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(-100));
+    } else if (f->fme) {
+        e = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(f->fme + q * 16))),
                              _mm512_set1_epi32(127));
     } else {
-        const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(fm + q * lanes));
+        const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(f->fm + q * lanes));
         e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + unit_log2));
     }
     return sub ? subs_of(e, emax, big) : exps_of(e, emax, big);
@@ -150,25 +210,102 @@ DG_INLINE void load_panel_e2m1(const uint8_t *s, __m512i w[16], const bool biase
         widen_panel_chunk(s + 64 * c, w + 4 * c, biased);
 }
 
-/* The 32 k from k0 of 16 B rows (b, row stride ldb; rows >= rows read as zero; n = K - k0 of
- * them valid, at most 32) widened per row and transposed: w[p] = k pair p of the 16 rows. */
-DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
-                         const widen_consts *wc, const int fmt, const bool biased, __mmask32 *nan, __m512i w[16]) {
-    const int n = K - k0 < 32 ? (int)(K - k0) : 32;
-    __m512i in[16];
-    const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
-    /* Once per cache line: the line 8 ahead of each row (16 short row streams); past a row's end,
-     * the next block's row (next: the driver's next call on this thread), so that its first lines
-     * are not demand misses (they were: FP4 rows of 1 KiB at M = 1 on Zen 5 waited on memory). */
-    const int64_t row_bytes = fmt == FMT_BF16 ? 2 * K : fmt == FMT_E4M3 ? K : (K + 1) / 2, ahead = off + 512;
+/* E2M1 rows without per-row widening or the 16 x 16 word transpose: a step's 16 bytes of row r
+ * (32 k, one byte per k pair) hold k pairs 4c .. 4c + 3 in their dword c, so 16 row slices in
+ * four registers (rows L, L + 4, L + 8, L + 12 in the 128-bit lanes of q[L]) and one in-lane
+ * 4 x 4 dword transpose (8 unpacks) give x[c] with row r's dword c in dword r. Pair t of x[c]
+ * is then one VPERMW of the table: the low word's index is the byte's low nibble (x >> 8t), the
+ * high word's its high nibble (x << (12 - 8t)), each in the word's low 4 bits (VPERMW reads 5:
+ * the tables hold the 16 values twice). Per step 12 inserts, 8 unpacks and 16 VPERMW where
+ * widening rows took 32 lane-crossing shuffles and the transpose 64. rows >= rows and bytes
+ * past K read as zero (n: the k of the step inside K). */
+/* v with the 16 bytes at p in the 128-bit lane that mask k selects: a merge-masked broadcast
+ * load, which uses no shuffle port (compilers turn the intrinsic into VINSERTI32X4, which does:
+ * on Zen 4 the shuffles, not the loads, bound this kernel). */
+DG_INLINE __m512i merge_lane(__m512i v, __mmask16 k, const uint8_t *p) {
+    __asm__("vbroadcasti32x4 %2, %0%{%1%}" : "+v"(v) : "Yk"(k), "m"(*(const __m128i *)(const void *)p));
+    return v;
+}
+
+DG_INLINE void e2m1_step_dwords(const uint8_t *b, int64_t ldb, int rows, int n, int64_t off, __m512i x[4]) {
+    __m512i q[4];
+    if (n == 32 && rows == 16) {
+        for (int L = 0; L < 4; ++L) {
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + L * ldb + off)));
+            v = merge_lane(v, 0x00f0, b + (L + 4) * ldb + off);
+            v = merge_lane(v, 0x0f00, b + (L + 8) * ldb + off);
+            q[L] = merge_lane(v, 0xf000, b + (L + 12) * ldb + off);
+        }
+    } else {
+        const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
+        for (int L = 0; L < 4; ++L) {
+            __m128i s[4];
+            for (int l = 0; l < 4; ++l)
+                s[l] = L + 4 * l < rows ? _mm_maskz_loadu_epi8(bm, b + (L + 4 * l) * ldb + off) : _mm_setzero_si128();
+            __m512i v = _mm512_inserti32x4(_mm512_castsi128_si512(s[0]), s[1], 1);
+            v = _mm512_inserti32x4(v, s[2], 2);
+            q[L] = _mm512_inserti32x4(v, s[3], 3);
+        }
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(q[0], q[1]), t1 = _mm512_unpackhi_epi32(q[0], q[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(q[2], q[3]), t3 = _mm512_unpackhi_epi32(q[2], q[3]);
+    x[0] = _mm512_unpacklo_epi64(t0, t2), x[1] = _mm512_unpackhi_epi64(t0, t2);
+    x[2] = _mm512_unpacklo_epi64(t1, t3), x[3] = _mm512_unpackhi_epi64(t1, t3);
+    /* odd K: the last byte's high nibble (k = K) is widened as it is; A is +0 there, so its
+     * product is a zero, which leaves the chain's sums as they are */
+}
+
+/* Pairs 4c .. 4c + 3 of the 16 rows from x = x[c] of e2m1_step_dwords. */
+DG_INLINE void e2m1_dword_pairs(__m512i v, __m512i lut, __m512i w[4]) {
+    /* i0: low word x, high word x << 12 (nibbles 0 and 1 in their words' low bits); shifted
+     * right by 8 the same dword gives nibbles 2 and 3 there (i1); i2, i3 likewise from x >> 16 */
+    const __m512i i0 = _mm512_mask_blend_epi16(0xaaaaaaaau, v, _mm512_slli_epi32(v, 12));
+    const __m512i i1 = _mm512_srli_epi32(i0, 8);
+    const __m512i i2 = _mm512_mask_blend_epi16(0xaaaaaaaau, _mm512_srli_epi32(v, 16), _mm512_srli_epi32(v, 4));
+    const __m512i i3 = _mm512_srli_epi32(i2, 8);
+    w[0] = _mm512_permutexvar_epi16(i0, lut), w[1] = _mm512_permutexvar_epi16(i1, lut);
+    w[2] = _mm512_permutexvar_epi16(i2, lut), w[3] = _mm512_permutexvar_epi16(i3, lut);
+}
+
+/* Bytes ahead along each of a call's rows when it reads one group of 16 (8 KiB in flight, a
+ * quarter of L1D); a call of G groups prefetches 1/G of that per row. Measured on Zen 4 at M = 1
+ * (FP4 rows of 1 KiB, 64 rows per call): 512 bytes per row at 4 groups (32 KiB ahead, all of
+ * L1D) left the row loads waiting on memory. */
+#define PREFETCH_AHEAD 512
+
+/* Prefetch for B read as rows: rows [0, rows) at b, `off` bytes into rows of row_bytes. */
+DG_INLINE void prefetch_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t off,
+                             int64_t row_bytes, const int groups) {
+    /* Once per cache line: a line PREFETCH_AHEAD / groups bytes ahead of each row (16 short row
+     * streams per group); past a row's end, the next block's row (next: the driver's next call
+     * on this thread), so that its first lines are not demand misses (they were: FP4 rows of
+     * 1 KiB at M = 1 on Zen 5 waited on memory). */
+    const int64_t ahead = off + PREFETCH_AHEAD / groups;
     if (off % 64 == 0)
         for (int r = 0; r < rows; ++r)
             _mm_prefetch(ahead < row_bytes || !next ? (const char *)b + r * ldb + ahead
                                                     : (const char *)next + r * ldb + (ahead - row_bytes), _MM_HINT_T0);
+}
+
+/* The 32 k from k0 of 16 B rows (b, row stride ldb; rows >= rows read as zero; n = K - k0 of
+ * them valid, at most 32) widened per row and transposed (E2M1: load_rows_e2m1): w[p] = k pair
+ * p of the 16 rows. */
+DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
+                         const widen_consts *wc, const int fmt, const bool biased, __mmask32 *nan, __m512i w[16]) {
+    const int n = K - k0 < 32 ? (int)(K - k0) : 32;
+    const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
+    prefetch_rows(b, next, ldb, rows, off, fmt == FMT_BF16 ? 2 * K : fmt == FMT_E4M3 ? K : (K + 1) / 2, 1);
+    if (fmt == FMT_E2M1) {
+        __m512i x[4];
+        e2m1_step_dwords(b, ldb, rows, n, off, x);
+        for (int c = 0; c < 4; ++c)
+            e2m1_dword_pairs(x[c], biased ? wc->lut_biased : wc->lut, w + 4 * c);
+        return;
+    }
+    __m512i in[16];
     const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
-    const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
     for (int r = 0; r < 16; ++r)
-        in[r] = r < rows ? load_row(b + r * ldb, k0, m, bm, wc, fmt, biased, nan) : _mm512_setzero_si512();
+        in[r] = r < rows ? load_row(b + r * ldb, k0, m, wc, fmt, nan) : _mm512_setzero_si512();
     dg_transpose16_epi32(in, w);
 }
 
@@ -177,12 +314,12 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
  * of the 16 rows (lane r: row r); folded power-of-two scales fm ([q][32] lanes, this half's
  * first lane) applied. */
 DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
-                         const float *fm, const uint8_t *fme, int64_t fblk, int64_t lanes, const widen_consts *wc,
+                         fold_src *fs, int64_t fblk, int64_t lanes, const widen_consts *wc,
                          const int fmt, __mmask32 *nan, __mmask16 *big, __m512i w[16]) {
     const bool e4m3 = fmt == FMT_E4M3 || fmt == FMT_E4M3P;
     const int unit_log2 = e4m3 ? 120 : 0;
     const int emax = e4m3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
-    const bool scaled = fmt != FMT_BF16 && (fm || (fmt == FMT_E2M1P && fme));
+    const bool scaled = fmt != FMT_BF16 && (fs->fm || (fmt == FMT_E2M1P && fs->fme) || (fmt == FMT_E2M1 && fs->sf));
     const bool subs = fmt == FMT_E2M1P || fmt == FMT_E2M1; /* E2M1 scales: biased tables (above) */
     if (fmt == FMT_E2M1P) {
         prefetch_panel(b, next, K, k0 / 32, 256);
@@ -196,19 +333,13 @@ DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int
     }
     if (scaled) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
         const int64_t q0 = k0 / fblk, q1 = k0 + 16 < K ? (k0 + 16) / fblk : q0; /* fm has no block past K */
-        const uint8_t *e = fmt == FMT_E2M1P ? fme : NULL; /* known NULL for the other formats */
-        const __m512i lo = scale_exps(fm, e, q0, lanes, unit_log2, emax, big, subs);
-        const __m512i hi = q1 == q0 ? lo : scale_exps(fm, e, q1, lanes, unit_log2, emax, big, subs);
+        const __m512i lo = scale_exps(fs, q0, lanes, unit_log2, emax, big, subs);
+        const __m512i hi = q1 == q0 ? lo : scale_exps(fs, q1, lanes, unit_log2, emax, big, subs);
         for (int p = 0; p < 16; ++p)
             w[p] = subs ? _mm512_subs_epu16(w[p], p < 8 ? lo : hi) : apply_exps(w[p], p < 8 ? lo : hi);
     }
 }
 
-static const uint16_t kE2m1Bf16[32] = {0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
-                                       0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
-/* The same biased by 2^E2M1_BIAS, both zeros +0 (e2m1_bf16_tables.h explains it). */
-static const uint16_t kE2m1Bf16Biased[32] = {0x0000, 0x7e00, 0x7e80, 0x7ec0, 0x7f00, 0x7f40, 0x7f80, 0x7fc0,
-                                             0x0000, 0xfe00, 0xfe80, 0xfec0, 0xff00, 0xff40, 0xff80, 0xffc0};
 
 /* K block kq ends: total = fma(sa * sb, acc, total) per row of A (the engine's epilogue), acc = 0;
  * lane0: the first of the 16 B rows (sb's lanes). */
@@ -252,8 +383,10 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
         acc[m] = total[m] = _mm512_setzero_ps();
     __mmask32 nan = 0;
     __mmask16 big = 0;
-    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f),
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi16(0x7f),
                              _mm512_loadu_si512(kE2m1Bf16Biased)};
+    fold_src fs;
+    fold_of(j, 0, &fs);
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         if (k0 == kb + gblk) /* the block before k0 ends */
@@ -263,7 +396,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
         /* A's pairs of this step (j->ap: step-major, zero past K), broadcast from memory: no shuffles */
         const uint32_t *ab = j->ap + (k0 / 32) * M * 16;
         __m512i w[16];
-        load_step(j->b, j->next, j->ldb, j->rows, K, k0, j->fm, j->fme, j->fblk, j->lanes, &wc, fmt, &nan, &big, w);
+        load_step(j->b, j->next, j->ldb, j->rows, K, k0, &fs, j->fblk, j->lanes, &wc, fmt, &nan, &big, w);
         step_chain(j, ab, w, pe, split, kq, 0, acc, total, M);
         if (split >= 0)
             kq++, kb += gblk;
@@ -289,11 +422,18 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
  * groups' exponent adds ex), then the chains. common: all 4 pairs inside K, no block end
  * among them (no checks: the compiler keeps it all in registers). */
 DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scaled, const __m512i ex[4][2],
-                           const uint32_t *ab, int pe, int split, int64_t kq, __m512 acc[4][DG_DECODE_MAX_M],
-                           __m512 total[4][DG_DECODE_MAX_M], __mmask32 *nan,
+                           const __m512i xs[4][4], const uint32_t *ab, int pe, int split, int64_t kq,
+                           __m512 acc[4][DG_DECODE_MAX_M], __m512 total[4][DG_DECODE_MAX_M], __mmask32 *nan,
                            const int M, const int G, const bool common, const int fmt) {
     __m512i w[4][4];
     for (int h = 0; h < G; ++h) {
+        if (fmt == FMT_E2M1) { /* B's rows: this chunk's dwords of the group's 16 rows (xs) */
+            e2m1_dword_pairs(xs[h][c], _mm512_loadu_si512(scaled ? kE2m1Bf16Biased : kE2m1Bf16), w[h]);
+            if (scaled)
+                for (int t = 0; t < 4; ++t)
+                    w[h][t] = _mm512_subs_epu16(w[h][t], ex[h][c >> 1]);
+            continue;
+        }
         if (fmt == FMT_E4M3P) { /* exponent adds on the widened values (exps_of) */
             for (int t = 0; t < 4; ++t) {
                 w[h][t] = widen_panel_pair_e4m3(j->b + h * j->ldb + st * DG_E4M3P_STEP_BYTES + 32 * (4 * c + t), nan);
@@ -322,6 +462,16 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
     }
 }
 
+/* The G groups' exponent subtrahends (E4M3P: adds) for the step from k0 (scale_exps). */
+DG_INLINE void step_exps(const dg_decode_job *j, fold_src *fs, int64_t k0, const int G, const bool e4m3,
+                         __mmask16 *big, __m512i ex[4][2]) {
+    const int64_t q0 = k0 / j->fblk, q1 = k0 + 16 < j->k ? (k0 + 16) / j->fblk : q0;
+    for (int h = 0; h < G; ++h) {
+        ex[h][0] = scale_exps(&fs[h], q0, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, big, !e4m3);
+        ex[h][1] = q1 == q0 ? ex[h][0] : scale_exps(&fs[h], q1, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, big, !e4m3);
+    }
+}
+
 DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, const int fmt) {
     const bool e4m3 = fmt == FMT_E4M3P;
     const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
@@ -331,6 +481,11 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
             acc[h][m] = total[h][m] = _mm512_setzero_ps();
     __mmask16 big = 0;
     __mmask32 nan = 0;
+    const bool scaled = j->fm || j->fme || j->fs;
+    __m512i ex[4][2]; /* per group: subtrahends (subs_of) of pairs 0-7 and 8-15 */
+    fold_src fs[4];
+    for (int h = 0; h < G; ++h)
+        fold_of(j, 16 * h, &fs[h]);
     int64_t kb = 0, kq = 0;
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         const int64_t st = k0 / 32;
@@ -342,27 +497,26 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
         const int pe = kp - k0 < 32 ? (int)((kp - k0) / 2) : 16;
         const int split = kb + gblk < k0 + 2 * pe ? (int)((kb + gblk - k0) / 2) : -1;
         const uint32_t *ab = j->ap + st * M * 16;
-        __m512i ex[4][2]; /* per group: subtrahends (subs_of) of pairs 0-7 and 8-15 */
-        const bool scaled = j->fm || j->fme;
-        if (scaled) {
-            const int64_t q0 = k0 / j->fblk, q1 = k0 + 16 < K ? (k0 + 16) / j->fblk : q0;
-            for (int h = 0; h < G; ++h) {
-                const float *f = j->fm ? j->fm + 16 * h : NULL;
-                const uint8_t *e = j->fme ? j->fme + h * j->fme_group : NULL;
-                ex[h][0] = scale_exps(f, e, q0, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, &big, !e4m3);
-                ex[h][1] = q1 == q0 ? ex[h][0]
-                                    : scale_exps(f, e, q1, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, &big, !e4m3);
+        if (scaled)
+            step_exps(j, fs, k0, G, e4m3, &big, ex);
+        __m512i xs[4][4]; /* B's rows (FMT_E2M1): the step's dwords of each group (e2m1_step_dwords) */
+        for (int h = 0; h < G; ++h) {
+            if (fmt == FMT_E2M1) {
+                const int64_t gb = h * 16 * j->ldb; /* group h: rows 16h .. 16h + 15 */
+                const int rows = j->rows - 16 * h < 16 ? j->rows - 16 * h : 16, n = K - k0 < 32 ? (int)(K - k0) : 32;
+                prefetch_rows(j->b + gb, j->next ? j->next + gb : NULL, j->ldb, rows, k0 / 2, (K + 1) / 2, G);
+                e2m1_step_dwords(j->b + gb, j->ldb, rows, n, k0 / 2, xs[h]);
+            } else {
+                prefetch_panel(j->b + h * j->ldb, j->next ? j->next + h * j->ldb : NULL, K, st,
+                               e4m3 ? DG_E4M3P_STEP_BYTES : 256);
             }
         }
-        for (int h = 0; h < G; ++h)
-            prefetch_panel(j->b + h * j->ldb, j->next ? j->next + h * j->ldb : NULL, K, st,
-                           e4m3 ? DG_E4M3P_STEP_BYTES : 256);
         if (pe == 16 && split < 0) /* the common step: no K end, no block end inside */
             for (int c = 0; c < 4; ++c)
-                panel_chunk(j, st, c, scaled, ex, ab, 16, -1, kq, acc, total, &nan, M, G, true, fmt);
+                panel_chunk(j, st, c, scaled, ex, xs, ab, 16, -1, kq, acc, total, &nan, M, G, true, fmt);
         else
             for (int c = 0; c < 4 && 4 * c < pe; ++c)
-                panel_chunk(j, st, c, scaled, ex, ab, pe, split, kq, acc, total, &nan, M, G, false, fmt);
+                panel_chunk(j, st, c, scaled, ex, xs, ab, pe, split, kq, acc, total, &nan, M, G, false, fmt);
         if (split >= 0)
             kq++, kb += gblk;
     }
@@ -440,19 +594,20 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     memset(total, 0, (size_t)M * 32 * sizeof(float));
     __mmask32 nan = 0;
     __mmask16 big = 0;
-    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi32(15), _mm512_set1_epi16(0x7f),
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi16(0x7f),
                              _mm512_loadu_si512(kE2m1Bf16Biased)};
     const int lo_rows = j->rows < 16 ? j->rows : 16, hi_rows = j->rows - lo_rows;
+    fold_src fs_lo, fs_hi;
+    fold_of(j, 0, &fs_lo), fold_of(j, 16, &fs_hi);
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         __m512i half[16];
-        load_step(j->b, j->next, j->ldb, lo_rows, K, k0, j->fm, j->fme, j->fblk, 32, &wc, fmt, &nan, &big, half);
+        load_step(j->b, j->next, j->ldb, lo_rows, K, k0, &fs_lo, j->fblk, 32, &wc, fmt, &nan, &big, half);
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(w + p * 32, half[p]);
         const int64_t half_off = fmt == FMT_E2M1P ? j->ldb : 16 * j->ldb; /* the second 16 rows */
         load_step(hi_rows > 0 ? j->b + half_off : j->b, j->next ? j->next + half_off : NULL, j->ldb, hi_rows, K, k0,
-                  j->fm ? j->fm + 16 : NULL, hi_rows > 0 && j->fme ? j->fme + j->fme_group : NULL, j->fblk, 32, &wc, fmt, &nan,
-                  &big, half);
+                  &fs_hi, j->fblk, 32, &wc, fmt, &nan, &big, half);
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(w + p * 32 + 16, half[p]);
         const uint32_t *ap = j->ap + (k0 / 32) * M * 16;
@@ -491,7 +646,6 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
 
 DECODE_FN(dg_decode_bf16_avx512bf16, FMT_BF16)
 DECODE_FN(dg_decode_e4m3_avx512bf16, FMT_E4M3)
-DECODE_FN(dg_decode_e2m1_avx512bf16, FMT_E2M1)
 /* Decode panels: calls of several groups of 16 rows run panel_body (up to four at M <= 2, two
  * at M = 3..8), a call of one group (B's last rows) decode_body. */
 DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
@@ -523,6 +677,7 @@ DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
     }
 }
 
+bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1); }
 bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1P); }
 bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E4M3P); }
 
