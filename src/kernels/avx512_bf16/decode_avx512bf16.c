@@ -60,20 +60,35 @@ DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, const wi
     return dg_e4m3_bf16_avx512(c);
 }
 
-/* Per-lane exponent adds for the folded scales of fold block q (both 16-bit halves of a word);
- * *big gets the lanes whose largest value would leave BF16's range (E2M1 6 * 2^e for e > 125:
- * the driver admits scales up to 2^127, where the exact path rounds to infinity). */
-DG_INLINE __m512i exps_of(__m512i e, int emax, __mmask16 *big) {
-    *big |= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(emax));
+/* The folded scales' exponents a call met, per lane: the largest (hi) and smallest (lo), and
+ * the sign and mantissa bits of float scales read in place (bad). Checked once at the call's
+ * end (range_ok): accumulating compare masks per block had cost a store-forwarded update of
+ * one mask per block and group. */
+typedef struct exp_range {
+    __m512i lo, hi, bad;
+} exp_range;
+
+/* Every exponent inside [-100, emax] and every float scale a positive power of two: E2M1
+ * 6 * 2^e stays a finite BF16 for e <= 125 (the driver admits scales up to 2^127, where the
+ * exact path rounds to infinity), E4M3 448 * 2^e for e <= 119; 2^-100 is the driver's lower
+ * bound (dg_decode_fold_exact), kept for scales the kernel reads in place. */
+DG_INLINE bool range_ok(const exp_range *r, int emax) {
+    return !_mm512_cmpgt_epi32_mask(r->hi, _mm512_set1_epi32(emax)) &&
+           !_mm512_cmplt_epi32_mask(r->lo, _mm512_set1_epi32(-100)) && !_mm512_test_epi32_mask(r->bad, r->bad);
+}
+
+/* Per-lane exponent adds for the folded scales of fold block q (both 16-bit halves of a word). */
+DG_INLINE __m512i exps_of(__m512i e, exp_range *big) {
+    big->hi = _mm512_max_epi32(big->hi, e), big->lo = _mm512_min_epi32(big->lo, e);
     const __m512i h = _mm512_and_si512(_mm512_slli_epi32(e, 7), _mm512_set1_epi32(0xffff));
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
 }
 
 /* The pre-packed E2M1 panels' form of the same (E2M1_BIAS: e2m1_bf16_tables.h): per lane the subtrahend
- * (E2M1_BIAS - e) << 7 in both halves, in [0x80, 0x7d80] for the e in [-125, 125] the driver
- * admits (*big as above). */
-DG_INLINE __m512i subs_of(__m512i e, int emax, __mmask16 *big) {
-    *big |= _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(emax));
+ * (E2M1_BIAS - e) << 7 in both halves, in [0x80, 0x7d80] for the e in [-125, 125] that range_ok
+ * admits (lanes outside it are recomputed exactly). */
+DG_INLINE __m512i subs_of(__m512i e, exp_range *big) {
+    big->hi = _mm512_max_epi32(big->hi, e), big->lo = _mm512_min_epi32(big->lo, e);
     const __m512i h = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(E2M1_BIAS), e), 7),
                                        _mm512_set1_epi32(0xffff));
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
@@ -125,11 +140,10 @@ DG_INLINE __m512i sf_words(fold_src *f, int64_t w, __m512i fill) {
     return f->tile[w - f->w0];
 }
 
-/* Block q's adds (sub: the subtrahends of subs_of) for the 16 rows of f. Scales read in place
- * are checked here as the driver checks fm (dg_decode_fold_exact, unit 1): a power of two in
- * [2^-100, 2^125] (above, *big as for fm), else *big. */
-DG_INLINE __m512i scale_exps(fold_src *f, int64_t q, int64_t lanes, int unit_log2, int emax, __mmask16 *big,
-                             const bool sub) {
+/* Block q's adds (sub: the subtrahends of subs_of) for the 16 rows of f, their exponents noted in
+ * *big. Scales read in place are checked as the driver checks fm (dg_decode_fold_exact, unit 1):
+ * positive powers of two (big->bad) in range (range_ok). */
+DG_INLINE __m512i scale_exps(fold_src *f, int64_t q, int64_t lanes, int unit_log2, exp_range *big, const bool sub) {
     __m512i e;
     if (f->sf) {
         if (f->sf_packed) {
@@ -137,11 +151,10 @@ DG_INLINE __m512i scale_exps(fold_src *f, int64_t q, int64_t lanes, int unit_log
             e = _mm512_and_si512(_mm512_srli_epi32(w, (unsigned)(8 * (q & 3))), _mm512_set1_epi32(0xff));
         } else {
             const __m512i w = sf_words(f, q, _mm512_set1_epi32(0x3f800000));
-            *big |= _mm512_test_epi32_mask(w, _mm512_set1_epi32((int)0x807fffffu)); /* sign, mantissa */
+            big->bad = _mm512_ternarylogic_epi32(big->bad, w, _mm512_set1_epi32((int)0x807fffffu), 0xf8); /* |= w & m */
             e = _mm512_srli_epi32(w, 23);
         }
         e = _mm512_sub_epi32(e, _mm512_set1_epi32(127));
-        *big |= _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(-100));
     } else if (f->fme) {
         e = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(f->fme + q * 16))),
                              _mm512_set1_epi32(127));
@@ -149,7 +162,7 @@ DG_INLINE __m512i scale_exps(fold_src *f, int64_t q, int64_t lanes, int unit_log
         const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(f->fm + q * lanes));
         e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 + unit_log2));
     }
-    return sub ? subs_of(e, emax, big) : exps_of(e, emax, big);
+    return sub ? subs_of(e, big) : exps_of(e, big);
 }
 
 /* w times 2^e per lane (e from scale_exps), zeros kept: exact for normal results. */
@@ -315,10 +328,9 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
  * first lane) applied. */
 DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
                          fold_src *fs, int64_t fblk, int64_t lanes, const widen_consts *wc,
-                         const int fmt, __mmask32 *nan, __mmask16 *big, __m512i w[16]) {
+                         const int fmt, __mmask32 *nan, exp_range *big, __m512i w[16]) {
     const bool e4m3 = fmt == FMT_E4M3 || fmt == FMT_E4M3P;
     const int unit_log2 = e4m3 ? 120 : 0;
-    const int emax = e4m3 ? 119 : 125; /* 448 * 2^119, 6 * 2^125: the largest finite BF16 */
     const bool scaled = fmt != FMT_BF16 && (fs->fm || (fmt == FMT_E2M1P && fs->fme) || (fmt == FMT_E2M1 && fs->sf));
     const bool subs = fmt == FMT_E2M1P || fmt == FMT_E2M1; /* E2M1 scales: biased tables (above) */
     if (fmt == FMT_E2M1P) {
@@ -333,8 +345,8 @@ DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int
     }
     if (scaled) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
         const int64_t q0 = k0 / fblk, q1 = k0 + 16 < K ? (k0 + 16) / fblk : q0; /* fm has no block past K */
-        const __m512i lo = scale_exps(fs, q0, lanes, unit_log2, emax, big, subs);
-        const __m512i hi = q1 == q0 ? lo : scale_exps(fs, q1, lanes, unit_log2, emax, big, subs);
+        const __m512i lo = scale_exps(fs, q0, lanes, unit_log2, big, subs);
+        const __m512i hi = q1 == q0 ? lo : scale_exps(fs, q1, lanes, unit_log2, big, subs);
         for (int p = 0; p < 16; ++p)
             w[p] = subs ? _mm512_subs_epu16(w[p], p < 8 ? lo : hi) : apply_exps(w[p], p < 8 ? lo : hi);
     }
@@ -382,7 +394,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     for (int m = 0; m < M; ++m)
         acc[m] = total[m] = _mm512_setzero_ps();
     __mmask32 nan = 0;
-    __mmask16 big = 0;
+    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi16(0x7f),
                              _mm512_loadu_si512(kE2m1Bf16Biased)};
     fold_src fs;
@@ -401,7 +413,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
         if (split >= 0)
             kq++, kb += gblk;
     }
-    if (nan || big)
+    if (nan || !range_ok(&big, fmt == FMT_E4M3 || fmt == FMT_E4M3P ? 119 : 125))
         return false;
     close_block(j, kq, 0, acc, total, M); /* the last block */
     for (int m = 0; m < M; ++m)
@@ -464,11 +476,11 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
 
 /* The G groups' exponent subtrahends (E4M3P: adds) for the step from k0 (scale_exps). */
 DG_INLINE void step_exps(const dg_decode_job *j, fold_src *fs, int64_t k0, const int G, const bool e4m3,
-                         __mmask16 *big, __m512i ex[4][2]) {
+                         exp_range *big, __m512i ex[4][2]) {
     const int64_t q0 = k0 / j->fblk, q1 = k0 + 16 < j->k ? (k0 + 16) / j->fblk : q0;
     for (int h = 0; h < G; ++h) {
-        ex[h][0] = scale_exps(&fs[h], q0, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, big, !e4m3);
-        ex[h][1] = q1 == q0 ? ex[h][0] : scale_exps(&fs[h], q1, j->lanes, e4m3 ? 120 : 0, e4m3 ? 119 : 125, big, !e4m3);
+        ex[h][0] = scale_exps(&fs[h], q0, j->lanes, e4m3 ? 120 : 0, big, !e4m3);
+        ex[h][1] = q1 == q0 ? ex[h][0] : scale_exps(&fs[h], q1, j->lanes, e4m3 ? 120 : 0, big, !e4m3);
     }
 }
 
@@ -479,7 +491,7 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
     for (int h = 0; h < G; ++h)
         for (int m = 0; m < M; ++m)
             acc[h][m] = total[h][m] = _mm512_setzero_ps();
-    __mmask16 big = 0;
+    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     __mmask32 nan = 0;
     const bool scaled = j->fm || j->fme || j->fs;
     __m512i ex[4][2]; /* per group: subtrahends (subs_of) of pairs 0-7 and 8-15 */
@@ -520,7 +532,7 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
         if (split >= 0)
             kq++, kb += gblk;
     }
-    if (big || nan)
+    if (nan || !range_ok(&big, e4m3 ? 119 : 125))
         return false;
     for (int h = 0; h < G; ++h) {
         close_block(j, kq, 16 * h, acc[h], total[h], M);
@@ -593,7 +605,7 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     memset(acc, 0, (size_t)M * 32 * sizeof(float));
     memset(total, 0, (size_t)M * 32 * sizeof(float));
     __mmask32 nan = 0;
-    __mmask16 big = 0;
+    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi16(0x7f),
                              _mm512_loadu_si512(kE2m1Bf16Biased)};
     const int lo_rows = j->rows < 16 ? j->rows : 16, hi_rows = j->rows - lo_rows;
@@ -623,7 +635,7 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
             wide_pairs(ap, M, w, acc, 0, pe);
         }
     }
-    if (nan || big)
+    if (nan || !range_ok(&big, fmt == FMT_E4M3 || fmt == FMT_E4M3P ? 119 : 125))
         return false;
     wide_close(j, kq, acc, total); /* the last block */
     memcpy(j->out, total, (size_t)M * 32 * sizeof(float));
