@@ -9,7 +9,8 @@
  * rows transposed into pair panels) and reloads it per A panel; here one step takes 32 k of
  * the 16 rows, widens each row's piece into one register (16 k pairs as BF16 pairs), transposes
  * the 16 x 16 words so that register p holds k pair p of the 16 rows (one lane per row), and
- * feeds the pairs straight to VDPBF16PS for every row of A.
+ * feeds the pairs straight to VDPBF16PS for every row of A. E2M1 rows skip both steps: their
+ * bytes are put in lanes first, then widened by pair (e2m1_step_dwords).
  *
  * Values: BF16 as stored; E4M3 and E2M1 codes widened exactly to BF16; a folded power-of-two
  * scale fm (divided by the format's unit, 2^120 for E4M3) is applied after the transpose, per
