@@ -224,15 +224,6 @@ DG_INLINE void load_panel_e2m1(const uint8_t *s, __m512i w[16], const bool biase
         widen_panel_chunk(s + 64 * c, w + 4 * c, biased);
 }
 
-/* E2M1 rows without per-row widening or the 16 x 16 word transpose: a step's 16 bytes of row r
- * (32 k, one byte per k pair) hold k pairs 4c .. 4c + 3 in their dword c, so 16 row slices in
- * four registers (rows L, L + 4, L + 8, L + 12 in the 128-bit lanes of q[L]) and one in-lane
- * 4 x 4 dword transpose (8 unpacks) give x[c] with row r's dword c in dword r. Pair t of x[c]
- * is then one VPERMW of the table: the low word's index is the byte's low nibble (x >> 8t), the
- * high word's its high nibble (x << (12 - 8t)), each in the word's low 4 bits (VPERMW reads 5:
- * the tables hold the 16 values twice). Per step 12 inserts, 8 unpacks and 16 VPERMW where
- * widening rows took 32 lane-crossing shuffles and the transpose 64. rows >= rows and bytes
- * past K read as zero (n: the k of the step inside K). */
 /* v with the 16 bytes at p in the 128-bit lane that mask k selects: a merge-masked broadcast
  * load, which uses no shuffle port (compilers turn the intrinsic into VINSERTI32X4, which does:
  * on Zen 4 the shuffles, not the loads, bound this kernel). */
@@ -241,6 +232,15 @@ DG_INLINE __m512i merge_lane(__m512i v, __mmask16 k, const uint8_t *p) {
     return v;
 }
 
+/* E2M1 rows without per-row widening or the 16 x 16 word transpose: a step's 16 bytes of row r
+ * (32 k, one byte per k pair) hold k pairs 4c .. 4c + 3 in their dword c, so 16 row slices in
+ * four registers (rows L, L + 4, L + 8, L + 12 in the 128-bit lanes of q[L]) and one in-lane
+ * 4 x 4 dword transpose (8 unpacks) give x[c] with row r's dword c in dword r. Pair t of x[c]
+ * is then one VPERMW of the table: the low word's index is the byte's low nibble (x >> 8t), the
+ * high word's its high nibble (x << (12 - 8t)), each in the word's low 4 bits (VPERMW reads 5:
+ * the tables hold the 16 values twice). Per step 12 lane loads (merge_lane), 8 unpacks and 16
+ * VPERMW where widening rows took 32 lane-crossing shuffles and the transpose 64. Rows >= rows
+ * and bytes past K read as zero (n: the k of the step inside K). */
 DG_INLINE void e2m1_step_dwords(const uint8_t *b, int64_t ldb, int rows, int n, int64_t off, __m512i x[4]) {
     __m512i q[4];
     if (n == 32 && rows == 16) {
@@ -282,9 +282,8 @@ DG_INLINE void e2m1_dword_pairs(__m512i v, __m512i lut, __m512i w[4]) {
 }
 
 /* Bytes ahead along each of a call's rows when it reads one group of 16 (8 KiB in flight, a
- * quarter of L1D); a call of G groups prefetches 1/G of that per row. Measured on Zen 4 at M = 1
- * (FP4 rows of 1 KiB, 64 rows per call): 512 bytes per row at 4 groups (32 KiB ahead, all of
- * L1D) left the row loads waiting on memory. */
+ * quarter of L1D); a call of G groups prefetches 1/G of that per row, the same bytes in flight.
+ * On Zen 4 at M = 1 (FP4 rows of 1 KiB, 4 groups) 128 to 2048 bytes per row measured alike. */
 #define PREFETCH_AHEAD 512
 
 /* Prefetch for B read as rows: rows [0, rows) at b, `off` bytes into rows of row_bytes. */
@@ -302,8 +301,8 @@ DG_INLINE void prefetch_rows(const uint8_t *b, const uint8_t *next, int64_t ldb,
 }
 
 /* The 32 k from k0 of 16 B rows (b, row stride ldb; rows >= rows read as zero; n = K - k0 of
- * them valid, at most 32) widened per row and transposed (E2M1: load_rows_e2m1): w[p] = k pair
- * p of the 16 rows. */
+ * them valid, at most 32) widened per row and transposed (E2M1: e2m1_step_dwords, then
+ * e2m1_dword_pairs): w[p] = k pair p of the 16 rows. */
 DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
                          const widen_consts *wc, const int fmt, const bool biased, __mmask32 *nan, __m512i w[16]) {
     const int n = K - k0 < 32 ? (int)(K - k0) : 32;
