@@ -1,9 +1,16 @@
 /* operand.c - checking GEMM operands and their scales (see operand.h). */
 #include "operand.h"
 
+#include <math.h>
 #include <string.h>
 
-#include <math.h>
+/* dg_ue8m0_to_float inlined for the scale tables' loops (2^(e - 127); 0: the subnormal 2^-127). */
+static inline float ue8m0_value(uint32_t e) {
+    const uint32_t bits = e ? e << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 dg_status dg_operand_init(dg_operand *op, const char *name, const dg_tensor *data, int grouped,
                           const dg_dtype *allowed, int n_allowed) {
@@ -149,7 +156,7 @@ void dg_operand_scale_row(const dg_operand *op, int64_t i, int64_t step, int64_t
     const char *row = (const char *)t->data + (i / op->gran_mn) * t->strides[op->grouped ? 1 : 0] * 4;
     for (int64_t q = 0, sk = 0; q < n; sk += skip) {
         const float v = !op->sf_packed ? ((const float *)row)[sk * s1]
-                                       : dg_ue8m0_to_float((uint8_t)(((const uint32_t *)row)[(sk >> 2) * s1] >> (8 * (sk & 3))));
+                                       : ue8m0_value((((const uint32_t *)row)[(sk >> 2) * s1] >> (8 * (sk & 3))) & 0xffu);
         for (int64_t r = 0; r < rep && q < n; ++r, ++q)
             out[q * ostride] = mult * v;
     }
@@ -163,16 +170,8 @@ void dg_operand_block_scales(const dg_operand *op, int64_t i, int64_t q0, int64_
     for (int64_t q = 0; q < count; ++q) {
         const int64_t sk = q0 + q;
         out[q * ostride] = !op->sf_packed ? ((const float *)row)[sk * s1]
-                                : dg_ue8m0_to_float((uint8_t)(((const uint32_t *)row)[(sk >> 2) * s1] >> (8 * (sk & 3))));
+                                : ue8m0_value((((const uint32_t *)row)[(sk >> 2) * s1] >> (8 * (sk & 3))) & 0xffu);
     }
-}
-
-/* dg_ue8m0_to_float inlined for the scale tables' loops (2^(e - 127); 0: the subnormal 2^-127). */
-static inline float ue8m0_value(uint32_t e) {
-    const uint32_t bits = e ? e << 23 : 0x00400000u;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
 }
 
 void dg_operand_block_scales_rows(const dg_operand *op, int64_t i0, int rows, int64_t q0, int64_t count, float *out,
@@ -180,25 +179,18 @@ void dg_operand_block_scales_rows(const dg_operand *op, int64_t i0, int rows, in
     const dg_tensor *t = op->sf;
     const int b = op->grouped ? 1 : 0;
     const int64_t s0 = t->strides[b], s1 = t->strides[b + 1];
-    if (op->sf_packed) { /* gran_mn is 1 (dg_operand_set_scales) */
-        const uint32_t *base = (const uint32_t *)t->data + i0 * s0;
-        if (s0 == 1) /* MN-major: block by block */
-            for (int64_t q = 0; q < count; ++q) {
-                const uint32_t *col = base + ((q0 + q) >> 2) * s1;
-                const int sh = (int)(8 * ((q0 + q) & 3));
-                for (int r = 0; r < rows; ++r)
-                    out[q * ostride + r] = ue8m0_value((col[r] >> sh) & 0xffu);
-            }
-        else
-            for (int r = 0; r < rows; ++r)
-                for (int64_t q = 0; q < count; ++q)
-                    out[q * ostride + r] = ue8m0_value((base[r * s0 + ((q0 + q) >> 2) * s1] >> (8 * ((q0 + q) & 3))) & 0xffu);
+    if (!op->sf_packed || s0 != 1) { /* a row at a time, each located once */
+        for (int r = 0; r < rows; ++r)
+            dg_operand_block_scales(op, i0 + r, q0, count, out + r, ostride);
         return;
     }
-    for (int r = 0; r < rows; ++r) { /* float scales: a row at a time, rows located once */
-        const float *row = (const float *)t->data + (i0 + r) / op->gran_mn * s0 + q0 * s1;
-        for (int64_t q = 0; q < count; ++q)
-            out[q * ostride + r] = row[q * s1];
+    /* MN-major packed (gran_mn 1: dg_operand_set_scales): block by block, the rows' words adjacent */
+    const uint32_t *base = (const uint32_t *)t->data + i0;
+    for (int64_t q = 0; q < count; ++q) {
+        const uint32_t *col = base + ((q0 + q) >> 2) * s1;
+        const int sh = (int)(8 * ((q0 + q) & 3));
+        for (int r = 0; r < rows; ++r)
+            out[q * ostride + r] = ue8m0_value((col[r] >> sh) & 0xffu);
     }
 }
 
