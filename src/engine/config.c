@@ -76,7 +76,7 @@ static const dg_engine_cfg kCfg[] = {
                             .decode_wide = {dg_decode_wide_bf16_avx512bf16, dg_decode_wide_e4m3_avx512bf16,
                                             dg_decode_wide_e2m1_avx512bf16, NULL, dg_decode_wide_e2m1p_avx512bf16},
                             .decode_wide_max_m = DECODE_WIDE_MAX_M_AVX512BF16, .decode_pairs = true,
-                            .decode_groups = {[DG_DECODE_E2M1] = true, [DG_DECODE_E2M1P] = true, [DG_DECODE_E4M3P] = true},
+                            .decode_groups = {[DG_DECODE_E4M3] = true, [DG_DECODE_E2M1] = true, [DG_DECODE_E2M1P] = true, [DG_DECODE_E4M3P] = true},
                             .decode_sf_in_place = true},
 #if defined(DG_HAVE_AMX)
     [DG_ISA_AMX] = {"amx/bf16", DG_PACK_AMX_B, 32, 32, 512, 512, 256, dg_ukr_bf16_amx,

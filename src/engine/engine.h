@@ -179,12 +179,18 @@ typedef struct dg_decode_job {
     const uint8_t *fs;
     int64_t fs_row, fs_blk;
     int fs_packed;
+    /* E4M3 rows: widened by byte tables (AVX512-VBMI; the driver sets it where the CPU has VBMI
+     * and dg_engine_set_decode_byte_tables allows it), else by word tables: the same values. */
+    bool byte_tables;
 } dg_decode_job;
 #define DG_DECODE_PANEL_ROWS 64
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
 /* 0 turns the decode kernels off (M <= DG_DECODE_MAX_M then runs the small-M kernels: the same
  * bits; tests). */
 void dg_engine_set_decode(int use);
+/* 0 makes the E4M3 decode kernels widen by word tables on CPUs with VBMI too (the same bits;
+ * tests, so that the form Cooper Lake runs stays tested on newer CPUs). */
+void dg_engine_set_decode_byte_tables(int use);
 /* DG_DECODE_PAIRS: pre-packed BF16-pair panels instead of B rows (prepack.c): two 16-row
  * panels, the second at b + ldb bytes (read when rows > 16), k = the panels' padded K. */
 /* DG_DECODE_E2M1P: pre-packed E2M1 decode panels (prepack.c, pack_e2m1_panels) instead

@@ -200,10 +200,10 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
  * to run_block at any time without changing bits: when the kernel met an E4M3 NaN code, or
  * when a folded scale is outside the range where value * scale is one exact multiply. */
 
-static atomic_int g_decode = 1;
-
+static atomic_int g_decode = 1, g_decode_byte_tables = 1;
 
 void dg_engine_set_decode(int use) { atomic_store(&g_decode, use != 0); }
+void dg_engine_set_decode_byte_tables(int use) { atomic_store(&g_decode_byte_tables, use != 0); }
 
 typedef struct decode_plan {
     dg_decode_fn fn;
@@ -216,6 +216,7 @@ typedef struct decode_plan {
     dg_decode_a a;
     int64_t fblk, nkbf; /* fold blocks of B's folded scales (fblk 0: none) */
     bool sf_in_place;   /* the kernel reads B's folded scales in place (dg_decode_job.fs) */
+    bool byte_tables;   /* dg_decode_job.byte_tables */
     float unit;         /* the kernel's value unit for codes (2^120 E4M3, 1 E2M1) */
 } decode_plan;
 
@@ -346,10 +347,15 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
                           ((s0 == 1 && s1 >= 1) || (s1 == 1 && s0 >= 1));
     }
     dp->fn = wide ? cfg->decode_wide[fmt] : cfg->decode[fmt];
-    /* groups of rows (decode panels, AVX-512 BF16 E2M1 rows): four groups of 16 rows per call at
-     * M <= 2, two up to DG_DECODE_MAX_M (decode_avx512bf16.c, panel_body) */
-    const bool groups = !wide && cfg->decode_groups[fmt];
-    dp->rows = groups && a->mn <= 2  ? DG_DECODE_PANEL_ROWS
+    dp->byte_tables = dg_cpu_has_avx512_vbmi() && atomic_load(&g_decode_byte_tables);
+    /* groups of rows (decode panels, AVX-512 BF16 E2M1 and E4M3 rows): four groups of 16 rows per
+     * call at M <= 2, two up to DG_DECODE_MAX_M (decode_avx512bf16.c, panel_body). E4M3 rows take
+     * one group at M <= 2 and two above (measured on Zen 4, N 2112, K 7168 from DRAM: at M = 1
+     * 0.70 ms with one group, 0.81 with two; at M = 8 1.95 ms with one, 1.18 with two): 32 or 64
+     * rows 7168 bytes apart share few sets of an 8-way L1, and the chains' latency that groups
+     * hide matters only once the widening is shared by several rows of A */
+    const bool groups = !wide && cfg->decode_groups[fmt] && (fmt != DG_DECODE_E4M3 || a->mn > 2);
+    dp->rows = groups && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
                : wide || groups      ? DG_DECODE_WIDE_ROWS
                : cfg->decode_rows[fmt] ? cfg->decode_rows[fmt]
                                        : DG_DECODE_ROWS;
@@ -425,7 +431,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
                                plan->gblk, dp->a.sa, sb, dp->a.nkb, dp->fblk, dp->nkbf && !fme && !fs ? fm : NULL, out,
                                dp->a.pairs, next_n0 < b->mn ? base + next_n0 / per * ld : NULL, lanes, fme,
                                dp->nkbf * 16, fs, fs ? b->sf->strides[0] : 0, fs ? b->sf->strides[1] : 0,
-                               b->sf_packed};
+                               b->sf_packed, dp->byte_tables};
     return dp->fn(&job);
 }
 

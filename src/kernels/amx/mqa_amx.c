@@ -24,7 +24,7 @@
 #include "../mqa_kernels.h"
 #include "../transpose16_avx512.h"
 #include "amx_tiles.h"
-#include "e4m3_bf16_bytes.h"
+#include "../e4m3_bf16_bytes.h"
 
 #include <immintrin.h>
 #include <string.h>

@@ -7,10 +7,11 @@
  *
  * Why: the small-M path stages each K slice of B twice (codes widened into BF16 rows, then the
  * rows transposed into pair panels) and reloads it per A panel; here one step takes 32 k of
- * the 16 rows, widens each row's piece into one register (16 k pairs as BF16 pairs), transposes
- * the 16 x 16 words so that register p holds k pair p of the 16 rows (one lane per row), and
- * feeds the pairs straight to VDPBF16PS for every row of A. E2M1 rows skip both steps: their
- * bytes are put in lanes first, then widened by pair (e2m1_step_dwords).
+ * the 16 rows, puts them in registers with k pair p of the 16 rows in register p (one lane per
+ * row), and feeds the pairs straight to VDPBF16PS for every row of A. BF16 rows are loaded and
+ * transposed (16 x 16 words); E2M1 and E4M3 codes are put in lanes first and widened by pair
+ * after (e2m1_step_dwords, e4m3_half_words), which takes a fraction of the shuffles of widening
+ * rows and transposing the result.
  *
  * Values: BF16 as stored; E4M3 and E2M1 codes widened exactly to BF16; a folded power-of-two
  * scale fm (divided by the format's unit, 2^120 for E4M3) is applied after the transpose, per
@@ -26,6 +27,7 @@
 #include "../dpbf16_avx512.h"
 #include "../e2m1_bf16_tables.h"
 #include "../e4m3_bf16_avx512.h"
+#include "../e4m3_bf16_bytes.h"
 #include "../transpose16_avx512.h"
 
 #include <immintrin.h>
@@ -34,8 +36,11 @@
 #define DG_INLINE static inline __attribute__((always_inline))
 
 /* FMT_E2M1P: pre-packed E2M1 decode panels (engine.h, DG_DECODE_E2M1P), widened in 128-bit lanes;
- * FMT_E4M3P: pre-packed E4M3 decode panels (DG_DECODE_E4M3P), one k pair of 16 rows per 32 bytes */
-enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E2M1P = 3, FMT_E4M3P = 4 };
+ * FMT_E4M3P: pre-packed E4M3 decode panels (DG_DECODE_E4M3P), one k pair of 16 rows per 32 bytes;
+ * FMT_E4M3V: E4M3 rows as FMT_E4M3, widened by byte tables (VBMI; dg_decode_job.byte_tables) */
+enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E2M1P = 3, FMT_E4M3P = 4, FMT_E4M3V = 5 };
+#define IS_E4M3(fmt) ((fmt) == FMT_E4M3 || (fmt) == FMT_E4M3P || (fmt) == FMT_E4M3V)
+#define IS_E4M3_ROWS(fmt) ((fmt) == FMT_E4M3 || (fmt) == FMT_E4M3V)
 
 /* The 16 E2M1 values as BF16, twice: VPERMW reads 5 bits of each index (load_rows_e2m1). */
 #define E2M1_BF16_VALUES 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, \
@@ -48,17 +53,12 @@ static const uint16_t kE2m1Bf16Biased[32] = {E2M1_BF16_BIASED, E2M1_BF16_BIASED}
 
 /* Constants of the row widening, hoisted out of the per-row code. */
 typedef struct widen_consts {
-    __m512i lut, m7f, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
+    __m512i lut, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
 } widen_consts;
 
-/* Row r's 32 values from k0 (BF16 or E4M3; n valid, 1..32) as 16 BF16 pairs; *nan |= its E4M3 NaN lanes. */
-DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, const widen_consts *wc, const int fmt,
-                           __mmask32 *nan) {
-    if (fmt == FMT_BF16)
-        return _mm512_maskz_loadu_epi16(m, row + 2 * k0);
-    const __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, row + k0));
-    *nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, wc->m7f), wc->m7f);
-    return dg_e4m3_bf16_avx512(c);
+/* Row r's 32 BF16 values from k0 (n valid, 1..32) as 16 BF16 pairs. */
+DG_INLINE __m512i load_row_bf16(const uint8_t *row, int64_t k0, __mmask32 m) {
+    return _mm512_maskz_loadu_epi16(m, row + 2 * k0);
 }
 
 /* The folded scales' exponents a call met, per lane: the largest (hi) and smallest (lo), and
@@ -67,6 +67,7 @@ DG_INLINE __m512i load_row(const uint8_t *row, int64_t k0, __mmask32 m, const wi
  * one mask per block and group. */
 typedef struct exp_range {
     __m512i lo, hi, bad;
+    __m512i nan; /* E4M3 rows: bytes reach 0x7f where a NaN code was met (e4m3_word_pairs) */
 } exp_range;
 
 /* Every exponent inside [-100, emax] and every float scale a positive power of two: E2M1
@@ -75,7 +76,8 @@ typedef struct exp_range {
  * bound (dg_decode_fold_exact), kept for scales the kernel reads in place. */
 DG_INLINE bool range_ok(const exp_range *r, int emax) {
     return !_mm512_cmpgt_epi32_mask(r->hi, _mm512_set1_epi32(emax)) &&
-           !_mm512_cmplt_epi32_mask(r->lo, _mm512_set1_epi32(-100)) && !_mm512_test_epi32_mask(r->bad, r->bad);
+           !_mm512_cmplt_epi32_mask(r->lo, _mm512_set1_epi32(-100)) && !_mm512_test_epi32_mask(r->bad, r->bad) &&
+           !_mm512_cmpeq_epi8_mask(r->nan, _mm512_set1_epi8(0x7f));
 }
 
 /* Per-lane exponent adds for the folded scales of fold block q (both 16-bit halves of a word). */
@@ -232,10 +234,36 @@ DG_INLINE __m512i merge_lane(__m512i v, __mmask16 k, const uint8_t *p) {
     return v;
 }
 
+/* The 16-byte slices at `off` of 16 B rows in lanes: q[L] holds rows L, L + 4, L + 8, L + 12
+ * in its 128-bit lanes 0 .. 3. Rows >= rows and bytes from nbytes on (nbytes < 16) read as zero.
+ * Shared by the E2M1 and E4M3 rows, whose bytes are put in lanes first and widened after
+ * (e2m1_step_dwords, e4m3_half_pairs): widening rows, then transposing 16 x 16 words, took
+ * 64 lane-crossing shuffles per step on top of the widening's. */
+DG_INLINE void row_slices(const uint8_t *b, int64_t ldb, int rows, int nbytes, int64_t off, __m512i q[4]) {
+    if (nbytes >= 16 && rows == 16) {
+        for (int L = 0; L < 4; ++L) {
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + L * ldb + off)));
+            v = merge_lane(v, 0x00f0, b + (L + 4) * ldb + off);
+            v = merge_lane(v, 0x0f00, b + (L + 8) * ldb + off);
+            q[L] = merge_lane(v, 0xf000, b + (L + 12) * ldb + off);
+        }
+        return;
+    }
+    const __mmask16 bm = (__mmask16)(nbytes >= 16 ? 0xffffu : (1u << (nbytes > 0 ? nbytes : 0)) - 1);
+    for (int L = 0; L < 4; ++L) {
+        __m128i s[4];
+        for (int l = 0; l < 4; ++l)
+            s[l] = L + 4 * l < rows ? _mm_maskz_loadu_epi8(bm, b + (L + 4 * l) * ldb + off) : _mm_setzero_si128();
+        __m512i v = _mm512_inserti32x4(_mm512_castsi128_si512(s[0]), s[1], 1);
+        v = _mm512_inserti32x4(v, s[2], 2);
+        q[L] = _mm512_inserti32x4(v, s[3], 3);
+    }
+}
+
 /* E2M1 rows without per-row widening or the 16 x 16 word transpose: a step's 16 bytes of row r
  * (32 k, one byte per k pair) hold k pairs 4c .. 4c + 3 in their dword c, so 16 row slices in
- * four registers (rows L, L + 4, L + 8, L + 12 in the 128-bit lanes of q[L]) and one in-lane
- * 4 x 4 dword transpose (8 unpacks) give x[c] with row r's dword c in dword r. Pair t of x[c]
+ * four registers (row_slices) and one in-lane 4 x 4 dword transpose (8 unpacks) give x[c] with
+ * row r's dword c in dword r. Pair t of x[c]
  * is then one VPERMW of the table: the low word's index is the byte's low nibble (x >> 8t), the
  * high word's its high nibble (x << (12 - 8t)), each in the word's low 4 bits (VPERMW reads 5:
  * the tables hold the 16 values twice). Per step 12 lane loads (merge_lane), 8 unpacks and 16
@@ -243,30 +271,60 @@ DG_INLINE __m512i merge_lane(__m512i v, __mmask16 k, const uint8_t *p) {
  * and bytes past K read as zero (n: the k of the step inside K). */
 DG_INLINE void e2m1_step_dwords(const uint8_t *b, int64_t ldb, int rows, int n, int64_t off, __m512i x[4]) {
     __m512i q[4];
-    if (n == 32 && rows == 16) {
-        for (int L = 0; L < 4; ++L) {
-            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(b + L * ldb + off)));
-            v = merge_lane(v, 0x00f0, b + (L + 4) * ldb + off);
-            v = merge_lane(v, 0x0f00, b + (L + 8) * ldb + off);
-            q[L] = merge_lane(v, 0xf000, b + (L + 12) * ldb + off);
-        }
-    } else {
-        const __mmask16 bm = (__mmask16)(n >= 32 ? 0xffffu : (1u << ((n + 1) / 2)) - 1);
-        for (int L = 0; L < 4; ++L) {
-            __m128i s[4];
-            for (int l = 0; l < 4; ++l)
-                s[l] = L + 4 * l < rows ? _mm_maskz_loadu_epi8(bm, b + (L + 4 * l) * ldb + off) : _mm_setzero_si128();
-            __m512i v = _mm512_inserti32x4(_mm512_castsi128_si512(s[0]), s[1], 1);
-            v = _mm512_inserti32x4(v, s[2], 2);
-            q[L] = _mm512_inserti32x4(v, s[3], 3);
-        }
-    }
+    row_slices(b, ldb, rows, (n + 1) / 2, off, q);
     const __m512i t0 = _mm512_unpacklo_epi32(q[0], q[1]), t1 = _mm512_unpackhi_epi32(q[0], q[1]);
     const __m512i t2 = _mm512_unpacklo_epi32(q[2], q[3]), t3 = _mm512_unpackhi_epi32(q[2], q[3]);
     x[0] = _mm512_unpacklo_epi64(t0, t2), x[1] = _mm512_unpackhi_epi64(t0, t2);
     x[2] = _mm512_unpacklo_epi64(t1, t3), x[3] = _mm512_unpackhi_epi64(t1, t3);
     /* odd K: the last byte's high nibble (k = K) is widened as it is; A is +0 there, so its
      * product is a zero, which leaves the chain's sums as they are */
+}
+
+/* E4M3 rows, half h of a step (16 bytes of each row at off = k0 + 16h: k pairs 8h .. 8h + 7,
+ * one word each) of 16 rows, put in lanes (row_slices), then per lane a 4 x 8 word transpose
+ * in 8 in-lane unpacks (16-bit, then 32-bit): y[j] holds k pair 8h + 2j of the lane's four rows
+ * in its low qword and pair 8h + 2j + 1 in its high one (e4m3_word_pairs widens them). 16
+ * in-lane shuffles per step where widening rows took 16 lane-crossing ones and the 16 x 16
+ * transpose 64. nbytes: the half's bytes inside K (<= 0: none, y zero). */
+DG_INLINE void e4m3_half_words(const uint8_t *b, int64_t ldb, int rows, int nbytes, int64_t off, __m512i y[4]) {
+    if (nbytes <= 0) {
+        for (int j = 0; j < 4; ++j)
+            y[j] = _mm512_setzero_si512();
+        return;
+    }
+    __m512i q[4];
+    row_slices(b, ldb, rows, nbytes, off, q);
+    const __m512i a0 = _mm512_unpacklo_epi16(q[0], q[1]), a1 = _mm512_unpackhi_epi16(q[0], q[1]);
+    const __m512i b0 = _mm512_unpacklo_epi16(q[2], q[3]), b1 = _mm512_unpackhi_epi16(q[2], q[3]);
+    y[0] = _mm512_unpacklo_epi32(a0, b0), y[1] = _mm512_unpackhi_epi32(a0, b0);
+    y[2] = _mm512_unpacklo_epi32(a1, b1), y[3] = _mm512_unpackhi_epi32(a1, b1);
+}
+
+/* VPERMT2B (AVX512-VBMI) as inline assembly, so that this file keeps its level's flags (Cooper
+ * Lake has AVX-512 BF16 without VBMI): byte i of the result is byte idx[i] & 127 of t0:t1. */
+DG_INLINE __m512i permt2b(__m512i t0, __m512i idx, __m512i t1) {
+    __asm__("vpermt2b %2, %1, %0" : "+v"(t0) : "v"(idx), "v"(t1));
+    return t0;
+}
+
+/* The two k pairs of y (e4m3_half_words) as BF16 pairs, lane r row r. Byte tables (VBMI, vbmi):
+ * the low and high bytes of each value looked up over 128 entries (e4m3_bf16_bytes.h), the sign
+ * OR-ed into the high byte, then VPUNPCK{L,H}BW interleave them into each pair's 32-bit lane: 6
+ * operations per two pairs. Without VBMI: bytes zero-extended to words (VPUNPCK{L,H}BW), widened
+ * by word tables (dg_e4m3_bf16_avx512), 14. NaN codes (their calls are recomputed exactly) raise
+ * bytes of big->nan to 0x7f: the high byte table's NaN entry is the only one above 0x43. */
+DG_INLINE void e4m3_word_pairs(__m512i y, exp_range *big, __m512i w[2], const bool vbmi) {
+    if (vbmi) {
+        const __m512i lo = permt2b(_mm512_load_si512(dg_e4m3_bf16_lo), y, _mm512_load_si512(dg_e4m3_bf16_lo + 64));
+        const __m512i hm = permt2b(_mm512_load_si512(dg_e4m3_bf16_hi), y, _mm512_load_si512(dg_e4m3_bf16_hi + 64));
+        big->nan = _mm512_max_epu8(big->nan, hm);
+        const __m512i hi = _mm512_ternarylogic_epi32(hm, y, _mm512_set1_epi8((char)0x80), 0xf8); /* | (y & 0x80) */
+        w[0] = _mm512_unpacklo_epi8(lo, hi), w[1] = _mm512_unpackhi_epi8(lo, hi);
+        return;
+    }
+    big->nan = _mm512_max_epu8(big->nan, _mm512_and_si512(y, _mm512_set1_epi8(0x7f)));
+    const __m512i z = _mm512_setzero_si512();
+    w[0] = dg_e4m3_bf16_avx512(_mm512_unpacklo_epi8(y, z)), w[1] = dg_e4m3_bf16_avx512(_mm512_unpackhi_epi8(y, z));
 }
 
 /* Pairs 4c .. 4c + 3 of the 16 rows from x = x[c] of e2m1_step_dwords. */
@@ -304,10 +362,10 @@ DG_INLINE void prefetch_rows(const uint8_t *b, const uint8_t *next, int64_t ldb,
  * them valid, at most 32) widened per row and transposed (E2M1: e2m1_step_dwords, then
  * e2m1_dword_pairs): w[p] = k pair p of the 16 rows. */
 DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
-                         const widen_consts *wc, const int fmt, const bool biased, __mmask32 *nan, __m512i w[16]) {
+                         const widen_consts *wc, const int fmt, const bool biased, exp_range *big, __m512i w[16]) {
     const int n = K - k0 < 32 ? (int)(K - k0) : 32;
-    const int64_t off = fmt == FMT_BF16 ? 2 * k0 : fmt == FMT_E4M3 ? k0 : k0 / 2; /* bytes into each row */
-    prefetch_rows(b, next, ldb, rows, off, fmt == FMT_BF16 ? 2 * K : fmt == FMT_E4M3 ? K : (K + 1) / 2, 1);
+    const int64_t off = fmt == FMT_BF16 ? 2 * k0 : IS_E4M3_ROWS(fmt) ? k0 : k0 / 2; /* bytes into each row */
+    prefetch_rows(b, next, ldb, rows, off, fmt == FMT_BF16 ? 2 * K : IS_E4M3_ROWS(fmt) ? K : (K + 1) / 2, 1);
     if (fmt == FMT_E2M1) {
         __m512i x[4];
         e2m1_step_dwords(b, ldb, rows, n, off, x);
@@ -315,10 +373,19 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
             e2m1_dword_pairs(x[c], biased ? wc->lut_biased : wc->lut, w + 4 * c);
         return;
     }
+    if (IS_E4M3_ROWS(fmt)) {
+        for (int h = 0; h < 2; ++h) {
+            __m512i y[4];
+            e4m3_half_words(b, ldb, rows, n - 16 * h, off + 16 * h, y);
+            for (int j = 0; j < 4; ++j)
+                e4m3_word_pairs(y[j], big, w + 8 * h + 2 * j, fmt == FMT_E4M3V);
+        }
+        return;
+    }
     __m512i in[16];
     const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
     for (int r = 0; r < 16; ++r)
-        in[r] = r < rows ? load_row(b + r * ldb, k0, m, wc, fmt, nan) : _mm512_setzero_si512();
+        in[r] = r < rows ? load_row_bf16(b + r * ldb, k0, m) : _mm512_setzero_si512();
     dg_transpose16_epi32(in, w);
 }
 
@@ -329,8 +396,7 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
 DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
                          fold_src *fs, int64_t fblk, int64_t lanes, const widen_consts *wc,
                          const int fmt, __mmask32 *nan, exp_range *big, __m512i w[16]) {
-    const bool e4m3 = fmt == FMT_E4M3 || fmt == FMT_E4M3P;
-    const int unit_log2 = e4m3 ? 120 : 0;
+    const int unit_log2 = IS_E4M3(fmt) ? 120 : 0;
     const bool scaled = fmt != FMT_BF16 && (fs->fm || (fmt == FMT_E2M1P && fs->fme) || (fmt == FMT_E2M1 && fs->sf));
     const bool subs = fmt == FMT_E2M1P || fmt == FMT_E2M1; /* E2M1 scales: biased tables (above) */
     if (fmt == FMT_E2M1P) {
@@ -341,7 +407,7 @@ DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int
         for (int p = 0; p < 16; ++p)
             w[p] = widen_panel_pair_e4m3(b + (k0 / 32) * DG_E4M3P_STEP_BYTES + 32 * p, nan);
     } else {
-        load_rows(b, next, ldb, rows, K, k0, wc, fmt, scaled && subs, nan, w);
+        load_rows(b, next, ldb, rows, K, k0, wc, fmt, scaled && subs, big, w);
     }
     if (scaled) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
         const int64_t q0 = k0 / fblk, q1 = k0 + 16 < K ? (k0 + 16) / fblk : q0; /* fm has no block past K */
@@ -394,9 +460,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     for (int m = 0; m < M; ++m)
         acc[m] = total[m] = _mm512_setzero_ps();
     __mmask32 nan = 0;
-    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi16(0x7f),
-                             _mm512_loadu_si512(kE2m1Bf16Biased)};
+    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_loadu_si512(kE2m1Bf16Biased)};
     fold_src fs;
     fold_of(j, 0, &fs);
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
@@ -413,7 +478,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
         if (split >= 0)
             kq++, kb += gblk;
     }
-    if (nan || !range_ok(&big, fmt == FMT_E4M3 || fmt == FMT_E4M3P ? 119 : 125))
+    if (nan || !range_ok(&big, IS_E4M3(fmt) ? 119 : 125))
         return false;
     close_block(j, kq, 0, acc, total, M); /* the last block */
     for (int m = 0; m < M; ++m)
@@ -436,7 +501,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
 DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scaled, const __m512i ex[4][2],
                            const __m512i xs[4][4], const uint32_t *ab, int pe, int split, int64_t kq,
                            __m512 acc[4][DG_DECODE_MAX_M], __m512 total[4][DG_DECODE_MAX_M], __mmask32 *nan,
-                           const int M, const int G, const bool common, const int fmt) {
+                           exp_range *big, const int M, const int G, const bool common, const int fmt) {
     __m512i w[4][4];
     for (int h = 0; h < G; ++h) {
         if (fmt == FMT_E2M1) { /* B's rows: this chunk's dwords of the group's 16 rows (xs) */
@@ -444,6 +509,14 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
             if (scaled)
                 for (int t = 0; t < 4; ++t)
                     w[h][t] = _mm512_subs_epu16(w[h][t], ex[h][c >> 1]);
+            continue;
+        }
+        if (IS_E4M3_ROWS(fmt)) { /* B's rows: the chunk's two y registers of the group's current half (xs) */
+            e4m3_word_pairs(xs[h][2 * (c & 1)], big, w[h], fmt == FMT_E4M3V);
+            e4m3_word_pairs(xs[h][2 * (c & 1) + 1], big, w[h] + 2, fmt == FMT_E4M3V);
+            if (scaled)
+                for (int t = 0; t < 4; ++t)
+                    w[h][t] = apply_exps(w[h][t], ex[h][c >> 1]);
             continue;
         }
         if (fmt == FMT_E4M3P) { /* exponent adds on the widened values (exps_of) */
@@ -474,6 +547,15 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
     }
 }
 
+/* E4M3 rows: the half step of chunks c, c + 1 (c even) of the G groups into xs (e4m3_half_words). */
+DG_INLINE void e4m3_groups_half(const dg_decode_job *j, int64_t k0, int c, const int G, __m512i xs[4][4]) {
+    const int n = j->k - k0 < 32 ? (int)(j->k - k0) : 32; /* the step's k inside K */
+    for (int h = 0; h < G; ++h) {
+        const int rows = j->rows - 16 * h < 16 ? j->rows - 16 * h : 16;
+        e4m3_half_words(j->b + h * 16 * j->ldb, j->ldb, rows, n - 8 * c, k0 + 8 * c, xs[h]);
+    }
+}
+
 /* The G groups' exponent subtrahends (E4M3P: adds) for the step from k0 (scale_exps). */
 DG_INLINE void step_exps(const dg_decode_job *j, fold_src *fs, int64_t k0, const int G, const bool e4m3,
                          exp_range *big, __m512i ex[4][2]) {
@@ -485,13 +567,13 @@ DG_INLINE void step_exps(const dg_decode_job *j, fold_src *fs, int64_t k0, const
 }
 
 DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, const int fmt) {
-    const bool e4m3 = fmt == FMT_E4M3P;
+    const bool e4m3 = IS_E4M3(fmt);
     const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
     __m512 acc[4][DG_DECODE_MAX_M], total[4][DG_DECODE_MAX_M];
     for (int h = 0; h < G; ++h)
         for (int m = 0; m < M; ++m)
             acc[h][m] = total[h][m] = _mm512_setzero_ps();
-    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     __mmask32 nan = 0;
     const bool scaled = j->fm || j->fme || j->fs;
     __m512i ex[4][2]; /* per group: subtrahends (subs_of) of pairs 0-7 and 8-15 */
@@ -511,9 +593,15 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
         const uint32_t *ab = j->ap + st * M * 16;
         if (scaled)
             step_exps(j, fs, k0, G, e4m3, &big, ex);
-        __m512i xs[4][4]; /* B's rows (FMT_E2M1): the step's dwords of each group (e2m1_step_dwords) */
+        /* B's rows: the step's dwords of each group (FMT_E2M1, e2m1_step_dwords), or the words of
+         * the half step that the chunk is in (FMT_E4M3, e4m3_half_words: loaded below) */
+        __m512i xs[4][4];
         for (int h = 0; h < G; ++h) {
-            if (fmt == FMT_E2M1) {
+            if (IS_E4M3_ROWS(fmt)) {
+                const int64_t gb = h * 16 * j->ldb;
+                prefetch_rows(j->b + gb, j->next ? j->next + gb : NULL, j->ldb, j->rows - 16 * h < 16 ? j->rows - 16 * h : 16,
+                              k0, K, G);
+            } else if (fmt == FMT_E2M1) {
                 const int64_t gb = h * 16 * j->ldb; /* group h: rows 16h .. 16h + 15 */
                 const int rows = j->rows - 16 * h < 16 ? j->rows - 16 * h : 16, n = K - k0 < 32 ? (int)(K - k0) : 32;
                 prefetch_rows(j->b + gb, j->next ? j->next + gb : NULL, j->ldb, rows, k0 / 2, (K + 1) / 2, G);
@@ -523,12 +611,20 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
                                e4m3 ? DG_E4M3P_STEP_BYTES : 256);
             }
         }
-        if (pe == 16 && split < 0) /* the common step: no K end, no block end inside */
-            for (int c = 0; c < 4; ++c)
-                panel_chunk(j, st, c, scaled, ex, xs, ab, 16, -1, kq, acc, total, &nan, M, G, true, fmt);
-        else
-            for (int c = 0; c < 4 && 4 * c < pe; ++c)
-                panel_chunk(j, st, c, scaled, ex, xs, ab, pe, split, kq, acc, total, &nan, M, G, false, fmt);
+        if (pe == 16 && split < 0) { /* the common step: no K end, no block end inside */
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+                if (IS_E4M3_ROWS(fmt) && (c & 1) == 0)
+                    e4m3_groups_half(j, k0, c, G, xs);
+                panel_chunk(j, st, c, scaled, ex, xs, ab, 16, -1, kq, acc, total, &nan, &big, M, G, true, fmt);
+            }
+        } else {
+            for (int c = 0; c < 4 && 4 * c < pe; ++c) {
+                if (IS_E4M3_ROWS(fmt) && (c & 1) == 0)
+                    e4m3_groups_half(j, k0, c, G, xs);
+                panel_chunk(j, st, c, scaled, ex, xs, ab, pe, split, kq, acc, total, &nan, &big, M, G, false, fmt);
+            }
+        }
         if (split >= 0)
             kq++, kb += gblk;
     }
@@ -605,9 +701,8 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     memset(acc, 0, (size_t)M * 32 * sizeof(float));
     memset(total, 0, (size_t)M * 32 * sizeof(float));
     __mmask32 nan = 0;
-    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_set1_epi16(0x7f),
-                             _mm512_loadu_si512(kE2m1Bf16Biased)};
+    exp_range big = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_loadu_si512(kE2m1Bf16Biased)};
     const int lo_rows = j->rows < 16 ? j->rows : 16, hi_rows = j->rows - lo_rows;
     fold_src fs_lo, fs_hi;
     fold_of(j, 0, &fs_lo), fold_of(j, 16, &fs_hi);
@@ -635,7 +730,7 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
             wide_pairs(ap, M, w, acc, 0, pe);
         }
     }
-    if (nan || !range_ok(&big, fmt == FMT_E4M3 || fmt == FMT_E4M3P ? 119 : 125))
+    if (nan || !range_ok(&big, IS_E4M3(fmt) ? 119 : 125))
         return false;
     wide_close(j, kq, acc, total); /* the last block */
     memcpy(j->out, total, (size_t)M * 32 * sizeof(float));
@@ -657,11 +752,21 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     }
 
 DECODE_FN(dg_decode_bf16_avx512bf16, FMT_BF16)
-DECODE_FN(dg_decode_e4m3_avx512bf16, FMT_E4M3)
 /* Decode panels: calls of several groups of 16 rows run panel_body (up to four at M <= 2, two
  * at M = 3..8), a call of one group (B's last rows) decode_body. */
 DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
     const int groups = (j->rows + 15) / 16;
+    if (groups > 1 && IS_E4M3_ROWS(fmt)) /* two groups (the driver's calls: 16 rows at M <= 2, else 32) */
+        switch (j->m) {
+        case 1: return panel_body(j, 1, 2, fmt);
+        case 2: return panel_body(j, 2, 2, fmt);
+        case 3: return panel_body(j, 3, 2, fmt);
+        case 4: return panel_body(j, 4, 2, fmt);
+        case 5: return panel_body(j, 5, 2, fmt);
+        case 6: return panel_body(j, 6, 2, fmt);
+        case 7: return panel_body(j, 7, 2, fmt);
+        default: return panel_body(j, 8, 2, fmt);
+        }
     if (groups > 1) /* M <= 2: up to 4 groups; M 3..8: 2 (the driver's calls: DG_DECODE_PANEL_ROWS, 32) */
         switch (j->m <= 2 ? groups + 4 * (j->m - 1) : 8 + j->m) {
         case 2: return panel_body(j, 1, 2, fmt);
@@ -689,6 +794,9 @@ DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
     }
 }
 
+bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j) {
+    return j->byte_tables ? panel_dispatch(j, FMT_E4M3V) : panel_dispatch(j, FMT_E4M3);
+}
 bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1); }
 bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1P); }
 bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E4M3P); }
@@ -697,6 +805,8 @@ bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(
     bool name(const dg_decode_job *j) { return wide_body(j, fmt); }
 
 DECODE_WIDE_FN(dg_decode_wide_bf16_avx512bf16, FMT_BF16)
-DECODE_WIDE_FN(dg_decode_wide_e4m3_avx512bf16, FMT_E4M3)
+bool dg_decode_wide_e4m3_avx512bf16(const dg_decode_job *j) {
+    return j->byte_tables ? wide_body(j, FMT_E4M3V) : wide_body(j, FMT_E4M3);
+}
 DECODE_WIDE_FN(dg_decode_wide_e2m1_avx512bf16, FMT_E2M1)
 DECODE_WIDE_FN(dg_decode_wide_e2m1p_avx512bf16, FMT_E2M1P)
