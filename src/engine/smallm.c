@@ -350,12 +350,11 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     dp->byte_tables = dg_cpu_has_avx512_vbmi() && atomic_load(&g_decode_byte_tables);
     /* groups of rows (decode panels, AVX-512 BF16 E2M1 and E4M3 rows): four groups of 16 rows per
      * call at M <= 2, two up to DG_DECODE_MAX_M (decode_avx512bf16.c, panel_body). E4M3 rows take
-     * one group at M <= 2 and two above (measured on Zen 4, N 2112, K 7168 from DRAM: at M = 1
-     * 0.70 ms with one group, 0.81 with two; at M = 8 1.95 ms with one, 1.18 with two): 32 or 64
-     * rows 7168 bytes apart share few sets of an 8-way L1, and the chains' latency that groups
-     * hide matters only once the widening is shared by several rows of A */
-    const bool groups = !wide && cfg->decode_groups[fmt] && (fmt != DG_DECODE_E4M3 || a->mn > 2);
-    dp->rows = groups && a->mn <= 2 ? DG_DECODE_PANEL_ROWS
+     * two at every M (measured on Zen 4, N 2112, K 7168 from DRAM, M = 1: one group 0.69 ms, two
+     * 0.61-0.66, four 0.78; M = 8: one 1.95, two 1.18): rows 7168 bytes apart share few sets of an
+     * 8-way L1, and 64 of them evicted each other's lines */
+    const bool groups = !wide && cfg->decode_groups[fmt];
+    dp->rows = groups && a->mn <= 2 && fmt != DG_DECODE_E4M3 ? DG_DECODE_PANEL_ROWS
                : wide || groups      ? DG_DECODE_WIDE_ROWS
                : cfg->decode_rows[fmt] ? cfg->decode_rows[fmt]
                                        : DG_DECODE_ROWS;
