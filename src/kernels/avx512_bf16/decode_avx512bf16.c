@@ -615,7 +615,6 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
             }
         }
         if (pe == 16 && split < 0) { /* the common step: no K end, no block end inside */
-#pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
                 if (IS_E4M3_ROWS(fmt) && (c & 1) == 0)
                     e4m3_groups_half(j, k0, c, G, xs);
