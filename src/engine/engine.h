@@ -264,7 +264,8 @@ typedef struct dg_engine_cfg {
     bool decode_pairs;
     /* Per B format: the narrow kernel runs several groups of 16 rows per call, their chains side
      * by side (decode_avx512bf16.c, panel_body): DG_DECODE_PANEL_ROWS rows at M <= 2,
-     * DG_DECODE_WIDE_ROWS above (decode_rows is then unused). */
+     * DG_DECODE_WIDE_ROWS above (decode_rows is then unused); E4M3 rows DG_DECODE_WIDE_ROWS at
+     * every M (smallm.c, decode_prepare, says why). */
     bool decode_groups[DG_DECODE_FORMATS];
     /* The E2M1 kernels read B's folded scales in place (dg_decode_job.fs). */
     bool decode_sf_in_place;

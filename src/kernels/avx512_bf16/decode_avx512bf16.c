@@ -754,11 +754,12 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     }
 
 DECODE_FN(dg_decode_bf16_avx512bf16, FMT_BF16)
-/* Decode panels: calls of several groups of 16 rows run panel_body (up to four at M <= 2, two
- * at M = 3..8), a call of one group (B's last rows) decode_body. */
+/* Decode panels and E2M1 / E4M3 rows: calls of several groups of 16 rows run panel_body (up to
+ * four at M <= 2, two at M = 3..8; E4M3 rows two at every M), a call of one group (B's last
+ * rows) decode_body. */
 DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
     const int groups = (j->rows + 15) / 16;
-    if (groups > 1 && IS_E4M3_ROWS(fmt)) /* two groups (the driver's calls: 16 rows at M <= 2, else 32) */
+    if (groups > 1 && IS_E4M3_ROWS(fmt)) /* two groups at every M (the driver's calls: 32 rows) */
         switch (j->m) {
         case 1: return panel_body(j, 1, 2, fmt);
         case 2: return panel_body(j, 2, 2, fmt);
