@@ -56,11 +56,6 @@ typedef struct widen_consts {
     __m512i lut, lut_biased; /* lut_biased: kE2m1Bf16Biased, for scaled E2M1 rows */
 } widen_consts;
 
-/* Row r's 32 BF16 values from k0 (n valid, 1..32) as 16 BF16 pairs. */
-DG_INLINE __m512i load_row_bf16(const uint8_t *row, int64_t k0, __mmask32 m) {
-    return _mm512_maskz_loadu_epi16(m, row + 2 * k0);
-}
-
 /* The folded scales' exponents a call met, per lane: the largest (hi) and smallest (lo), and
  * the sign and mantissa bits of float scales read in place (bad). Checked once at the call's
  * end (range_ok): accumulating compare masks per block had cost a store-forwarded update of
@@ -237,7 +232,7 @@ DG_INLINE __m512i merge_lane(__m512i v, __mmask16 k, const uint8_t *p) {
 /* The 16-byte slices at `off` of 16 B rows in lanes: q[L] holds rows L, L + 4, L + 8, L + 12
  * in its 128-bit lanes 0 .. 3. Rows >= rows and bytes from nbytes on (nbytes < 16) read as zero.
  * Shared by the E2M1 and E4M3 rows, whose bytes are put in lanes first and widened after
- * (e2m1_step_dwords, e4m3_half_pairs): widening rows, then transposing 16 x 16 words, took
+ * (e2m1_step_dwords, e4m3_half_words): widening rows, then transposing 16 x 16 words, took
  * 64 lane-crossing shuffles per step on top of the widening's. */
 DG_INLINE void row_slices(const uint8_t *b, int64_t ldb, int rows, int nbytes, int64_t off, __m512i q[4]) {
     if (nbytes >= 16 && rows == 16) {
@@ -362,8 +357,9 @@ DG_INLINE void prefetch_rows(const uint8_t *b, const uint8_t *next, int64_t ldb,
 }
 
 /* The 32 k from k0 of 16 B rows (b, row stride ldb; rows >= rows read as zero; n = K - k0 of
- * them valid, at most 32) widened per row and transposed (E2M1: e2m1_step_dwords, then
- * e2m1_dword_pairs): w[p] = k pair p of the 16 rows. */
+ * them valid, at most 32): BF16 rows loaded and transposed, E2M1 and E4M3 codes put in lanes
+ * and widened by pair (e2m1_step_dwords / e2m1_dword_pairs, e4m3_half_words / e4m3_word_pairs):
+ * w[p] = k pair p of the 16 rows. */
 DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
                          const widen_consts *wc, const int fmt, const bool biased, exp_range *big, __m512i w[16]) {
     const int n = K - k0 < 32 ? (int)(K - k0) : 32;
@@ -388,7 +384,7 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
     __m512i in[16];
     const __mmask32 m = (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1);
     for (int r = 0; r < 16; ++r)
-        in[r] = r < rows ? load_row_bf16(b + r * ldb, k0, m) : _mm512_setzero_si512();
+        in[r] = r < rows ? _mm512_maskz_loadu_epi16(m, b + r * ldb + 2 * k0) : _mm512_setzero_si512();
     dg_transpose16_epi32(in, w);
 }
 
