@@ -47,18 +47,20 @@ void dg_f4_ukr_generic(int64_t steps, int spb, int rows, const int8_t *a, const 
 void dg_f4_ukr_vnni(int64_t steps, int spb, int rows, const int8_t *a, const int8_t *b, const float *sa4,
                     const float *sb, const int32_t *bsum, float *acc);
 /* AVX-512 packers of K-major FP4 (unit stride along K; kbytes = K / 2 valid bytes per row, rows
- * <= 32 valid rows): the bytes of the portable packer, bsum included (fp4x4_pack.c). */
+ * <= 32 valid rows): the bytes of the portable packer, bsum included (fp4x4_pack.c). The B
+ * packers also prefetch into L2 the first next_rows rows of the next panel (next: its first
+ * row, same ld; NULL: none), a line of each row as they pack the same line of this one. */
 void dg_f4_pack_a_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int bias,
                          int8_t *dst);
 void dg_f4_pack_b_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int spb,
-                         int8_t *dst, int32_t *bsum);
+                         int8_t *dst, int32_t *bsum, const uint8_t *next, int next_rows);
 /* The AVX2 twins (kernels/avx2/fp4x4_avx2.c): A with a_bias 12, the same bytes and bits. */
 void dg_f4_ukr_avx2(int64_t steps, int spb, int rows, const int8_t *a, const int8_t *b, const float *sa4,
                     const float *sb, const int32_t *bsum, float *acc);
 void dg_f4_pack_a_avx2(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int bias,
                        int8_t *dst);
 void dg_f4_pack_b_avx2(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int spb,
-                       int8_t *dst, int32_t *bsum);
+                       int8_t *dst, int32_t *bsum, const uint8_t *next, int next_rows);
 void dg_f4_ukr_amx_begin(void);
 void dg_f4_ukr_amx(int64_t steps, int spb, int rows, const int8_t *a, const int8_t *b, const float *sa4,
                    const float *sb, const int32_t *bsum, float *acc);

@@ -69,7 +69,7 @@ static inline void transpose8(const __m256i in[8], __m256i out[8]) {
 }
 
 void dg_f4_pack_b_avx2(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int spb,
-                       int8_t *dst, int32_t *bsum) {
+                       int8_t *dst, int32_t *bsum, const uint8_t *next, int next_rows) {
     const __m256i table = lut(0), ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     const int64_t nkb = (steps + spb - 1) / spb;
     memset(bsum, 0, (size_t)(nkb * DG_F4_NR) * sizeof(int32_t));
@@ -77,6 +77,8 @@ void dg_f4_pack_b_avx2(const uint8_t *src, int64_t ld, int rows, int64_t kbytes,
         for (int64_t s = 0; s < steps; ++s) {
             const int64_t off = s * 16, left = kbytes - off;
             __m256i in[8], r[8]; /* r[e]: dword e (k 4e .. 4e + 3 of the step) of every row */
+            for (int rr = 0; next && off % 64 == 0 && rr < 8 && 8 * h + rr < next_rows; ++rr)
+                _mm_prefetch((const char *)(next + (8 * h + rr) * ld + off), _MM_HINT_T1);
             for (int rr = 0; rr < 8; ++rr)
                 in[rr] = 8 * h + rr < rows ? decode32(src + (8 * h + rr) * ld + off, left < 0 ? 0 : left, table)
                                            : _mm256_setzero_si256();

@@ -40,7 +40,7 @@ void dg_f4_pack_a_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbyte
 }
 
 void dg_f4_pack_b_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbytes, int64_t steps, int spb,
-                         int8_t *dst, int32_t *bsum) {
+                         int8_t *dst, int32_t *bsum, const uint8_t *next, int next_rows) {
     const __m512i table = lut(0), ones = _mm512_set1_epi8(1);
     const int64_t nkb = (steps + spb - 1) / spb;
     memset(bsum, 0, (size_t)(nkb * DG_F4_NR) * sizeof(int32_t));
@@ -48,6 +48,8 @@ void dg_f4_pack_b_avx512(const uint8_t *src, int64_t ld, int rows, int64_t kbyte
         for (int64_t s = 0; s < steps; s += 2) {
             const int64_t off = s * 16, left = kbytes - off;
             __m512i in[16], r[16]; /* r[e]: dword e of every row */
+            for (int rr = 0; next && off % 64 == 0 && rr < 16 && 16 * h + rr < next_rows; ++rr)
+                _mm_prefetch((const char *)(next + (16 * h + rr) * ld + off), _MM_HINT_T1);
             for (int rr = 0; rr < 16; ++rr)
                 in[rr] = 16 * h + rr < rows ? decode64(src + (16 * h + rr) * ld + off, left < 0 ? 0 : left, table)
                                             : _mm512_setzero_si512();
