@@ -325,6 +325,9 @@ void dg_pack_bf16_mnmajor_avx2(const uint16_t *src, int64_t ld, int64_t rows, in
 bool dg_decode_bf16_avx2(const dg_decode_job *j);
 bool dg_decode_e4m3_avx2(const dg_decode_job *j);
 bool dg_decode_e2m1_avx2(const dg_decode_job *j);
+bool dg_decode_bf16_avx512(const dg_decode_job *j);
+bool dg_decode_e4m3_avx512(const dg_decode_job *j);
+bool dg_decode_e2m1_avx512(const dg_decode_job *j);
 bool dg_decode_bf16_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j);
 bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j);
