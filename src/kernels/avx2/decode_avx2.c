@@ -198,7 +198,7 @@ DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, 
  * [k / 2][8 G]) against A at a (row m at a + m * lda): per pair the odd k first (engine.h). G M
  * independent chains. */
 DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, int64_t kc, const float *a, int64_t lda,
-                         __m256 acc[2][4], const int M, const int G, const int fmt, const bool pairs) {
+                         __m256 acc[4][4], const int M, const int G, const int fmt, const bool pairs) {
     if (pairs) { /* BF16 pairs [kc / 2][8 G]: halves widened here (E4M3: then times its multiplier) */
         const __m256i hi16 = _mm256_set1_epi32((int)0xffff0000u);
         __m256 mul[4] = {_mm256_set1_ps(0x1p120f), _mm256_set1_ps(0x1p120f), _mm256_set1_ps(0x1p120f),
@@ -220,7 +220,7 @@ DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, i
             }
 #pragma GCC unroll 2
             for (int u = 1; u >= 0; --u)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int m = 0; m < M; ++m) {
                     const __m256 av = _mm256_broadcast_ss(a + m * lda + kk + u);
 #pragma GCC unroll 4
@@ -238,7 +238,7 @@ DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, i
 #pragma GCC unroll 4
             for (int g = 0; g < G; ++g)
                 bv[g] = _mm256_loadu_ps(b + 8 * g);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int m = 0; m < M; ++m) {
                 const __m256 av = _mm256_broadcast_ss(a + m * lda + kk + u);
 #pragma GCC unroll 4
@@ -307,7 +307,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
 
 /* The end of K block kb (engine.h): total = fma(sa[m][kb] * sb[kb][lane], acc, total) (unit
  * scales where there are none: the blocked order of engine.h, "Accumulation order"). */
-DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[2][4], __m256 total[2][4], const int M,
+DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[4][4], __m256 total[4][4], const int M,
                          const int G) {
 #pragma GCC unroll 2
     for (int m = 0; m < M; ++m)
@@ -319,7 +319,7 @@ DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[2][4], _
         }
 }
 
-DG_INLINE void store_out(const dg_decode_job *j, __m256 total[2][4], const int M, const int G) {
+DG_INLINE void store_out(const dg_decode_job *j, __m256 total[4][4], const int M, const int G) {
 #pragma GCC unroll 2
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
@@ -347,7 +347,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     const int64_t chunk = gcd64(gblk, CHUNK_K);
     /* BF16 pairs staged (E2M1, E4M3): the FMA loop, waiting on latency at M <= 2, widens them */
     const bool pairs = fmt != FMT_BF16;
-    __m256 total[2][4], acc[2][4];
+    __m256 total[4][4], acc[4][4];
     __m256i nanmax = _mm256_setzero_si256(), big = _mm256_setzero_si256();
     float buf[CHUNK_K * 32] __attribute__((aligned(32)));
     uint8_t tail[32 * 16];
@@ -372,16 +372,33 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     return !_mm256_movemask_epi8(big);
 }
 
+/* Rows [mb, mb + M) of A over a staged slice (fma_slice), their accumulators brought into
+ * registers from accm and back. */
+DG_INLINE void rows_slice(const dg_decode_job *j, const float *buf, int64_t kk, int64_t kc, int mb,
+                          __m256 accm[DG_DECODE_MAX_M][4], const int M, const int G, const int fmt) {
+    __m256 acc[4][4];
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+            acc[m][g] = accm[mb + m][g];
+    fma_slice(j, buf, kk, kc, j->a + mb * j->lda + kk, j->lda, acc, M, G, fmt, fmt == FMT_E2M1);
+    for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+            accm[mb + m][g] = acc[m][g];
+}
+
 /*
- * M = 3 .. DG_DECODE_MAX_M rows of A: each staged chunk of B serves every row, two rows at a
- * time (their 2 G accumulators in registers, kept in memory between the pairs), so B is widened
- * once per call, not once per pair of rows; the small-M kernels widen it per K slice too but
+ * M = 3 .. DG_DECODE_MAX_M rows of A: each staged chunk of B serves every row, four rows at a
+ * time (two with 32 rows of B: their 4 G accumulators in registers, kept in memory between
+ * the passes; two rows per pass, latency-bound, had taken 1.9 ms for FP8 at M = 4, N 2112,
+ * K 7168 on Zen 4), so B is widened once per call, not once per pass of rows; the small-M kernels widen it per K slice too but
  * pay MR-row panels of A and tile loads (measured here, one thread, FP4 4096 x 4096 with 1x32
  * scales: M = 3..8 took 27-31 ms on the small-M kernel, 2.9x the decode kernel's M = 2).
  * Per element the chain and epilogue are decode_body's, so the bits are those of M = 1 or 2.
  */
 DG_INLINE bool decode_body_rows(const dg_decode_job *j, const int fmt, const int G) {
-    const int M = j->m;
+    const int M = j->m, MB = G <= 2 ? 4 : 2; /* rows of A per pass: 4 G accumulators, <= 8 */
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
     const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
@@ -402,22 +419,13 @@ DG_INLINE bool decode_body_rows(const dg_decode_job *j, const int fmt, const int
         for (int64_t kk = kb0; kk < kb1; kk += chunk) {
             const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
             stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, fmt == FMT_E2M1, G);
-            for (int mb = 0; mb < M; mb += 2) {
-                __m256 acc[2][4];
-#pragma GCC unroll 4
-                for (int g = 0; g < G; ++g)
-                    acc[0][g] = accm[mb][g], acc[1][g] = mb + 1 < M ? accm[mb + 1][g] : _mm256_setzero_ps();
-                if (mb + 1 < M)
-                    fma_slice(j, buf, kk, kc, j->a + mb * j->lda + kk, j->lda, acc, 2, G, fmt, fmt == FMT_E2M1);
-                else
-                    fma_slice(j, buf, kk, kc, j->a + mb * j->lda + kk, j->lda, acc, 1, G, fmt, fmt == FMT_E2M1);
-#pragma GCC unroll 4
-                for (int g = 0; g < G; ++g) {
-                    accm[mb][g] = acc[0][g];
-                    if (mb + 1 < M)
-                        accm[mb + 1][g] = acc[1][g];
+            for (int mb = 0; mb < M; mb += MB) /* the rows left: a constant in each branch */
+                switch (M - mb < MB ? M - mb : MB) {
+                case 1: rows_slice(j, buf, kk, kc, mb, accm, 1, G, fmt); break;
+                case 2: rows_slice(j, buf, kk, kc, mb, accm, 2, G, fmt); break;
+                case 3: rows_slice(j, buf, kk, kc, mb, accm, MB >= 3 ? 3 : 1, G, fmt); break;
+                default: rows_slice(j, buf, kk, kc, mb, accm, MB >= 4 ? 4 : 1, G, fmt); break;
                 }
-            }
         }
         for (int m = 0; m < M; ++m) /* block_end, per row */
             for (int g = 0; g < G; ++g) {
@@ -487,7 +495,7 @@ DG_INLINE void pairs_body(const dg_decode_job *j, const int M) {
     const uint32_t *p0 = (const uint32_t *)j->b;
     const uint32_t *p1 = j->rows > 16 ? (const uint32_t *)(j->b + j->ldb) : p0;
     const int64_t kp = j->k + (j->k & 1), gblk = j->gblk;
-    __m256 total[2][4], acc[2][4];
+    __m256 total[4][4], acc[4][4];
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g)
         total[0][g] = total[1][g] = _mm256_setzero_ps();

@@ -176,9 +176,12 @@ DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m512 mul, float *dst, 
 
 /* acc[m][g] chained over kc (even) k of the slice buf [k][16 G] (pairs: BF16 pairs
  * [k / 2][16 G], widened here, E4M3 then times its multiplier) against A at a (row m at
- * a + m * lda): per pair the odd k first. G M independent chains. */
+ * a + m * lda): per pair the odd k first. G M independent chains: all rows of A in one pass
+ * (up to 16 accumulators), so that from M = 3 on the FMAs issue at their throughput rather
+ * than wait on their latency (two rows per pass, as decode_avx2.c, took 1.7 ms at M = 4 for
+ * FP8 N 2112, K 7168 on Zen 4, 4x the time to read B). */
 DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, int64_t kc, const float *a, int64_t lda,
-                         __m512 acc[2][2], const int M, const int G, const int fmt, const bool pairs) {
+                         __m512 acc[DG_DECODE_MAX_M][2], const int M, const int G, const int fmt, const bool pairs) {
     if (pairs) {
         const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
         __m512 mul[2] = {_mm512_set1_ps(0x1p120f), _mm512_set1_ps(0x1p120f)};
@@ -199,7 +202,7 @@ DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, i
             }
 #pragma GCC unroll 2
             for (int u = 1; u >= 0; --u)
-#pragma GCC unroll 2
+#pragma GCC unroll 8
                 for (int m = 0; m < M; ++m) {
                     const __m512 av = _mm512_set1_ps(a[m * lda + kk + u]);
 #pragma GCC unroll 2
@@ -217,7 +220,7 @@ DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, i
 #pragma GCC unroll 2
             for (int g = 0; g < G; ++g)
                 bv[g] = _mm512_load_ps(b + 16 * g);
-#pragma GCC unroll 2
+#pragma GCC unroll 8
             for (int m = 0; m < M; ++m) {
                 const __m512 av = _mm512_set1_ps(a[m * lda + kk + u]);
 #pragma GCC unroll 2
@@ -276,19 +279,19 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
     }
 }
 
-/* The end of K block kb for rows [m0, m0 + M): total = fma(sa * sb, acc, total). */
-DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, int m0, __m512 acc[][2], __m512 total[][2], const int M,
-                         const int G) {
+/* The end of K block kb: total = fma(sa * sb, acc, total) per row of A. */
+DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m512 acc[DG_DECODE_MAX_M][2],
+                         __m512 total[DG_DECODE_MAX_M][2], const int M, const int G) {
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 2
         for (int g = 0; g < G; ++g) {
-            const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(j->sa[(m0 + m) * j->sa_stride + kb]),
+            const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(j->sa[m * j->sa_stride + kb]),
                                             _mm512_loadu_ps(j->sb + kb * j->lanes + 16 * g));
             total[m][g] = _mm512_fmadd_ps(sc, acc[m][g], total[m][g]);
         }
 }
 
-DG_INLINE bool finish(const dg_decode_job *j, __m512 total[][2], const int M, const int G, const int fmt,
+DG_INLINE bool finish(const dg_decode_job *j, __m512 total[DG_DECODE_MAX_M][2], const int M, const int G, const int fmt,
                       __m512i nanmax, __mmask16 big) {
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 2
@@ -302,11 +305,13 @@ DG_INLINE bool finish(const dg_decode_job *j, __m512 total[][2], const int M, co
 static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
 /*
- * The body for M rows of A (1 or 2), format fmt and G groups of 16 rows (constants after
- * inlining). Per chunk of gcd(gblk, CHUNK_K) k (whole chunks per K block): the G groups staged
- * into a slice in L1, 16 rows at a time (their lines in flight together: DeepSeek's K make
- * row strides that put all rows of a call in few L1 sets), then G M independent FMA chains
- * over it.
+ * The body for M rows of A (1 .. DG_DECODE_MAX_M), format fmt and G groups of 16 rows
+ * (constants after inlining). Per chunk of gcd(gblk, CHUNK_K) k (whole chunks per K block): the
+ * G groups staged into a slice in L1, 16 rows at a time (their lines in flight together:
+ * DeepSeek's K make row strides that put all rows of a call in few L1 sets), then G M
+ * independent FMA chains over it. Codes are staged as BF16 pairs, which the FMA loop widens
+ * (E4M3 staged as float32 instead measured alike at M = 4 and 8: 1.46 vs 1.40 ms, 2.07 vs
+ * 2.02 for N 2112, K 7168 on Zen 4).
  */
 DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, const int G) {
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
@@ -314,90 +319,54 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
     const int64_t gblk = j->gblk, full = j->rows == 16 * G ? bytes / pb * kstep : 0;
     const int64_t chunk = gcd64(gblk, CHUNK_K * 2 / G); /* the slice: CHUNK_K x 32 floats at most */
-    const bool pairs = fmt != FMT_BF16; /* codes staged as BF16 pairs, widened by the FMA loop */
-    __m512 total[2][2], acc[2][2];
-    __m512i nanmax = _mm512_setzero_si512();
-    __mmask16 big = 0;
-    float buf[CHUNK_K * 32] __attribute__((aligned(64)));
-    uint8_t tail[32 * 16];
-#pragma GCC unroll 2
-    for (int g = 0; g < G; ++g)
-        total[0][g] = total[1][g] = _mm512_setzero_ps();
-    for (int64_t kb0 = 0; kb0 < kend; kb0 += gblk) {
-        const int64_t kb1 = kb0 + gblk < kend ? kb0 + gblk : kend;
-#pragma GCC unroll 2
-        for (int g = 0; g < G; ++g)
-            acc[0][g] = acc[1][g] = _mm512_setzero_ps();
-        for (int64_t kk = kb0; kk < kb1; kk += chunk) {
-            const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
-            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, pairs, G);
-            fma_slice(j, buf, kk, kc, j->a + kk, j->lda, acc, M, G, fmt, pairs);
-        }
-        block_end(j, kb0 / gblk, 0, acc, total, M, G);
-    }
-    return finish(j, total, M, G, fmt, nanmax, big);
-}
-
-/* M = 3 .. DG_DECODE_MAX_M rows of A: each staged chunk serves every row, two rows at a time
- * (their accumulators kept in memory between the pairs), so B is widened once per call. Per
- * element the chain and epilogue of decode_body: the bits of M = 1 or 2. */
-DG_INLINE bool decode_body_rows(const dg_decode_job *j, const int fmt, const int G) {
-    const int M = j->m;
-    const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
-    const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
-    const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k;
-    const int64_t gblk = j->gblk, full = j->rows == 16 * G ? bytes / pb * kstep : 0;
-    const int64_t chunk = gcd64(gblk, CHUNK_K);
-    const bool pairs = fmt == FMT_E2M1;
-    __m512 accm[DG_DECODE_MAX_M][2], totm[DG_DECODE_MAX_M][2];
+    const bool pairs = fmt != FMT_BF16;
+    __m512 total[DG_DECODE_MAX_M][2], acc[DG_DECODE_MAX_M][2];
     __m512i nanmax = _mm512_setzero_si512();
     __mmask16 big = 0;
     float buf[CHUNK_K * 32] __attribute__((aligned(64)));
     uint8_t tail[32 * 16];
     for (int m = 0; m < M; ++m)
+#pragma GCC unroll 2
         for (int g = 0; g < G; ++g)
-            totm[m][g] = _mm512_setzero_ps();
+            total[m][g] = _mm512_setzero_ps();
     for (int64_t kb0 = 0; kb0 < kend; kb0 += gblk) {
         const int64_t kb1 = kb0 + gblk < kend ? kb0 + gblk : kend;
         for (int m = 0; m < M; ++m)
+#pragma GCC unroll 2
             for (int g = 0; g < G; ++g)
-                accm[m][g] = _mm512_setzero_ps();
+                acc[m][g] = _mm512_setzero_ps();
         for (int64_t kk = kb0; kk < kb1; kk += chunk) {
             const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
             stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, pairs, G);
-            for (int mb = 0; mb < M; mb += 2) {
-                __m512 acc[2][2];
-#pragma GCC unroll 2
-                for (int g = 0; g < G; ++g)
-                    acc[0][g] = accm[mb][g], acc[1][g] = mb + 1 < M ? accm[mb + 1][g] : _mm512_setzero_ps();
-                if (mb + 1 < M)
-                    fma_slice(j, buf, kk, kc, j->a + mb * j->lda + kk, j->lda, acc, 2, G, fmt, pairs);
-                else
-                    fma_slice(j, buf, kk, kc, j->a + mb * j->lda + kk, j->lda, acc, 1, G, fmt, pairs);
-#pragma GCC unroll 2
-                for (int g = 0; g < G; ++g) {
-                    accm[mb][g] = acc[0][g];
-                    if (mb + 1 < M)
-                        accm[mb + 1][g] = acc[1][g];
-                }
-            }
+            fma_slice(j, buf, kk, kc, j->a + kk, j->lda, acc, M, G, fmt, pairs);
         }
-        block_end(j, kb0 / gblk, 0, accm, totm, M, G);
+        block_end(j, kb0 / gblk, acc, total, M, G);
     }
-    return finish(j, totm, M, G, fmt, nanmax, big);
+    return finish(j, total, M, G, fmt, nanmax, big);
 }
 
 /* 16 rows per call: one group (one chain per row of A); up to 32: two (measured at M = 1 on
  * Zen 4 from DRAM, N 2112, K 7168: FP8 16 rows 1.04-1.10 ms, 32 0.91-0.92; four groups of 16
  * at M <= 2 were no faster for FP8 and FP4 and 1.5x slower for BF16). */
-#define DISPATCH(fmt)                                                                              \
-    (j->rows <= 16 ? (j->m == 1 ? decode_body(j, 1, fmt, 1) : j->m == 2 ? decode_body(j, 2, fmt, 1)  \
-                                                                       : decode_body_rows(j, fmt, 1)) \
-                   : (j->m == 1 ? decode_body(j, 1, fmt, 2) : j->m == 2 ? decode_body(j, 2, fmt, 2)  \
-                                                                       : decode_body_rows(j, fmt, 2)))
+#define BODY_G(fmt, G)                                                                               \
+    switch (j->m) {                                                                                  \
+    case 1: return decode_body(j, 1, fmt, G);                                                        \
+    case 2: return decode_body(j, 2, fmt, G);                                                        \
+    case 3: return decode_body(j, 3, fmt, G);                                                        \
+    case 4: return decode_body(j, 4, fmt, G);                                                        \
+    case 5: return decode_body(j, 5, fmt, G);                                                        \
+    case 6: return decode_body(j, 6, fmt, G);                                                        \
+    case 7: return decode_body(j, 7, fmt, G);                                                        \
+    default: return decode_body(j, 8, fmt, G);                                                       \
+    }
+#define DECODE_FN(name, fmt)                                                                         \
+    bool name(const dg_decode_job *j) {                                                              \
+        if (j->rows <= 16) {                                                                         \
+            BODY_G(fmt, 1)                                                                           \
+        }                                                                                            \
+        BODY_G(fmt, 2)                                                                               \
+    }
 
-bool dg_decode_bf16_avx512(const dg_decode_job *j) { return DISPATCH(FMT_BF16); }
-
-bool dg_decode_e4m3_avx512(const dg_decode_job *j) { return DISPATCH(FMT_E4M3); }
-
-bool dg_decode_e2m1_avx512(const dg_decode_job *j) { return DISPATCH(FMT_E2M1); }
+DECODE_FN(dg_decode_bf16_avx512, FMT_BF16)
+DECODE_FN(dg_decode_e4m3_avx512, FMT_E4M3)
+DECODE_FN(dg_decode_e2m1_avx512, FMT_E2M1)
