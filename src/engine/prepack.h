@@ -36,18 +36,16 @@ struct dg_packed_b {
      * per weight, widened in 128-bit lanes with no transpose) and the bytes above serve the
      * rest. 1 byte per weight in all with the codes, plus the BF16 panels' 2. */
     dg_e2m1_panels fp4p;
-    /* FP8 B on AMX configurations and on those with decode kernels (AVX2): its E4M3 codes
+    /* FP8 B on AMX configurations and on those with decode kernels (AVX2 and up): its E4M3 codes
      * K-major [n][k] (1 byte per weight) and, with
      * scales, float32 scales [ceil(n / fp8_gran_mn)][ceil(k / gran_b[1])], fp8_gran_mn =
      * gcd(gran_b[0], DG_PACKED_SLICE) (the same values; a column slice at a multiple of
      * DG_PACKED_SLICE still indexes them), in the block fp8_mem (dg_free). Small-M calls run
      * smallm.c on them as on an unpacked K-major FP8 B (bitwise the unpacked call's D) and read
      * 1 byte per weight instead of the panels' 2.
-     * Not on the plain AVX-512 level: its small-M kernels are bound by the float32 FMAs, not by
-     * reading B, and staging codes per K slice cost more than widening BF16 panels (measured:
-     * grouped FP8 decoding 94 ms on codes vs 72 ms on panels). With decode kernels (AVX2,
-     * AVX-512 BF16) the codes serve only M <= 2, where reading B is the bound; larger M takes
-     * the panels.
+     * The codes serve only M <= 2, where reading B is the bound; larger M takes the panels (the
+     * small-M kernels staging codes per K slice cost more than widening BF16 panels: grouped FP8
+     * decoding measured 94 ms on codes vs 72 ms on panels at the AVX-512 level).
      * Large-M calls keep using the BF16 panels (pk): the object then holds both, 3 bytes per
      * weight instead of 2 (+50%), because packing B per large-M call instead was measured at
      * 3.6x the time at M = 65, 1.8x at 256, 1.2x at 1024 (N 2112, K 7168, one thread). */
