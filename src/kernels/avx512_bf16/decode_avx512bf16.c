@@ -641,7 +641,12 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
  * into w, one NR = 32 panel step in L1; rows of A then run against it in groups of WIDE_G with
  * their accumulators in registers across the step's pairs (loaded and stored once per step);
  * each A pair is a broadcast memory operand of its two VDPBF16PS (dg_dpbf16_bcast). The per-element
- * operations are decode_body's. */
+ * operations are decode_body's.
+ * Tried for BF16 rows (2026-12-06, Zen 4): a transposed kernel with lanes over rows of A (A's
+ * pairs pair-major, B's pairs broadcast straight from its rows, no transpose at all). From L2
+ * it was 5-12% faster at M = 16..64 (B 32 x 3072); from DRAM in dgbench no faster at M = 16
+ * and 15-25% slower at M = 64 and for the masked g6 x 20 case (16 row streams read 4 bytes at
+ * a time, and A read once per 16 columns). */
 #define WIDE_G 8
 
 /* Pairs [p0, p1) of the step panel w ([16][32] words) times G rows of A (ap: [G][16] pairs of
