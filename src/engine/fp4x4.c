@@ -341,9 +341,10 @@ static void prefetch_panel(const dg_operand *b, int64_t p) {
     const dg_tensor *t = b->data;
     if (b->fp4_dim != 1 || t->strides[1] != 1)
         return;
+    const int64_t row_bytes = simd_rows(b) ? 0 : b->k / 2; /* the rows this call fetches */
     for (int64_t j = p * DG_F4_NR; j < (p + 1) * DG_F4_NR && j < b->mn; ++j) {
         const char *row = (const char *)t->data + j * t->strides[0];
-        for (int64_t off = 0; off < b->k / 2 && !simd_rows(b); off += 64)
+        for (int64_t off = 0; off < row_bytes; off += 64)
             __builtin_prefetch(row + off, 0, 2);
         if (b->sf->strides[1] == 1) {
             const char *srow = (const char *)b->sf->data + (j / b->gran_mn) * b->sf->strides[0] * 4;

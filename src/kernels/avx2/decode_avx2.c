@@ -392,8 +392,8 @@ DG_INLINE void rows_slice(const dg_decode_job *j, const float *buf, int64_t kk, 
  * M = 3 .. DG_DECODE_MAX_M rows of A: each staged chunk of B serves every row, four rows at a
  * time (two with 32 rows of B: their 4 G accumulators in registers, kept in memory between
  * the passes; two rows per pass, latency-bound, had taken 1.9 ms for FP8 at M = 4, N 2112,
- * K 7168 on Zen 4), so B is widened once per call, not once per pass of rows; the small-M kernels widen it per K slice too but
- * pay MR-row panels of A and tile loads (measured here, one thread, FP4 4096 x 4096 with 1x32
+ * K 7168 on Zen 4), so B is widened once per call, not once per pass of rows; the small-M
+ * kernels widen it per K slice too but pay MR-row panels of A and tile loads (measured here, one thread, FP4 4096 x 4096 with 1x32
  * scales: M = 3..8 took 27-31 ms on the small-M kernel, 2.9x the decode kernel's M = 2).
  * Per element the chain and epilogue are decode_body's, so the bits are those of M = 1 or 2.
  */

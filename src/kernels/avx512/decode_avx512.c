@@ -34,20 +34,13 @@ enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2 };
 /* Bytes of one row piece per step (8 k of BF16 = 16, of E4M3 = 8, 16 k of E2M1 = 8). */
 DG_INLINE int piece_bytes(int fmt) { return fmt == FMT_BF16 ? 16 : 8; }
 
-/* Rows j, j + 4, j + 8, j + 12 of a 16-row group (row stride ld bytes) at p, one per 128-bit
- * lane, as 16-bit lanes: BF16 values, or codes zero-extended. */
-DG_INLINE __m512i load_quad(const uint8_t *p, int64_t ld, int j, int fmt) {
-    if (fmt == FMT_BF16) {
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + j * ld)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 4) * ld)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 8) * ld)), 2);
-        return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 12) * ld)), 3);
-    }
-    const __m128i lo = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(p + j * ld)),
-                                          _mm_loadl_epi64((const __m128i *)(p + (j + 4) * ld)));
-    const __m128i hi = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(p + (j + 8) * ld)),
-                                          _mm_loadl_epi64((const __m128i *)(p + (j + 12) * ld)));
-    return _mm512_cvtepu8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+/* BF16 rows j, j + 4, j + 8, j + 12 of a 16-row group (row stride ld bytes) at p, 8 k each,
+ * one per 128-bit lane. */
+DG_INLINE __m512i load_quad(const uint8_t *p, int64_t ld, int j) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + j * ld)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 4) * ld)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 8) * ld)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 12) * ld)), 3);
 }
 
 /* The first 8 bytes of rows j + 4l in the low half of lane l (the rest zero), j = 0..3. */
@@ -69,23 +62,13 @@ DG_INLINE void transpose4(const __m512i y[4], __m512i w[4]) {
     w[2] = _mm512_unpacklo_epi64(t1, t3), w[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/* Element t of each word as float32 (before E4M3's multiplier). */
-DG_INLINE __m512 expand(__m512i w, int fmt, int t) {
-    if (fmt == FMT_BF16)
-        return _mm512_castsi512_ps(t ? _mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u))
-                                     : _mm512_slli_epi32(w, 16));
-    /* E4M3: code t in the low byte of the word's 16-bit half t */
-    const __m512i top = _mm512_slli_epi32(w, t ? 8 : 24);
-    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32((int)0x87f00000u)));
-}
-
 /*
  * One step of a 16-row E2M1 group (16 k: 8 bytes per row) into dst as 8 registers of BF16
  * pairs (pair b at dst + b * W; 32-bit lane r: row r, k 2b low, 2b + 1 high): decode_avx2.c's
  * stage_step_e2m1 with rows 4l .. 4l + 3 in lane l. sub: the rows' VPSUBUSW subtrahends.
  */
 DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m512i sub, const bool scaled, uint32_t *dst,
-                                const bool pairs, const int W) {
+                                const int W) {
     __m512i y[4];
     load_rows16(p, ld, y);
     /* u[h], lane l: bytes 4h .. 4h + 3 of rows 4l .. 4l + 3, byte-major */
@@ -106,13 +89,7 @@ DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m512i sub, const 
 #pragma GCC unroll 2
             for (int e = 0; e < 2; ++e) {
                 const int b = 4 * h + 2 * i + e; /* byte b of the rows: k pair b */
-                const __m512i v = scaled ? _mm512_subs_epu16(w[e], sub) : w[e];
-                if (pairs) {
-                    _mm512_store_si512(dst + b * W, v);
-                } else { /* float32 [k][W]: the halves */
-                    _mm512_store_si512(dst + 2 * b * W, _mm512_slli_epi32(v, 16));
-                    _mm512_store_si512(dst + (2 * b + 1) * W, _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
-                }
+                _mm512_store_si512(dst + b * W, scaled ? _mm512_subs_epu16(w[e], sub) : w[e]);
             }
         }
     }
@@ -151,38 +128,32 @@ DG_INLINE __m512i e2m1_subs(const float *f, __mmask16 *big) {
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
 }
 
-/* One step of a 16-row group into the float32 slice dst [k][W] (dst at the group's lane
- * offset of the step's first k): BF16 values, or E4M3 values times mul. */
-DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m512 mul, float *dst, __m512i *nanmax, const int fmt,
-                           const int W) {
+/* One step of a 16-row BF16 group (8 k) into the float32 slice dst [k][W] (dst at the group's
+ * lane offset of the step's first k): the 4 x 4 word transposes leave pair q of rows 0..15 in
+ * w[q], whose halves are the float32 values (exact). */
+DG_INLINE void stage_step_bf16(const uint8_t *p, int64_t ld, float *dst, const int W) {
     __m512i y[4], w[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-        y[j] = load_quad(p, ld, j, fmt);
-        if (fmt == FMT_E4M3)
-            *nanmax = _mm512_max_epu8(*nanmax, _mm512_and_si512(y[j], _mm512_set1_epi16(0x7f)));
-    }
+    for (int j = 0; j < 4; ++j)
+        y[j] = load_quad(p, ld, j);
     transpose4(y, w);
+    const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
 #pragma GCC unroll 4
-    for (int q = 0; q < 4; ++q)
-#pragma GCC unroll 2
-        for (int t = 0; t < 2; ++t) {
-            __m512 v = expand(w[q], fmt, t);
-            if (fmt != FMT_BF16)
-                v = _mm512_mul_ps(v, mul);
-            _mm512_store_ps(dst + (2 * q + t) * W, v);
-        }
+    for (int q = 0; q < 4; ++q) {
+        _mm512_store_ps(dst + 2 * q * W, _mm512_castsi512_ps(_mm512_slli_epi32(w[q], 16)));
+        _mm512_store_ps(dst + (2 * q + 1) * W, _mm512_castsi512_ps(_mm512_and_si512(w[q], hi16)));
+    }
 }
 
-/* acc[m][g] chained over kc (even) k of the slice buf [k][16 G] (pairs: BF16 pairs
- * [k / 2][16 G], widened here, E4M3 then times its multiplier) against A at a (row m at
+/* acc[m][g] chained over kc (even) k of the slice buf: BF16 B float32 [k][16 G], codes BF16
+ * pairs [k / 2][16 G] widened here (E4M3 then times its multiplier) against A at a (row m at
  * a + m * lda): per pair the odd k first. G M independent chains: all rows of A in one pass
  * (up to 16 accumulators), so that from M = 3 on the FMAs issue at their throughput rather
  * than wait on their latency (two rows per pass, as decode_avx2.c, took 1.7 ms at M = 4 for
  * FP8 N 2112, K 7168 on Zen 4, 4x the time to read B). */
 DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, int64_t kc, const float *a, int64_t lda,
-                         __m512 acc[DG_DECODE_MAX_M][2], const int M, const int G, const int fmt, const bool pairs) {
-    if (pairs) {
+                         __m512 acc[DG_DECODE_MAX_M][2], const int M, const int G, const int fmt) {
+    if (fmt != FMT_BF16) {
         const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
         __m512 mul[2] = {_mm512_set1_ps(0x1p120f), _mm512_set1_ps(0x1p120f)};
         for (int64_t kk = 0; kk < kc; kk += 2) {
@@ -231,29 +202,26 @@ DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, i
 }
 
 /* One step of group g (rows at p, stride ld) into dst: E2M1 by stage_step_e2m1 (scales fm[s]
- * as subtrahends), E4M3 pairs for fma_slice to scale, or stage_step (times the multiplier). */
-DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const *fm, int64_t s, int g, float unit,
-                                float *dst, __m512i *nanmax, __mmask16 *big, const int fmt, const bool pairs,
-                                const int W) {
+ * as subtrahends), E4M3 as pairs for fma_slice to scale, BF16 as float32. */
+DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const *fm, int64_t s, int g, float *dst,
+                                __m512i *nanmax, __mmask16 *big, const int fmt, const int W) {
     if (fmt == FMT_E2M1)
         stage_step_e2m1(p, ld, fm ? e2m1_subs(fm[s] + 16 * g, big) : _mm512_setzero_si512(), fm != NULL,
-                        (uint32_t *)dst, pairs, W);
-    else if (pairs)
+                        (uint32_t *)dst, W);
+    else if (fmt == FMT_E4M3)
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
     else
-        stage_step(p, ld, fm ? _mm512_loadu_ps(fm[s] + 16 * g) : _mm512_set1_ps(unit), dst, nanmax, fmt, W);
+        stage_step_bf16(p, ld, dst, W);
 }
 
-/* Chunk [kk, kk + kc) of the 16 G rows as float32 [kc][16 G] in buf (pairs: BF16 pairs
- * [kc / 2][16 G]; always for E2M1). Whole steps of whole rows are read in place, the next
+/* Chunk [kk, kk + kc) of the 16 G rows into buf: BF16 as float32 [kc][16 G], codes as BF16
+ * pairs [kc / 2][16 G]. Whole steps of whole rows are read in place, the next
  * chunk of every row prefetched into L2 meanwhile (decode_avx2.c measured one chunk ahead
  * best); partial ones are copied into a zeroed block first. */
 DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64_t full, int64_t bytes, float *buf,
-                           uint8_t *tail, __m512i *nanmax, __mmask16 *big, const int fmt, const bool pairs,
-                           const int G) {
+                           uint8_t *tail, __m512i *nanmax, __mmask16 *big, const int fmt, const int G) {
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
-    const int64_t vpk = pairs ? 2 : 1; /* k per buffer entry */
-    const float unit = fmt == FMT_E4M3 ? 0x1p120f : 1.0f;
+    const int64_t vpk = fmt == FMT_BF16 ? 1 : 2; /* k per buffer entry: float32 values, or pairs */
     const float *fmrow[2 * CHUNK_K / 8], *const *fm = j->fm ? fmrow : NULL; /* kc <= 2 CHUNK_K (G = 1) */
     for (int64_t s = 0; j->fm && s < kc; s += kstep)
         fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * j->lanes;
@@ -264,8 +232,8 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
                 _mm_prefetch((const char *)(j->b + r * ld + off + kc / kstep * pb + o), _MM_HINT_T1);
         for (int g = 0; g < G; ++g) /* 16 rows' lines at a time */
             for (int64_t s = 0; s < kc; s += kstep)
-                stage_group_step(j->b + (int64_t)(16 * g) * ld + off + s / kstep * pb, ld, fm, s / kstep, g, unit,
-                                 buf + s / vpk * 16 * G + 16 * g, nanmax, big, fmt, pairs, 16 * G);
+                stage_group_step(j->b + (int64_t)(16 * g) * ld + off + s / kstep * pb, ld, fm, s / kstep, g,
+                                 buf + s / vpk * 16 * G + 16 * g, nanmax, big, fmt, 16 * G);
         return;
     }
     for (int64_t s = 0; s < kc; s += kstep) {
@@ -274,8 +242,8 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
         for (int r = 0; r < j->rows && valid > 0; ++r)
             memcpy(tail + r * pb, j->b + r * ld + off, (size_t)valid);
         for (int g = 0; g < G; ++g)
-            stage_group_step(tail + 16 * g * pb, pb, fm, s / kstep, g, unit, buf + s / vpk * 16 * G + 16 * g, nanmax,
-                             big, fmt, pairs, 16 * G);
+            stage_group_step(tail + 16 * g * pb, pb, fm, s / kstep, g, buf + s / vpk * 16 * G + 16 * g, nanmax, big,
+                             fmt, 16 * G);
     }
 }
 
@@ -306,7 +274,7 @@ static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
 /*
  * The body for M rows of A (1 .. DG_DECODE_MAX_M), format fmt and G groups of 16 rows
- * (constants after inlining). Per chunk of gcd(gblk, CHUNK_K) k (whole chunks per K block): the
+ * (constants after inlining). Per chunk of gcd(gblk, 2 CHUNK_K / G) k (whole chunks per K block): the
  * G groups staged into a slice in L1, 16 rows at a time (their lines in flight together:
  * DeepSeek's K make row strides that put all rows of a call in few L1 sets), then G M
  * independent FMA chains over it. Codes are staged as BF16 pairs, which the FMA loop widens
@@ -319,7 +287,6 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
     const int64_t gblk = j->gblk, full = j->rows == 16 * G ? bytes / pb * kstep : 0;
     const int64_t chunk = gcd64(gblk, CHUNK_K * 2 / G); /* the slice: CHUNK_K x 32 floats at most */
-    const bool pairs = fmt != FMT_BF16;
     __m512 total[DG_DECODE_MAX_M][2], acc[DG_DECODE_MAX_M][2];
     __m512i nanmax = _mm512_setzero_si512();
     __mmask16 big = 0;
@@ -337,8 +304,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
                 acc[m][g] = _mm512_setzero_ps();
         for (int64_t kk = kb0; kk < kb1; kk += chunk) {
             const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
-            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, pairs, G);
-            fma_slice(j, buf, kk, kc, j->a + kk, j->lda, acc, M, G, fmt, pairs);
+            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, G);
+            fma_slice(j, buf, kk, kc, j->a + kk, j->lda, acc, M, G, fmt);
         }
         block_end(j, kb0 / gblk, acc, total, M, G);
     }
