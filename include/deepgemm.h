@@ -145,6 +145,10 @@ typedef struct dg_cpu_info {
     dg_isa best_isa;       /* the best level this CPU and this build support */
     int amx_int8;          /* AMX INT8 tiles (TDPBSSD and relatives) */
     int amx_usable;        /* the OS granted this process tile state (Linux: arch_prctl) */
+    /* Data cache sizes one core sees, in bytes: [1] L1D, [2] L2, [3] L3 (shared ones whole);
+     * [0] unused; 0 when unknown. From CPUID's cache parameters, else Linux's sysfs. The
+     * kernels' cache blocking and prefetch distances are chosen from them. */
+    int64_t cache_bytes[4];
 } dg_cpu_info;
 
 DG_API dg_status dg_get_cpu_info(dg_cpu_info *out);

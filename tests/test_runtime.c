@@ -66,6 +66,19 @@ static void test_cpu(void) {
     TU_CHECK_OK(dg_get_cpu_info(&ci));
     TU_CHECK(ci.logical_cores >= 1, "cores");
     TU_CHECK(ci.best_isa >= DG_ISA_GENERIC && ci.best_isa <= DG_ISA_AMX, "best isa");
+    /* Cache sizes: unknown (0) or plausible and growing with the level; x86-64 and Linux
+     * Linux machines report at least L1D and L2 (CPUID leaf 4 / 0x8000001D, or sysfs). */
+    for (int l = 1; l <= 3; ++l)
+        TU_CHECK(ci.cache_bytes[l] == 0 || (ci.cache_bytes[l] >= 4096 && ci.cache_bytes[l] <= ((int64_t)4 << 30)),
+                 "L%d size %lld", l, (long long)ci.cache_bytes[l]);
+    if (ci.cache_bytes[1] && ci.cache_bytes[2])
+        TU_CHECK(ci.cache_bytes[1] < ci.cache_bytes[2], "L1d < L2");
+    if (ci.cache_bytes[2] && ci.cache_bytes[3])
+        TU_CHECK(ci.cache_bytes[2] <= ci.cache_bytes[3], "L2 <= L3");
+#if defined(__x86_64__) && defined(__linux__)
+    TU_CHECK(ci.cache_bytes[1] > 0 && ci.cache_bytes[2] > 0, "L1d and L2 detected: %lld, %lld",
+             (long long)ci.cache_bytes[1], (long long)ci.cache_bytes[2]);
+#endif
     const dg_isa isa0 = dg_get_isa();
     TU_CHECK(isa0 <= ci.best_isa, "current isa within best");
     for (int i = DG_ISA_GENERIC; i <= (int)ci.best_isa; ++i) {

@@ -156,6 +156,9 @@ static void print_info(void) {
            "avx512_vnni=%d amx_bf16=%d\n",
            ci.avx2, ci.fma, ci.avx512f, ci.avx512bw, ci.avx512vl, ci.avx512_bf16, ci.avx512_vnni,
            ci.amx_bf16);
+    printf("caches: L1d %lld KiB, L2 %lld KiB, L3 %lld KiB (per core as detected; 0: unknown)\n",
+           (long long)(ci.cache_bytes[1] >> 10), (long long)(ci.cache_bytes[2] >> 10),
+           (long long)(ci.cache_bytes[3] >> 10));
 }
 
 static void print_peaks(const bench_peaks *p) {

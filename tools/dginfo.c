@@ -89,6 +89,8 @@ int main(void) {
     printf("               avx512_bf16=%s avx512_vnni=%s amx_bf16=%s amx_int8=%s (tiles granted: %s)\n",
            yes_no(ci.avx512_bf16), yes_no(ci.avx512_vnni), yes_no(ci.amx_bf16), yes_no(ci.amx_int8),
            yes_no(ci.amx_usable));
+    printf("caches         L1d %lld KiB, L2 %lld KiB, L3 %lld KiB per core (0: unknown)\n",
+           (long long)(ci.cache_bytes[1] >> 10), (long long)(ci.cache_bytes[2] >> 10), (long long)(ci.cache_bytes[3] >> 10));
     printf("best isa       %s\n", dg_isa_name(ci.best_isa));
     printf("selected isa   %s   (DG_ISA)\n", dg_isa_name(dg_get_isa()));
     printf("num_sms        %d   (threads; DG_NUM_THREADS)\n", dg_get_num_sms());

@@ -162,6 +162,9 @@ void dg_path_reference(const char *declined_why);
 
 const dg_cpu_info *dg_cpu(void); /* detected once; never clears the error message */
 bool dg_cpu_has_avx512_vbmi(void); /* byte permutes (VPERMB/VPERMI2B) the OS lets us use */
+/* dg_cpu()->cache_bytes[level] for level 1 (data), 2 or 3, else 0 (0: unknown; blocking
+ * choices have their own default). */
+int64_t dg_cpu_cache_bytes(int level);
 int dg_num_threads(void);          /* dg_get_num_sms() */
 bool dg_use_reference(void);       /* DG_BACKEND=reference or dg_set_backend */
 

@@ -52,6 +52,7 @@ typedef struct bjob {
     size_t gbytes;              /* per-thread group sums (segments: batched.h, DG_ACC_GROUP), or 0 */
     int stream;                 /* D written with non-temporal stores */
     int tile_major;             /* units ordered tile by tile (all groups of a tile together) */
+    int64_t pf_bytes;           /* the most operand bytes of a chunk that pf_plan prefetches */
     /* w outputs of a row of D: round(C + acc) (cp NULL: no C), streamed or not */
     void (*row)(int f32, const float *acc, const void *cp, void *dst, int64_t w, int stream);
 } bjob;
@@ -156,24 +157,52 @@ static void row_scales(const dg_operand *op, int folded, int64_t i0, int r, int6
         out[i] = !folded && op->sf && i0 + i < op->mn ? dg_operand_scale(op, 0, i0 + i, k) : 1.0f;
 }
 
-/* Software prefetch (to L2) of the next K block of a unit's 2-D operands while the
- * microkernels run on the current one: their rows are often far apart (E4M3 [H, D, R] heads:
- * R bytes each), so the fetch in the packing would stall on every row (measured ~8% on fp8
- * 'bhr,hdr->bhd' b128_h8_r4096_d1024; the BF16 views gain nothing: contiguous segments are
- * prefetched by the hardware, and pack_amx_a fetches strided rows ahead itself). Items: the
- * MR panels of A, then the NR panels of B, a few per microkernel call. Rows with contiguous
- * 1- or 2-byte elements along K only. */
-typedef struct pf_cursor {
-    int64_t k0, k1;          /* the next K block */
-    int64_t items, done;     /* panels: mpan of A, then npan of B */
-} pf_cursor;
+/* A unit: group g, output rows [m0, m0 + rows) and columns [n0, n0 + cols). */
+typedef struct bunit {
+    int64_t g, m0, rows, n0, cols;
+} bunit;
 
-static void pf_item(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const pf_cursor *c) {
-    const int64_t mpan = dg_ceil_div(rows, j->cfg->mr);
-    const int side = c->done >= mpan, r = side ? j->cfg->nr : j->cfg->mr;
-    const int64_t panel = side ? c->done - mpan : c->done, all = side ? cols : rows;
-    const int64_t i0 = (side ? n0 : m0) + panel * r, nrow = all - panel * r < r ? all - panel * r : r;
-    const dg_tensor *t = j->p->ops[2 * g + side].data;
+/*
+ * Software prefetch (to L2) of what the next packing reads, spread over the microkernel calls
+ * of the current chunk: the unit's next K chunk, or after its last chunk the first chunk of the
+ * unit the thread runs next (job_run claims it one unit ahead). Packing straight from memory
+ * stalls on every row: the rows are short pieces far apart ([B, H, R] heads, E4M3 heads of R
+ * bytes), or, for the K-segmented form, each chunk is new memory (measured on Zen 4: 'bmk,bnk->mn'
+ * S 4096, M 128, N 384, K 128 175 -> 157 ms; ~8% on fp8 'bhr,hdr->bhd' b128_h8_r4096_d1024).
+ * Items (a few per microkernel call): for operand pairs (p->ops) the MR panels of A, then the
+ * NR panels of B, rows with contiguous 1- or 2-byte elements along K only; for the BF16 views a
+ * row of the unit over the chunk's K' positions when the view is K-major, else one position's
+ * piece of the unit's rows (MN-major).
+ */
+typedef struct pf_plan {
+    bunit u;
+    int64_t k0, k1;  /* the chunk: k (p->ops) or K' positions (segments), k1 <= k0: none */
+    int64_t na, items, done; /* A's items come first */
+} pf_plan;
+
+static int64_t view_items(const dg_bview *v, int64_t rows, int64_t kc) {
+    return v->sk == 1 ? rows : v->si == 1 ? kc : 0;
+}
+
+static void pf_plan_init(const bjob *j, pf_plan *pf, const bunit *u, int64_t k0, int64_t k1) {
+    *pf = (pf_plan){.u = *u, .k0 = k0, .k1 = k1};
+    if (k1 <= k0)
+        return;
+    if (j->p->ops) {
+        pf->na = dg_ceil_div(u->rows, j->cfg->mr);
+        pf->items = pf->na + dg_ceil_div(u->cols, j->cfg->nr);
+    } else {
+        pf->na = view_items(&j->p->a, u->rows, k1 - k0);
+        pf->items = pf->na + view_items(&j->p->b, u->cols, k1 - k0);
+    }
+}
+
+/* A panel of an operand pair's rows over k [k0, k1). */
+static void pf_ops_panel(const bjob *j, const pf_plan *c, int side, int64_t panel) {
+    const int r = side ? j->cfg->nr : j->cfg->mr;
+    const int64_t all = side ? c->u.cols : c->u.rows, i0 = (side ? c->u.n0 : c->u.m0) + panel * r;
+    const int64_t nrow = all - panel * r < r ? all - panel * r : r;
+    const dg_tensor *t = j->p->ops[2 * c->u.g + side].data;
     const int64_t es = (int64_t)dg_dtype_size(t->dtype), k1 = c->k1 < j->p->k ? c->k1 : j->p->k;
     if (t->strides[1] != 1 || (t->dtype != DG_BFLOAT16 && t->dtype != DG_FLOAT8_E4M3))
         return;
@@ -182,32 +211,94 @@ static void pf_item(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t 
             __builtin_prefetch((const char *)t->data + (i0 + i) * t->strides[0] * es + kk, 0, 2);
 }
 
+/* Item `item` of a BF16 view: a row over the positions, or a position's row piece. */
+static void pf_view_item(const bjob *j, const dg_bview *v, int64_t i0, int64_t rows, const pf_plan *c,
+                         int64_t item) {
+    const int64_t k = j->p->k;
+    const uint16_t *base = v->base + c->u.g * v->sg;
+    if (v->sk == 1) {
+        const uint16_t *row = base + (i0 + item) * v->si;
+        for (int64_t q = c->k0; q < c->k1;) { /* the positions' pieces, segment by segment */
+            const int64_t s = q / j->kp, k0 = q % j->kp, end = j->kp - k0 < c->k1 - q ? j->kp : k0 + c->k1 - q;
+            for (int64_t kk = k0; kk < (end < k ? end : k); kk += 32)
+                __builtin_prefetch(row + s * v->ss + kk, 0, 2);
+            q += end - k0;
+        }
+        return;
+    }
+    const int64_t q = c->k0 + item, s = q / j->kp, kk = q % j->kp;
+    if (kk < k) /* positions past k are the zero padding */
+        for (int64_t i = 0; i < rows; i += 32)
+            __builtin_prefetch(base + s * v->ss + kk * v->sk + i0 + i, 0, 2);
+}
+
 /* Prefetches items until `upto` of them are done. */
-static void pf_run(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t n0, int64_t cols, pf_cursor *c,
-                   int64_t upto) {
-    for (; c->done < upto && c->done < c->items && c->k0 < c->k1; ++c->done)
-        pf_item(j, g, m0, rows, n0, cols, c);
+static void pf_run(const bjob *j, pf_plan *c, int64_t upto) {
+    for (; c->done < upto && c->done < c->items; ++c->done) {
+        const int side = c->done >= c->na;
+        const int64_t item = side ? c->done - c->na : c->done;
+        if (j->p->ops)
+            pf_ops_panel(j, c, side, item);
+        else
+            pf_view_item(j, side ? &j->p->b : &j->p->a, side ? c->u.n0 : c->u.m0, side ? c->u.cols : c->u.rows, c,
+                         item);
+    }
+}
+
+/* The K step of a group's operand pair: whole accumulation blocks of about KC. */
+static int64_t ops_step(const bjob *j, int64_t g) {
+    const int64_t gblk = j->plans[g].gblk;
+    return gblk * (j->kcb / gblk > 0 ? j->kcb / gblk : 1);
+}
+
+/* What to prefetch while the chunk [k0, k0 + kc) of unit u (of `total` k or positions) runs:
+ * nothing when the next chunk's operands exceed a quarter of the L2 cache, which also holds
+ * the current panels and the C tile (measured on Zen 4, 1 MiB L2: 'bhd,hdr->bhr' h8 d1024,
+ * 320 KiB per chunk, ran 3-9% slower with the prefetch; 'bmk,bnk->mn' at 160 KiB 11% faster). */
+static void pf_plan_next(const bjob *j, pf_plan *pf, const bunit *u, const bunit *next, int64_t k0, int64_t kc,
+                         int64_t total) {
+    const int64_t step = j->p->ops ? ops_step(j, u->g) : j->kcb;
+    pf_plan_init(j, pf, u, 0, 0);
+    const bunit *w = k0 + kc < total ? u : next;
+    if (!w)
+        return;
+    const int64_t q0 = w == u ? k0 + kc : 0, wstep = w == u ? step : j->p->ops ? ops_step(j, next->g) : j->kcb;
+    const int64_t q1 = q0 + wstep < total ? q0 + wstep : total;
+    int64_t bytes = (w->rows + w->cols) * (q1 - q0) * 2;
+    if (j->p->ops)
+        bytes = (w->rows * (int64_t)dg_dtype_size(j->p->ops[2 * w->g].data->dtype) +
+                 w->cols * (int64_t)dg_dtype_size(j->p->ops[2 * w->g + 1].data->dtype)) * (q1 - q0);
+    if (bytes <= j->pf_bytes)
+        pf_plan_init(j, pf, w, q0, q1);
 }
 
 /* One unit of an operand-pair group (p->ops): the engine's order, with the scale epilogue
  * once per K block of gblk when a scale is not folded. */
-static void run_unit_ops(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t n0, int64_t cols,
-                         char *apack, char *bpack, float *cbuf, uint16_t *stage, float *scales) {
+static void run_unit_ops(const bjob *j, const bunit *u, const bunit *next, char *apack, char *bpack, float *cbuf,
+                         uint16_t *stage, float *scales) {
+    const int64_t g = u->g, m0 = u->m0, rows = u->rows, n0 = u->n0, cols = u->cols;
     const dg_operand *a = &j->p->ops[2 * g], *b = &j->p->ops[2 * g + 1];
     const dg_scale_plan *plan = &j->plans[g];
     const dg_engine_cfg *cfg = j->cfg;
     const int mr = cfg->mr, nr = cfg->nr, gblk = plan->gblk;
     const int64_t mpan = dg_ceil_div(rows, mr), npan = dg_ceil_div(cols, nr), ldc = j->nc;
-    const int64_t step = gblk * (j->kcb / gblk > 0 ? j->kcb / gblk : 1);
+    const int64_t step = ops_step(j, g);
+    int rt; /* the last A panel's rows and kernel (dg_engine_tail_kernel) */
+    const dg_ukr_fn tail = dg_engine_tail_kernel(cfg, rows - (mpan - 1) * mr, &rt);
+    const int64_t full = rt == mr ? rows : (mpan - 1) * mr;
     memset(cbuf, 0, (size_t)(mpan * mr * ldc) * sizeof(float));
     for (int64_t k0 = 0; k0 < j->kp; k0 += step) {
         const int64_t kc = j->kp - k0 < step ? j->kp - k0 : step;
-        pack_op_rows(j, a, plan->fold_a, m0, rows, mr, j->fa, k0, kc, stage, apack);
+        pack_op_rows(j, a, plan->fold_a, m0, full, mr, j->fa, k0, kc, stage, apack);
+        if (full < rows)
+            pack_op_rows(j, a, plan->fold_a, m0 + full, rows - full, rt, j->fa, k0, kc, stage,
+                         apack + (size_t)((mpan - 1) * kc * mr) * j->es);
         pack_op_rows(j, b, plan->fold_b, n0, cols, nr, j->fb, k0, kc, stage, bpack);
         /* The chunk's scales once (not per microkernel call): A's [mpan][nb][MR] at scales,
          * then B's [npan][nb][NR]. */
         const int64_t nb = dg_ceil_div(kc, gblk), calls = npan * mpan;
-        pf_cursor pf = {k0 + kc, k0 + kc + step < j->kp ? k0 + kc + step : j->kp, mpan + npan, 0};
+        pf_plan pf;
+        pf_plan_next(j, &pf, u, next, k0, kc, j->kp);
         float *sbs = scales + mpan * nb * mr;
         for (int64_t ir = 0; ir < mpan; ++ir)
             for (int64_t kb = 0; kb < nb; ++kb)
@@ -219,12 +310,14 @@ static void run_unit_ops(const bjob *j, int64_t g, int64_t m0, int64_t rows, int
             for (int64_t ir = 0; ir < mpan; ++ir) {
                 const char *ap = apack + (size_t)(ir * kc * mr) * j->es, *bp = bpack + (size_t)(jr * kc * nr) * j->es;
                 float *ct = cbuf + ir * mr * ldc + jr * nr;
+                const int r = ir == mpan - 1 ? rt : mr;
+                const dg_ukr_fn ukr = ir == mpan - 1 ? tail : cfg->ukr;
                 for (int64_t kb = 0; kb < nb; ++kb) {
                     const int64_t kb0 = kb * gblk, kb1 = kb0 + gblk < kc ? kb0 + gblk : kc;
-                    cfg->ukr(kb1 - kb0, ap + (size_t)(kb0 * mr) * j->es, bp + (size_t)(kb0 * nr) * j->es, ct, ldc,
-                             DG_UKR_SCALE, scales + (ir * nb + kb) * mr, sbs + (jr * nb + kb) * nr);
+                    ukr(kb1 - kb0, ap + (size_t)(kb0 * r) * j->es, bp + (size_t)(kb0 * nr) * j->es, ct, ldc, DG_UKR_SCALE,
+                        scales + (ir * nb + kb) * mr, sbs + (jr * nb + kb) * nr);
                 }
-                pf_run(j, g, m0, rows, n0, cols, &pf, (jr * mpan + ir + 1) * pf.items / calls);
+                pf_run(j, &pf, (jr * mpan + ir + 1) * pf.items / calls);
             }
     }
 }
@@ -335,32 +428,38 @@ static void store_rows(const bjob *j, const dg_tensor *d, const dg_tensor *c, in
  * kc and kp are multiples of the format's k step (2, or 32 for AMX), so each segment's piece
  * starts a whole step of the panels and one microkernel call covers several segments with
  * the order of one call per segment (an accumulation block may span two segments). */
-static void pack_chunk(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t n0, int64_t cols, int64_t q0,
-                       int64_t kc, char *apack, char *bpack) {
+static void pack_chunk(const bjob *j, int64_t g, int64_t m0, int64_t rows, int rt, int64_t n0, int64_t cols,
+                       int64_t q0, int64_t kc, char *apack, char *bpack) {
     const dg_bgemm *p = j->p;
     const int mr = j->cfg->mr, nr = j->cfg->nr;
+    const int64_t full = rt == mr ? rows : rows / mr * mr; /* rows in MR-row panels; the rest: rt */
+    char *atail = apack + (size_t)(full / mr * kc * mr) * j->es;
     for (int64_t q = q0; q < q0 + kc;) {
         const int64_t s = q / j->kp, k0 = q % j->kp, len = j->kp - k0 < q0 + kc - q ? j->kp - k0 : q0 + kc - q;
         const uint16_t *ab = p->a.base + g * p->a.sg + s * p->a.ss + m0 * p->a.si;
         const uint16_t *bb = p->b.base + g * p->b.sg + s * p->b.ss + n0 * p->b.si;
-        pack_rows(j, ab, p->a.si, p->a.sk, rows, mr, j->fa, k0, len, kc * mr, apack + (size_t)((q - q0) * mr) * j->es);
+        pack_rows(j, ab, p->a.si, p->a.sk, full, mr, j->fa, k0, len, kc * mr, apack + (size_t)((q - q0) * mr) * j->es);
+        if (full < rows)
+            pack_rows(j, ab + full * p->a.si, p->a.si, p->a.sk, rows - full, rt, j->fa, k0, len, kc * rt,
+                      atail + (size_t)((q - q0) * rt) * j->es);
         pack_rows(j, bb, p->b.si, p->b.sk, cols, nr, j->fb, k0, len, kc * nr, bpack + (size_t)((q - q0) * nr) * j->es);
         q += len;
     }
 }
 
-/* ct += gt over one MR x NR tile (row stride ldc): a group's sum joins the total. */
+/* ct += gt over one mr x NR tile (row stride ldc): a group's sum joins the total. */
 static void add_tile(float *ct, const float *gt, int64_t ldc, int mr, int nr) {
     for (int r = 0; r < mr; ++r)
         for (int c = 0; c < nr; ++c)
             ct[r * ldc + c] += gt[r * ldc + c];
 }
 
-/* One unit: group g, rows [m0, m0 + rows), columns [n0, n0 + cols). gbuf: the group sums'
- * buffer (like cbuf) when K runs over segments, else NULL. */
-static void run_unit(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t n0, int64_t cols, char *apack,
-                     char *bpack, float *cbuf, uint16_t *stage, float *scales, float *gbuf) {
+/* One unit; next: the unit this thread runs after it (prefetched), or NULL. gbuf: the group
+ * sums' buffer (like cbuf) when K runs over segments, else NULL. */
+static void run_unit(const bjob *j, const bunit *u, const bunit *next, char *apack, char *bpack, float *cbuf,
+                     uint16_t *stage, float *scales, float *gbuf) {
     const dg_bgemm *p = j->p;
+    const int64_t g = u->g, m0 = u->m0, rows = u->rows, n0 = u->n0, cols = u->cols;
     const dg_engine_cfg *cfg = j->cfg;
     const int mr = cfg->mr, nr = cfg->nr;
     const int64_t mpan = dg_ceil_div(rows, mr), npan = dg_ceil_div(cols, nr), ldc = j->nc;
@@ -374,31 +473,39 @@ static void run_unit(const bjob *j, int64_t g, int64_t m0, int64_t rows, int64_t
     if (cfg->ukr_begin) /* tile state: once per unit, never assumed to survive between calls */
         cfg->ukr_begin();
     if (p->ops)
-        run_unit_ops(j, g, m0, rows, n0, cols, apack, bpack, cbuf, stage, scales);
+        run_unit_ops(j, u, next, apack, bpack, cbuf, stage, scales);
     else
         memset(cbuf, 0, (size_t)(mpan * mr * ldc) * sizeof(float));
+    int rt; /* the last A panel's rows and kernel (dg_engine_tail_kernel) */
+    const dg_ukr_fn tail = dg_engine_tail_kernel(cfg, rows - (mpan - 1) * mr, &rt);
     for (int64_t q0 = 0; q0 < ktot; q0 += j->kcb) {
         const int64_t kc = ktot - q0 < j->kcb ? ktot - q0 : j->kcb;
-        pack_chunk(j, g, m0, rows, n0, cols, q0, kc, apack, bpack);
+        pack_chunk(j, g, m0, rows, rt, n0, cols, q0, kc, apack, bpack);
         if (q0 + kc == ktot)
             prefetch_out(&dv, p->c ? &cv : NULL, j->stream, m0, rows, n0, cols);
+        const int64_t calls = npan * mpan;
+        pf_plan pf;
+        pf_plan_next(j, &pf, u, next, q0, kc, ktot);
         for (int64_t jr = 0; jr < npan; ++jr)
             for (int64_t ir = 0; ir < mpan; ++ir) {
+                pf_run(j, &pf, (jr * mpan + ir + 1) * pf.items / calls);
                 float *ct = cbuf + ir * mr * ldc + jr * nr, *gt = gbuf ? gbuf + ir * mr * ldc + jr * nr : NULL;
+                const int r = ir == mpan - 1 ? rt : mr;
+                const dg_ukr_fn ukr = ir == mpan - 1 ? tail : cfg->ukr;
                 for (int64_t b0 = 0; b0 < kc; b0 += DG_ACC_BLOCK) { /* kcb is a multiple of the block */
                     const int64_t len = kc - b0 < DG_ACC_BLOCK ? kc - b0 : DG_ACC_BLOCK;
-                    const char *ap = apack + (size_t)((ir * kc + b0) * mr) * j->es;
+                    const char *ap = apack + (size_t)(ir * kc * mr + b0 * r) * j->es;
                     const char *bp = bpack + (size_t)((jr * kc + b0) * nr) * j->es;
                     if (!gt) {
-                        cfg->ukr(len, ap, bp, ct, ldc, DG_UKR_SCALE, kOnes, kOnes);
+                        ukr(len, ap, bp, ct, ldc, DG_UKR_SCALE, kOnes, kOnes);
                         continue;
                     }
                     /* Block blk of K' starts a group (its sum from the block's own), joins it,
                      * and the group's sum joins the total when the group or K' ends. */
                     const int64_t blk = (q0 + b0) / DG_ACC_BLOCK;
-                    cfg->ukr(len, ap, bp, gt, ldc, blk % DG_ACC_GROUP ? DG_UKR_SCALE : DG_UKR_ZERO, kOnes, kOnes);
+                    ukr(len, ap, bp, gt, ldc, blk % DG_ACC_GROUP ? DG_UKR_SCALE : DG_UKR_ZERO, kOnes, kOnes);
                     if (blk % DG_ACC_GROUP == DG_ACC_GROUP - 1 || q0 + b0 + len == ktot)
-                        add_tile(ct, gt, ldc, mr, nr);
+                        add_tile(ct, gt, ldc, r, nr);
                 }
             }
     }
@@ -484,6 +591,8 @@ static void job_init(bjob *j, const dg_bgemm *p, const dg_engine_cfg *cfg, const
      * ~15% faster on [4096, 128, 512] than group by group, where each unit jumps 128 KiB per
      * row); B of all groups is small enough to stay cached. */
     j->tile_major = ngroups > 1 && group_stride_bytes(p) < row_stride_bytes(p);
+    const int64_t l2 = dg_cpu_cache_bytes(2);
+    j->pf_bytes = (l2 > 0 ? l2 : (int64_t)512 << 10) / 4;
     j->row = row_portable;
 #if defined(__GNUC__) && defined(__x86_64__)
     if (dg_get_isa() >= DG_ISA_AVX512)
@@ -495,28 +604,41 @@ static size_t job_per_thread(const bjob *j) {
     return j->abytes + j->bbytes + j->cbytes + j->sbytes + j->fbytes + j->gbytes;
 }
 
+/* Unit u in the job's order (tile_major: all groups of a tile together). */
+static bunit unit_at(const bjob *j, int64_t u) {
+    const int64_t tiles = j->mt * j->nt;
+    const int64_t g = j->gid[j->tile_major ? u % j->ngroups : u / tiles];
+    const int64_t t = j->tile_major ? u / j->ngroups : u % tiles;
+    const int64_t m0 = (t % j->mt) * j->mc, n0 = (t / j->mt) * j->nc;
+    return (bunit){g, m0, j->p->m - m0 < j->mc ? j->p->m - m0 : j->mc, n0, j->p->n - n0 < j->nc ? j->p->n - n0 : j->nc};
+}
+
+/* Thread t starts with unit t, then threads take units from a shared counter, each claiming
+ * its next unit when it starts one, so that the current unit's last chunk can prefetch the
+ * next one's operands (pf_plan). Units write disjoint outputs: which thread runs which never
+ * changes a bit. */
 static void job_run(const bjob *j, char *mem, size_t per) {
-    const dg_bgemm *p = j->p;
     const int64_t units = j->ngroups * j->mt * j->nt;
     const int threads = (int)(units < dg_num_threads() ? units : dg_num_threads());
+    int64_t counter = 0;
 #pragma omp parallel num_threads(threads)
     {
-        int tid = 0;
+        int tid = 0, team = 1;
 #ifdef _OPENMP
-        tid = omp_get_thread_num();
+        tid = omp_get_thread_num(), team = omp_get_num_threads();
 #endif
+#pragma omp single
+        counter = team; /* units [0, team) are the threads' first ones */
         char *base = mem + per * (size_t)tid;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units; ++u) {
-            const int64_t tiles = j->mt * j->nt;
-            const int64_t g = j->gid[j->tile_major ? u % j->ngroups : u / tiles];
-            const int64_t t = j->tile_major ? u / j->ngroups : u % tiles;
-            const int64_t m0 = (t % j->mt) * j->mc, n0 = (t / j->mt) * j->nc;
-            const int64_t rows = p->m - m0 < j->mc ? p->m - m0 : j->mc;
-            const int64_t cols = p->n - n0 < j->nc ? p->n - n0 : j->nc;
-            char *cb = base + j->abytes + j->bbytes, *sb = cb + j->cbytes, *gb = sb + j->sbytes + j->fbytes;
-            run_unit(j, g, m0, rows, n0, cols, base, base + j->abytes, (float *)cb, (uint16_t *)sb,
+        char *cb = base + j->abytes + j->bbytes, *sb = cb + j->cbytes, *gb = sb + j->sbytes + j->fbytes;
+        int64_t cur = tid, next;
+        while (cur < units) {
+#pragma omp atomic capture
+            next = counter++;
+            const bunit u = unit_at(j, cur), nu = next < units ? unit_at(j, next) : u;
+            run_unit(j, &u, next < units ? &nu : NULL, base, base + j->abytes, (float *)cb, (uint16_t *)sb,
                      (float *)(sb + j->sbytes), j->gbytes ? (float *)gb : NULL);
+            cur = next;
         }
     }
 }

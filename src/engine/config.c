@@ -148,3 +148,15 @@ int dg_engine_small_kernel(const dg_engine_cfg *cfg, int64_t m, int *mr) {
     *mr = cfg->small_mr[best];
     return best;
 }
+
+dg_ukr_fn dg_engine_tail_kernel(const dg_engine_cfg *cfg, int64_t rows, int *r) {
+    *r = cfg->mr;
+    if (rows <= 0 || rows >= cfg->mr || cfg->amx || cfg->small_fmt != cfg->fmt || !cfg->ukr_small[0])
+        return cfg->ukr;
+    int sr;
+    const int which = dg_engine_small_kernel(cfg, rows, &sr);
+    if (sr < rows || sr >= cfg->mr || !cfg->ukr_small[which]) /* more than one panel, or no saving */
+        return cfg->ukr;
+    *r = sr;
+    return cfg->ukr_small[which];
+}

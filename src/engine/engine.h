@@ -295,6 +295,13 @@ static inline dg_pack_fmt dg_engine_fmt_a(const dg_engine_cfg *cfg) { return cfg
 /* Which of cfg->ukr_small runs an M-row small-M call (index 0..3); *mr gets its rows. */
 int dg_engine_small_kernel(const dg_engine_cfg *cfg, int64_t m, int *mr);
 
+/* The kernel for an A panel with only `rows` (< MR) valid rows, such as a tile's last: the
+ * small-M kernel that holds them on the same panel format when there is one with fewer rows
+ * than MR (each row's chain, hence its bits, is the same in every MR: engine.h), else
+ * cfg->ukr. *r: the panel's rows (its width when packed). Saves the padded rows' work, e.g.
+ * 12 of the 140 rows computed for M = 128 at MR = 14. */
+dg_ukr_fn dg_engine_tail_kernel(const dg_engine_cfg *cfg, int64_t rows, int *r);
+
 /* The configuration for an ISA level (never NULL: generic is always there). */
 const dg_engine_cfg *dg_engine_config(dg_isa isa);
 struct dg_scale_plan;

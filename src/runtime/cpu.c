@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -74,6 +75,23 @@ static void detect_x86(dg_cpu_info *ci) {
     }
     unsigned ext = 0;
     __get_cpuid(0x80000000u, &ext, &b, &c, &d);
+    /* Data and unified caches from the deterministic cache parameters: leaf 4 (Intel), or
+     * 0x8000001D (AMD, with topology extensions, ECX bit 22 of 0x80000001). */
+    unsigned cache_leaf = 0;
+    if (strcmp(ci->vendor, "GenuineIntel") == 0 && max_leaf >= 4) {
+        cache_leaf = 4;
+    } else if (ext >= 0x8000001Du) {
+        __get_cpuid(0x80000001u, &a, &b, &c, &d);
+        cache_leaf = (c >> 22) & 1 ? 0x8000001Du : 0;
+    }
+    for (unsigned sub = 0; cache_leaf && sub < 16; ++sub) {
+        __get_cpuid_count(cache_leaf, sub, &a, &b, &c, &d);
+        const unsigned type = a & 31, level = (a >> 5) & 7;
+        if (type == 0)
+            break;
+        if ((type == 1 || type == 3) && level >= 1 && level <= 3)
+            ci->cache_bytes[level] = (int64_t)((b >> 22) + 1) * (((b >> 12) & 1023) + 1) * ((b & 4095) + 1) * ((int64_t)c + 1);
+    }
     if (ext >= 0x80000004u) {
         unsigned *w = (unsigned *)ci->brand;
         for (unsigned leaf = 0; leaf < 3; ++leaf)
@@ -96,6 +114,39 @@ static int request_amx(void) {
 #endif
 #endif
 
+/* Linux's view of cpu0's caches, where CPUID said nothing (other architectures, old CPUs). */
+static void detect_caches_sysfs(void) {
+#if defined(__linux__)
+    for (int idx = 0; idx < 8; ++idx) {
+        char path[96], buf[32];
+        int level = 0;
+        int64_t kib = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", idx);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            break;
+        const int data = fgets(buf, sizeof buf, f) && strncmp(buf, "Instruction", 11) != 0;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", idx);
+        if ((f = fopen(path, "r"))) {
+            if (fscanf(f, "%d", &level) != 1)
+                level = 0;
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
+        if ((f = fopen(path, "r"))) {
+            long long v = 0;
+            char unit = 'K';
+            if (fscanf(f, "%lld%c", &v, &unit) >= 1 && v > 0)
+                kib = unit == 'M' ? v * 1024 : v;
+            fclose(f);
+        }
+        if (data && level >= 1 && level <= 3 && kib > 0 && g_info.cache_bytes[level] == 0)
+            g_info.cache_bytes[level] = kib * 1024;
+    }
+#endif
+}
+
 static dg_isa isa_from_env(dg_isa best) {
     const char *s = getenv("DG_ISA");
     if (!s || !*s)
@@ -117,6 +168,7 @@ static void detect(void) {
 #if DG_X86
     detect_x86(&g_info);
 #endif
+    detect_caches_sysfs();
     dg_isa best = DG_ISA_GENERIC;
     if (g_info.avx2 && g_info.fma)
         best = DG_ISA_AVX2;
@@ -137,6 +189,11 @@ static void detect(void) {
 const dg_cpu_info *dg_cpu(void) {
     pthread_once(&g_once, detect);
     return &g_info;
+}
+
+int64_t dg_cpu_cache_bytes(int level) {
+    pthread_once(&g_once, detect);
+    return level >= 1 && level <= 3 ? g_info.cache_bytes[level] : 0;
 }
 
 bool dg_cpu_has_avx512_vbmi(void) {
