@@ -474,6 +474,45 @@ static void run_layouts(tu_rng *r, int64_t g, int64_t s, int64_t m, int64_t n, i
     tu_free(&d0), tu_free(&d1);
 }
 
+/* Batch invariance of dg_engine_bgemm: one call over M rows (several row tiles sharing each
+ * group's B, which the engine then packs once; the last A panel on a narrower kernel) gives
+ * the bits of calls over `block` rows at a time (one row tile each), on every variant. */
+static void run_row_blocks(tu_rng *r, int64_t g, int64_t s, int64_t m, int64_t n, int64_t k, int64_t block) {
+    uint16_t *a = malloc((size_t)(g * s * m * k) * 2 + 2), *b = malloc((size_t)(g * s * n * k) * 2 + 2);
+    for (int64_t i = 0; i < g * s * m * k; ++i)
+        a[i] = dg_float_to_bf16((float)tu_normal(r));
+    for (int64_t i = 0; i < g * s * n * k; ++i)
+        b[i] = dg_float_to_bf16((float)tu_normal(r));
+    /* A [m][g][s][k] (rows of all groups interleaved, as the heads forms), B [g][s][n][k] */
+    const dg_bview av = {a, s * k, k, g * s * k, 1}, bv = {b, s * n * k, n * k, k, 1};
+    dg_tensor d0 = tu_alloc2(DG_BFLOAT16, m, g * n), d1 = tu_alloc2(DG_BFLOAT16, m, g * n);
+    char what[160];
+    for (int v = 0; v < NVARIANTS; ++v) {
+        if (!set_variant(kVariants[v]))
+            continue;
+        snprintf(what, sizeof what, "bgemm row blocks G=%lld S=%lld M=%lld N=%lld K=%lld by %lld [isa %d dpbf16 %d threads %d]",
+                 (long long)g, (long long)s, (long long)m, (long long)n, (long long)k, (long long)block,
+                 (int)kVariants[v].isa, kVariants[v].dpbf16, kVariants[v].threads);
+        dg_tensor v0 = d0;
+        v0.shape[1] = n;
+        const dg_bgemm whole = {g, s, m, n, k, av, bv, &v0, NULL, n, 0, NULL};
+        TU_CHECK_OK(dg_engine_bgemm(&whole));
+        for (int64_t m0 = 0; m0 < m; m0 += block) {
+            dg_tensor v1 = d1;
+            v1.data = (uint16_t *)d1.data + m0 * g * n;
+            v1.shape[0] = m - m0 < block ? m - m0 : block, v1.shape[1] = n;
+            dg_bview ab = av;
+            ab.base = a + m0 * av.si;
+            const dg_bgemm part = {g, s, v1.shape[0], n, k, ab, bv, &v1, NULL, n, 0, NULL};
+            TU_CHECK_OK(dg_engine_bgemm(&part));
+        }
+        TU_CHECK(memcmp(d0.data, d1.data, (size_t)(m * g * n) * 2) == 0, "%s: the same bits", what);
+    }
+    reset_variant();
+    free(a), free(b);
+    tu_free(&d0), tu_free(&d1);
+}
+
 int main(void) {
     tu_rng rng = {11};
     TU_CHECK_OK(dg_set_num_sms(2));
@@ -491,6 +530,8 @@ int main(void) {
             run_heads(&rng, form == 0, heads[i][0], heads[i][1], heads[i][2], heads[i][3], heads[i][4], heads[i][5],
                       heads[i][6], false);
     run_heads(&rng, false, 520, 16, 517, 16, 0, 0, 1, true); /* 8.6 MB of z, rows not 16-byte aligned */
+    run_row_blocks(&rng, 3, 1, 300, 70, 130, 7); /* shared B packed once; tails of 6 and 7 rows */
+    run_row_blocks(&rng, 2, 3, 461, 40, 66, 13); /* segments: K' = 3 x 66 */
     run_layouts(&rng, 3, 2, 37, 45, 70);
     run_layouts(&rng, 1, 5, 70, 33, 33);
     run_fp8(&rng, F_BHR_HDR_BHD, 3, 2, 130, 200, true, false, DG_BFLOAT16, false);

@@ -53,6 +53,7 @@ typedef struct bjob {
     int stream;                 /* D written with non-temporal stores */
     int tile_major;             /* units ordered tile by tile (all groups of a tile together) */
     int64_t pf_bytes;           /* the most operand bytes of a chunk that pf_plan prefetches */
+    char *bpre;                 /* B packed once for all units (bpre_at), or NULL: per unit */
     /* w outputs of a row of D: round(C + acc) (cp NULL: no C), streamed or not */
     void (*row)(int f32, const float *acc, const void *cp, void *dst, int64_t w, int stream);
 } bjob;
@@ -157,6 +158,32 @@ static void row_scales(const dg_operand *op, int folded, int64_t i0, int r, int6
         out[i] = !folded && op->sf && i0 + i < op->mn ? dg_operand_scale(op, 0, i0 + i, k) : 1.0f;
 }
 
+/*
+ * B packed once per job (BF16 views, one segment, several row tiles sharing each B block: the
+ * heads forms' y[h], reused by every tile of B rows): otherwise every unit packs the same B
+ * again (measured on Zen 4, 'bhr,hdr->bhd' b4096 h128 r512 d128: packing took a quarter of the
+ * time, B a third of it). Block (g, column tile jc) holds the chunks of its K' one after the
+ * other, each laid out as a unit packs it: chunk [q0, q0 + kc) at q0 * NCp elements, panel jr
+ * at jr * kc * NR within it (NCp: the column tile rounded to panels).
+ */
+
+static int64_t bpre_elems(const bjob *j) {
+    return j->p->groups * j->nt * j->p->segs * j->kp * j->nc;
+}
+
+static char *bpre_at(const bjob *j, int64_t g, int64_t jc, int64_t q0) {
+    return j->bpre + (size_t)(((g * j->nt + jc) * j->p->segs * j->kp + q0) * j->nc) * j->es;
+}
+
+/* Only while the packed B stays in the last-level cache (half of it; 8 MiB when unknown):
+ * larger, the extra pass over memory costs more than packing in the units, where it overlaps
+ * (measured: 'bmk,bnk->mn' S1024 M256 N256 K256, 134 MB of packed B, 97 -> 108 ms). */
+static bool bpre_applies(const bjob *j) {
+    const int64_t l3 = dg_cpu_cache_bytes(3), limit = (l3 > 0 ? l3 : (int64_t)16 << 20) / 2;
+    int64_t bytes;
+    return !j->p->ops && j->mt > 1 && !__builtin_mul_overflow(bpre_elems(j), (int64_t)j->es, &bytes) && bytes <= limit;
+}
+
 /* A unit: group g, output rows [m0, m0 + rows) and columns [n0, n0 + cols). */
 typedef struct bunit {
     int64_t g, m0, rows, n0, cols;
@@ -193,7 +220,9 @@ static void pf_plan_init(const bjob *j, pf_plan *pf, const bunit *u, int64_t k0,
         pf->items = pf->na + dg_ceil_div(u->cols, j->cfg->nr);
     } else {
         pf->na = view_items(&j->p->a, u->rows, k1 - k0);
-        pf->items = pf->na + view_items(&j->p->b, u->cols, k1 - k0);
+        /* pre-packed B: its chunk is contiguous, items of 1 KiB */
+        pf->items = pf->na + (j->bpre ? dg_ceil_div((k1 - k0) * dg_align(u->cols, j->cfg->nr) * (int64_t)j->es, 1024)
+                                      : view_items(&j->p->b, u->cols, k1 - k0));
     }
 }
 
@@ -237,9 +266,13 @@ static void pf_run(const bjob *j, pf_plan *c, int64_t upto) {
     for (; c->done < upto && c->done < c->items; ++c->done) {
         const int side = c->done >= c->na;
         const int64_t item = side ? c->done - c->na : c->done;
-        if (j->p->ops)
+        if (j->p->ops) {
             pf_ops_panel(j, c, side, item);
-        else
+        } else if (side && j->bpre) {
+            const char *blk = bpre_at(j, c->u.g, c->u.n0 / j->nc, c->k0) + item * 1024;
+            for (int l = 0; l < 1024; l += 64)
+                __builtin_prefetch(blk + l, 0, 2);
+        } else
             pf_view_item(j, side ? &j->p->b : &j->p->a, side ? c->u.n0 : c->u.m0, side ? c->u.cols : c->u.rows, c,
                          item);
     }
@@ -442,7 +475,24 @@ static void pack_chunk(const bjob *j, int64_t g, int64_t m0, int64_t rows, int r
         if (full < rows)
             pack_rows(j, ab + full * p->a.si, p->a.si, p->a.sk, rows - full, rt, j->fa, k0, len, kc * rt,
                       atail + (size_t)((q - q0) * rt) * j->es);
-        pack_rows(j, bb, p->b.si, p->b.sk, cols, nr, j->fb, k0, len, kc * nr, bpack + (size_t)((q - q0) * nr) * j->es);
+        if (bpack)
+            pack_rows(j, bb, p->b.si, p->b.sk, cols, nr, j->fb, k0, len, kc * nr, bpack + (size_t)((q - q0) * nr) * j->es);
+        q += len;
+    }
+}
+
+/* Block `blk` of the pre-packing: group, column tile and chunk. */
+static void bpre_pack(const bjob *j, int64_t blk) {
+    const dg_bgemm *p = j->p;
+    const int64_t ktot = p->segs * j->kp, chunks = dg_ceil_div(ktot, j->kcb);
+    const int64_t c = blk % chunks, jc = blk / chunks % j->nt, g = blk / chunks / j->nt;
+    const int64_t q0 = c * j->kcb, kc = ktot - q0 < j->kcb ? ktot - q0 : j->kcb, n0 = jc * j->nc;
+    const int64_t cols = p->n - n0 < j->nc ? p->n - n0 : j->nc;
+    char *dst = bpre_at(j, g, jc, q0);
+    for (int64_t q = q0; q < q0 + kc;) {
+        const int64_t s = q / j->kp, k0 = q % j->kp, len = j->kp - k0 < q0 + kc - q ? j->kp - k0 : q0 + kc - q;
+        pack_rows(j, p->b.base + g * p->b.sg + s * p->b.ss + n0 * p->b.si, p->b.si, p->b.sk, cols, j->cfg->nr, j->fb,
+                  k0, len, kc * j->cfg->nr, dst + (size_t)((q - q0) * j->cfg->nr) * j->es);
         q += len;
     }
 }
@@ -480,7 +530,8 @@ static void run_unit(const bjob *j, const bunit *u, const bunit *next, char *apa
     const dg_ukr_fn tail = dg_engine_tail_kernel(cfg, rows - (mpan - 1) * mr, &rt);
     for (int64_t q0 = 0; q0 < ktot; q0 += j->kcb) {
         const int64_t kc = ktot - q0 < j->kcb ? ktot - q0 : j->kcb;
-        pack_chunk(j, g, m0, rows, rt, n0, cols, q0, kc, apack, bpack);
+        char *bp0 = j->bpre ? bpre_at(j, g, n0 / j->nc, q0) : bpack;
+        pack_chunk(j, g, m0, rows, rt, n0, cols, q0, kc, apack, j->bpre ? NULL : bpack);
         if (q0 + kc == ktot)
             prefetch_out(&dv, p->c ? &cv : NULL, j->stream, m0, rows, n0, cols);
         const int64_t calls = npan * mpan;
@@ -495,7 +546,7 @@ static void run_unit(const bjob *j, const bunit *u, const bunit *next, char *apa
                 for (int64_t b0 = 0; b0 < kc; b0 += DG_ACC_BLOCK) { /* kcb is a multiple of the block */
                     const int64_t len = kc - b0 < DG_ACC_BLOCK ? kc - b0 : DG_ACC_BLOCK;
                     const char *ap = apack + (size_t)(ir * kc * mr + b0 * r) * j->es;
-                    const char *bp = bpack + (size_t)((jr * kc + b0) * nr) * j->es;
+                    const char *bp = bp0 + (size_t)((jr * kc + b0) * nr) * j->es;
                     if (!gt) {
                         ukr(len, ap, bp, ct, ldc, DG_UKR_SCALE, kOnes, kOnes);
                         continue;
@@ -629,6 +680,12 @@ static void job_run(const bjob *j, char *mem, size_t per) {
 #endif
 #pragma omp single
         counter = team; /* units [0, team) are the threads' first ones */
+        if (j->bpre) {
+            const int64_t blocks = j->p->groups * j->nt * dg_ceil_div(j->p->segs * j->kp, j->kcb);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < blocks; ++b)
+                bpre_pack(j, b);
+        }
         char *base = mem + per * (size_t)tid;
         char *cb = base + j->abytes + j->bbytes, *sb = cb + j->cbytes, *gb = sb + j->sbytes + j->fbytes;
         int64_t cur = tid, next;
@@ -694,8 +751,13 @@ dg_status dg_engine_bgemm(const dg_bgemm *p) {
         dg_free(gid), dg_free(plans);
         return dg_fail(DG_ERR_ALLOC, "out of memory for the batched GEMM panels");
     }
-    for (int i = 0; i < njobs; ++i)
+    for (int i = 0; i < njobs; ++i) {
+        /* no memory for the shared B: each unit packs its own, as always */
+        char *bpre = bpre_applies(&jobs[i]) ? dg_ws_get((size_t)(bpre_elems(&jobs[i]) * (int64_t)jobs[i].es) + 64) : NULL;
+        jobs[i].bpre = bpre;
         job_run(&jobs[i], mem, per);
+        dg_ws_put(bpre);
+    }
     dg_ws_put(mem);
     dg_free(gid), dg_free(plans);
     return DG_OK;
