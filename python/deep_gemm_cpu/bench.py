@@ -14,6 +14,10 @@ For each case D = A @ B^T (A [M, K] activations, B [N, K] weights, D BF16) it ti
 - torch dequant (FP8 / FP4 weights): the chain a PyTorch user would otherwise run, the weights
   dequantized to BF16 (torch ops) and then ``F.linear``, timed in full.
 
+Einsum cases (``einsum/...``: DeepSeek's ``bmk,bnk->mn`` and the MLA absorb forms
+``bhr,hdr->bhd``, ``bhd,hdr->bhr``, BF16) time ``einsum`` against ``torch.einsum`` on the same
+tensors; their GB/s(w) counts the second operand's bytes.
+
 Decoding cases (M <= 64) rotate through enough copies of the weights to exceed twice the
 last-level cache, so every call reads its weights from DRAM. Each implementation gets one
 warm-up call, then up to --reps timed calls (fewer once they took 1 s; a warm-up of 2 s or more
@@ -47,6 +51,11 @@ BUDGET_S = 1.0      # timed runs of one implementation stop once they took this 
 SLOW_S = 2.0        # a warm-up call this long is the measurement (one call, no further runs)
 DIFF_ROWS = 64      # calc_diff of torch's D against ours on (at most) this many leading rows
 COLD_MAX_M = 64     # cases with M up to this read cold weights
+# einsum: (expression, dims): bmk (S, M, N, K); heads (B, H, R, D), as dgbench's einsum cases
+EINSUMS = [('bmk,bnk->mn', (4096, 128, 384, 128)), ('bmk,bnk->mn', (1024, 256, 256, 256)),
+           ('bhr,hdr->bhd', (4096, 128, 512, 128)), ('bhd,hdr->bhr', (4096, 128, 512, 128)),
+           ('bhr,hdr->bhd', (128, 8, 4096, 1024))]
+QUICK_EINSUMS = [('bmk,bnk->mn', (16, 30, 48, 64)), ('bhr,hdr->bhd', (8, 4, 64, 40)), ('bhd,hdr->bhr', (8, 4, 64, 40))]
 
 
 def llc_bytes():
@@ -153,6 +162,54 @@ class Case:
         return lambda: F.linear(self.a_bf16, deq(*it.next()))
 
 
+class EinsumCase:
+    """One einsum on BF16 operands: ours (deep_gemm_cpu.einsum into a preallocated D) and
+    torch.einsum, the same tensors (compute-bound: no copies rotated)."""
+
+    @staticmethod
+    def name_of(expr, dims):
+        tag = expr.replace(',', '_').replace('->', '_')
+        keys = ('s', 'm', 'n', 'k') if expr == 'bmk,bnk->mn' else ('b', 'h', 'r', 'd')
+        return f'einsum/{tag}/' + '_'.join(f'{c}{v}' for c, v in zip(keys, dims))
+
+    def __init__(self, expr, dims):
+        self.kind, self.expr, self.name = 'einsum', expr, EinsumCase.name_of(expr, dims)
+        g = torch.Generator().manual_seed(sum(dims))
+        if expr == 'bmk,bnk->mn':
+            s_, m, n, k = dims
+            sa, sb, sd = (s_, m, k), (s_, n, k), (m, n)
+            self.flops = 2.0 * s_ * m * n * k
+        else:
+            b, h, r, d = dims
+            sa, sb = ((b, h, r), (h, d, r)) if expr == 'bhr,hdr->bhd' else ((b, h, d), (h, d, r))
+            sd = (b, h, d) if expr == 'bhr,hdr->bhd' else (b, h, r)
+            self.flops = 2.0 * b * h * r * d
+        self.a = torch.randn(*sa, generator=g).to(torch.bfloat16)
+        self.b = torch.randn(*sb, generator=g).to(torch.bfloat16)
+        self.d = torch.empty(*sd, dtype=torch.bfloat16)
+        self.ours_wbytes = self.bf16_wbytes = nbytes(self.b)
+
+    def ours(self):
+        return lambda: dg.einsum(self.expr, self.a, self.b, self.d)
+
+    def torch_bf16(self):
+        return lambda: torch.einsum(self.expr, self.a, self.b)
+
+
+def run_einsum(case, reps):
+    t_ours, _ = best_time(case.ours(), reps)
+    t_torch, out = best_time(case.torch_bf16(), reps)
+    rows = [dict(impl='ours einsum', seconds=t_ours, weight_bytes=case.ours_wbytes, diff=None),
+            dict(impl='torch einsum bf16', seconds=t_torch, weight_bytes=case.bf16_wbytes,
+                 diff=calc_diff(out[:DIFF_ROWS].float(), case.d[:DIFF_ROWS].float()))]
+    for r in rows:
+        r['ms'] = 1e3 * r['seconds']
+        r['gflops'] = 1e-9 * case.flops / r['seconds']
+        r['weight_gbps'] = 1e-9 * r['weight_bytes'] / r['seconds']
+        r['ours_over_torch'] = None if r is rows[0] else r['seconds'] / t_ours
+    return rows
+
+
 class _Rotor:
     def __init__(self, items):
         self.items, self.i = items, 0
@@ -230,7 +287,9 @@ def main(argv=None):
     shapes = QUICK_SHAPES if args.quick else SHAPES
     todo = [(kind, m, n, k) for (m, n, k) in shapes for kind in KINDS
             if not args.filters or any(f in f'{kind}/m{m}_n{n}_k{k}' for f in args.filters)]
-    if not todo:
+    einsums = [(e, dims) for e, dims in (QUICK_EINSUMS if args.quick else EINSUMS)
+               if not args.filters or any(f in EinsumCase.name_of(e, dims) for f in args.filters)]
+    if not todo and not einsums:
         print('no case matches the filter', file=sys.stderr)
         return 2
     print(f'deep_gemm_cpu {getattr(dg, "__version__", "")} isa {dg.get_isa()} | torch {torch.__version__} | '
@@ -238,9 +297,15 @@ def main(argv=None):
           f'rotates weight copies past 2x LLC | {platform.processor() or platform.machine()}')
     print(f'{"case / implementation":<40} {"ms":>9} {"GFLOPS":>9} {"GB/s(w)":>9} {"ours/torch":>11} {"diff":>9}')
     results, torch_times = [], {}
-    for kind, m, n, k in todo:
-        case = Case(kind, m, n, k, args.quick)
-        rows = run_case(case, reps, torch_times)
+    for item in todo + einsums:
+        if len(item) == 2:  # an einsum, built only now (the large ones take GBs)
+            case = EinsumCase(*item)
+            rows = run_einsum(case, reps)
+            m = n = k = None
+        else:
+            kind, m, n, k = item
+            case = Case(kind, m, n, k, args.quick)
+            rows = run_case(case, reps, torch_times)
         print(case.name)
         for r in rows:
             ratio = f'{r["ours_over_torch"]:.2f}x' if r['ours_over_torch'] else '-'
@@ -248,8 +313,8 @@ def main(argv=None):
             print(f'  {r["impl"]:<38} {r["ms"]:9.3f} {r["gflops"]:9.2f} {r["weight_gbps"]:9.2f} '
                   f'{ratio:>11} {diff:>9}')
         sys.stdout.flush()
-        results.append(dict(case=case.name, kind=kind, m=m, n=n, k=k, weight_copies=len(case.w_ours),
-                            impls=rows))
+        results.append(dict(case=case.name, kind=case.kind, m=m, n=n, k=k,
+                            weight_copies=len(case.w_ours) if hasattr(case, 'w_ours') else 1, impls=rows))
         del case
     print('ours/torch: the torch implementation\'s time over ours (> 1: deep_gemm_cpu is faster); '
           'GB/s(w): weight bytes read per second (FP8/FP4 codes and scales for ours and the '

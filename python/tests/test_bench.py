@@ -47,3 +47,15 @@ def test_dequant_matches_reference_formulas():
     assert calc_diff(bench.dequant_fp8_blocks(q8, s8).float(), fp8_dequant_blocks(q8, s8)) < 1e-5
     q4, s4 = per_token_cast_to_fp4(w, use_ue8m0=True, gran_k=32)
     assert torch.equal(bench.dequant_fp4_rows(q4, s4).float(), fp4_dequant(q4, s4, 32))
+
+
+def test_quick_einsum_cases(tmp_path, capsys):
+    out = tmp_path / 'einsum.json'
+    assert bench.main(['--quick', '--json', str(out), 'einsum/']) == 0
+    assert 'torch einsum bf16' in capsys.readouterr().out
+    cases = json.loads(out.read_text())['cases']
+    assert [c['case'].split('/')[1] for c in cases] == ['bmk_bnk_mn', 'bhr_hdr_bhd', 'bhd_hdr_bhr']
+    for c in cases:
+        assert c['kind'] == 'einsum' and [r['impl'] for r in c['impls']] == ['ours einsum', 'torch einsum bf16']
+        assert all(r['seconds'] > 0 and r['gflops'] > 0 for r in c['impls'])
+        assert c['impls'][1]['diff'] < 1e-5   # the same einsum: torch's BF16 result against ours
