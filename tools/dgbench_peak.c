@@ -368,25 +368,15 @@ static void stream_read(int tid, int nthreads, void *p) {
         a->sink = s0;
 }
 
-/* The largest cache the kernel reports for cpu0 (the last level), 0 if unknown. */
+/* The largest cache the library detected (the last level; dg_cpu_info.cache_bytes), 0 if unknown. */
 size_t bench_llc_bytes(void) {
-    size_t llc = 0;
-    for (int idx = 0; idx < 8; ++idx) {
-        char path[96];
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue;
-        unsigned long v = 0;
-        char unit = 0;
-        if (fscanf(f, "%lu%c", &v, &unit) >= 1) {
-            const size_t bytes = v * (unit == 'K' ? 1024ul : unit == 'M' ? 1024ul * 1024 : 1ul);
-            if (bytes > llc)
-                llc = bytes;
-        }
-        fclose(f);
-    }
-    return llc;
+    dg_cpu_info ci;
+    if (dg_get_cpu_info(&ci) != DG_OK)
+        return 0;
+    int64_t llc = 0;
+    for (int l = 1; l <= 3; ++l)
+        llc = ci.cache_bytes[l] > llc ? ci.cache_bytes[l] : llc;
+    return (size_t)llc;
 }
 
 /* max(1 GiB, 4 x last-level cache), at most 4 GiB and a quarter of physical memory. */

@@ -196,18 +196,23 @@ class EinsumCase:
         return lambda: torch.einsum(self.expr, self.a, self.b)
 
 
+def with_rates(rows, flops):
+    """Adds ms, GFLOPS, weight GB/s and ours/torch (rows[0] is ours) to each row."""
+    for r in rows:
+        r['ms'] = 1e3 * r['seconds']
+        r['gflops'] = 1e-9 * flops / r['seconds']
+        r['weight_gbps'] = 1e-9 * r['weight_bytes'] / r['seconds']
+        r['ours_over_torch'] = None if r is rows[0] else r['seconds'] / rows[0]['seconds']
+    return rows
+
+
 def run_einsum(case, reps):
     t_ours, _ = best_time(case.ours(), reps)
     t_torch, out = best_time(case.torch_bf16(), reps)
     rows = [dict(impl='ours einsum', seconds=t_ours, weight_bytes=case.ours_wbytes, diff=None),
             dict(impl='torch einsum bf16', seconds=t_torch, weight_bytes=case.bf16_wbytes,
                  diff=calc_diff(out[:DIFF_ROWS].float(), case.d[:DIFF_ROWS].float()))]
-    for r in rows:
-        r['ms'] = 1e3 * r['seconds']
-        r['gflops'] = 1e-9 * case.flops / r['seconds']
-        r['weight_gbps'] = 1e-9 * r['weight_bytes'] / r['seconds']
-        r['ours_over_torch'] = None if r is rows[0] else r['seconds'] / t_ours
-    return rows
+    return with_rates(rows, case.flops)
 
 
 class _Rotor:
@@ -261,12 +266,7 @@ def run_case(case, reps, torch_times):
         t, out = best_time(case.torch_dequant(), reps)
         rows.append(dict(impl='torch dequant+F.linear', seconds=t, weight_bytes=case.ours_wbytes,
                          diff=calc_diff(out[:r].float(), ours_d[:r])))
-    for r in rows:
-        r['ms'] = 1e3 * r['seconds']
-        r['gflops'] = 1e-9 * case.flops / r['seconds']
-        r['weight_gbps'] = 1e-9 * r['weight_bytes'] / r['seconds']
-        r['ours_over_torch'] = None if r is rows[0] else r['seconds'] / t_ours
-    return rows
+    return with_rates(rows, case.flops)
 
 
 def parse_args(argv):

@@ -159,14 +159,12 @@ static void row_scales(const dg_operand *op, int folded, int64_t i0, int r, int6
 }
 
 /*
- * B packed once per job (BF16 views, one segment, several row tiles sharing each B block: the
- * heads forms' y[h], reused by every tile of B rows): otherwise every unit packs the same B
- * again (measured on Zen 4, 'bhr,hdr->bhd' b4096 h128 r512 d128: packing took a quarter of the
+ * B packed once per job (BF16 views whose row tiles share each B block, such as the heads
+ * forms' y[h], reused by every tile of rows): otherwise every unit packs the same B again (measured on Zen 4, 'bhr,hdr->bhd' b4096 h128 r512 d128: packing took a quarter of the
  * time, B a third of it). Block (g, column tile jc) holds the chunks of its K' one after the
  * other, each laid out as a unit packs it: chunk [q0, q0 + kc) at q0 * NCp elements, panel jr
- * at jr * kc * NR within it (NCp: the column tile rounded to panels).
+ * at jr * kc * NR within it (NCp: the column tile rounded to panels, j->nc).
  */
-
 static int64_t bpre_elems(const bjob *j) {
     return j->p->groups * j->nt * j->p->segs * j->kp * j->nc;
 }
