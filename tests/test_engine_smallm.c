@@ -7,7 +7,8 @@
  * small-M bound), for BF16 (K- and MN-major
  * B), FP8 1D2D float scales, FP8 UE8M0, FP8 x FP4 (gran 32, UE8M0 and float scales), with K
  * and N tails and padded B rows; and within DeepGEMM's calc_diff thresholds of exact math on
- * the same values. Then the decode kernels' exact fallbacks: FP8 B with NaN codes, and folded
+ * the same values, with the AVX-512 BF16 kernels reading B's rows in place and staged into L1.
+ * Then the decode kernels' exact fallbacks: FP8 B with NaN codes, and folded
  * scales too large for one exact multiply; and tiny BF16 inputs whose products are float32
  * denormals, bitwise across M too (at AVX-512 BF16 both paths run VDPBF16PS, which flushes them).
  */
@@ -251,8 +252,19 @@ static void run_level(dg_isa isa, int dpbf16) {
     dg_engine_set_dpbf16(-1);
 }
 
+/* When rows are staged by default: strides that put more rows in one L1 set than its ways
+ * (8 to 15 on x86: 32 to 60 KiB L1D), and not others. */
+static void test_rows_crowd_l1(void) {
+    TU_CHECK(dg_engine_rows_crowd_l1(4096, 32) && dg_engine_rows_crowd_l1(2048, 32) && dg_engine_rows_crowd_l1(1024, 64),
+             "rows 1, 2 or 4 KiB apart should crowd L1");
+    TU_CHECK(!dg_engine_rows_crowd_l1(4224, 32) && !dg_engine_rows_crowd_l1(7168, 32) && !dg_engine_rows_crowd_l1(600, 64) &&
+                 !dg_engine_rows_crowd_l1(4096, 8),
+             "rows 4224, 7168 or 600 bytes apart (or 8 rows) should not crowd L1");
+}
+
 int main(void) {
     const dg_isa best = dg_get_isa();
+    test_rows_crowd_l1();
 #if defined(DG_HAVE_AMX) /* where the CPU has AMX: the library selects AMX only then */
     if (best >= DG_ISA_AMX)
         test_widen_e4m3();
@@ -265,6 +277,10 @@ int main(void) {
             dg_engine_set_decode_byte_tables(0);
             run_level((dg_isa)isa, 1);
             dg_engine_set_decode_byte_tables(1);
+            /* E2M1 / E4M3 rows staged into L1 at every stride (K tails: lines cut short) */
+            dg_engine_set_decode_stage_rows(1);
+            run_level((dg_isa)isa, 1);
+            dg_engine_set_decode_stage_rows(-1);
         }
     }
     if (best < DG_ISA_AVX2)

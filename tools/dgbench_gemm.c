@@ -344,6 +344,8 @@ static const gemm_params P[] = {
     SHAPE(GEMM_FP4_FP4, LAYOUT_NT, 4096, 2112, 7168),  SHAPE(GEMM_FP4_FP4, LAYOUT_NT, 1, 7168, 2048),
     PACKED(GEMM_FP8_FP4, 1, 7168, 2048),               PACKED(GEMM_FP8_FP4, 16, 7168, 2048),
     SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 1, 2112, 7168),    PACKED(GEMM_FP8_1D2D, 1, 2112, 7168),
+    /* DeepSeek-V3's o_proj (128 heads x 128): rows 16 KiB apart, which crowd L1's sets */
+    SHAPE(GEMM_FP8_1D2D, LAYOUT_NT, 1, 7168, 16384),
 };
 #undef SHAPE
 #undef PACKED
@@ -368,6 +370,7 @@ static const bench_case CASES[] = {
     CASE("gemm/fp8_fp4_nt_prepacked/m16_n7168_k2048", 22),
     CASE("gemm/fp8_nt_1d2d/m1_n2112_k7168", 23),
     CASE("gemm/fp8_nt_1d2d_prepacked/m1_n2112_k7168", 24),
+    CASE("gemm/fp8_nt_1d2d/m1_n7168_k16384", 25),
 };
 #undef CASE
 

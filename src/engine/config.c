@@ -160,3 +160,16 @@ dg_ukr_fn dg_engine_tail_kernel(const dg_engine_cfg *cfg, int64_t rows, int *r) 
     *r = sr;
     return cfg->ukr_small[which];
 }
+
+bool dg_engine_rows_crowd_l1(int64_t ld, int rows) {
+    enum { LINE = 64, SETS = 64 }; /* virtually indexed: sets x line = the 4 KiB page */
+    const int64_t l1 = dg_cpu_cache_bytes(1);
+    const int ways = l1 >= SETS * LINE ? (int)(l1 / (SETS * LINE)) : 8;
+    int count[SETS] = {0}, most = 0;
+    for (int r = 0; r < rows; ++r) {
+        const int set = (int)(((uint64_t)r * (uint64_t)ld / LINE) % SETS);
+        if (++count[set] > most)
+            most = count[set];
+    }
+    return most > ways;
+}

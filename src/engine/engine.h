@@ -182,6 +182,10 @@ typedef struct dg_decode_job {
     /* E4M3 rows: widened by byte tables (AVX512-VBMI; the driver sets it where the CPU has VBMI
      * and dg_engine_set_decode_byte_tables allows it), else by word tables: the same values. */
     bool byte_tables;
+    /* E2M1 and E4M3 rows (AVX-512 BF16 kernels): the call's rows are copied a cache line at a
+     * time into an L1 buffer and read from there, because their stride maps them onto few L1
+     * sets (dg_engine_rows_crowd_l1); false: read in place. The same values either way. */
+    bool stage_rows;
 } dg_decode_job;
 #define DG_DECODE_PANEL_ROWS 64
 typedef bool (*dg_decode_fn)(const dg_decode_job *j);
@@ -191,6 +195,9 @@ void dg_engine_set_decode(int use);
 /* 0 makes the E4M3 decode kernels widen by word tables on CPUs with VBMI too (the same bits;
  * tests, so that the form Cooper Lake runs stays tested on newer CPUs). */
 void dg_engine_set_decode_byte_tables(int use);
+/* E2M1 / E4M3 rows staged into L1 (dg_decode_job.stage_rows): -1 where the rows crowd L1 (the
+ * default), 0 never, 1 always (the same bits; tests run both). */
+void dg_engine_set_decode_stage_rows(int use);
 /* DG_DECODE_PAIRS: pre-packed BF16-pair panels instead of B rows (prepack.c): two 16-row
  * panels, the second at b + ldb bytes (read when rows > 16), k = the panels' padded K. */
 /* DG_DECODE_E2M1P: pre-packed E2M1 decode panels (prepack.c, pack_e2m1_panels) instead
@@ -301,6 +308,10 @@ int dg_engine_small_kernel(const dg_engine_cfg *cfg, int64_t m, int *mr);
  * cfg->ukr. *r: the panel's rows (its width when packed). Saves the padded rows' work, e.g.
  * 12 of the 140 rows computed for M = 128 at MR = 14. */
 dg_ukr_fn dg_engine_tail_kernel(const dg_engine_cfg *cfg, int64_t rows, int *r);
+/* Whether `rows` rows `ld` bytes apart, touched together, crowd the L1 data cache: more of them
+ * fall into one set than it has ways (x86 L1D: 64 sets of 64-byte lines, 4 KiB per way, as
+ * virtual indexing needs; ways from the detected size). Strides of 1, 2 or 4 KiB do. */
+bool dg_engine_rows_crowd_l1(int64_t ld, int rows);
 
 /* The configuration for an ISA level (never NULL: generic is always there). */
 const dg_engine_cfg *dg_engine_config(dg_isa isa);

@@ -356,18 +356,63 @@ DG_INLINE void prefetch_rows(const uint8_t *b, const uint8_t *next, int64_t ldb,
                                                     : (const char *)next + r * ldb + (ahead - row_bytes), _MM_HINT_T1);
 }
 
+/* Rows staged into L1 (dg_decode_job.stage_rows): when a call's rows crowd few L1 sets (row
+ * strides of 1, 2 or 4 KiB: DeepSeek's K), the slices above, 16 or 32 bytes of a line per step,
+ * found the line evicted by the other rows' lines before the next step read the rest of it, and
+ * every step refetched all of its lines from L2 (E4M3 rows at M = 1, N 7168 on Zen 4: K = 4096
+ * ran at half the speed of K = 4224). Staged, each line of each row is read once, whole, into
+ * a buffer of [rows][64] bytes, and the slices read the buffer. Line c + 1 is copied when the
+ * reading enters line c (two buffers), so its stores are done when the slices load them. */
+#define STAGE_ROWS DG_DECODE_PANEL_ROWS
+typedef struct row_stage {
+    _Alignas(64) uint8_t buf[2][STAGE_ROWS * 64];
+} row_stage;
+
+/* Line `line` (64 bytes at 64 line) of rows [r0, r1) into dst ([rows][64]), zero past row_bytes. */
+DG_INLINE void stage_line(const uint8_t *b, int64_t ldb, int r0, int r1, int64_t line, int64_t row_bytes,
+                          uint8_t *dst) {
+    const int64_t left = row_bytes - 64 * line;
+    if (left >= 64) {
+        for (int r = r0; r < r1; ++r)
+            _mm512_store_si512(dst + 64 * r, _mm512_loadu_si512(b + r * ldb + 64 * line));
+    } else if (left > 0) {
+        const __mmask64 m = ((__mmask64)1 << left) - 1;
+        for (int r = r0; r < r1; ++r)
+            _mm512_store_si512(dst + 64 * r, _mm512_maskz_loadu_epi8(m, b + r * ldb + 64 * line));
+    }
+}
+
+/* The staged copy ([rows][64]) of the line holding byte off of rows [0, rows) at b (off: a
+ * step's first byte; each step reads step_bytes of a row, inside one line). Each step of a line
+ * copies its share of the rows' next line (a burst of every row's copy at once measured slower). */
+DG_INLINE const uint8_t *stage_at(row_stage *st, const uint8_t *b, int64_t ldb, int rows, int64_t off,
+                                  int64_t row_bytes, const int step_bytes) {
+    const int64_t line = off / 64;
+    const int parts = 64 / step_bytes, part = (int)(off % 64) / step_bytes;
+    if (off == 0)
+        stage_line(b, ldb, 0, rows, 0, row_bytes, st->buf[0]);
+    stage_line(b, ldb, rows * part / parts, rows * (part + 1) / parts, line + 1, row_bytes, st->buf[(line + 1) & 1]);
+    return st->buf[line & 1];
+}
+
 /* The 32 k from k0 of 16 B rows (b, row stride ldb; rows >= rows read as zero; n = K - k0 of
  * them valid, at most 32): BF16 rows loaded and transposed, E2M1 and E4M3 codes put in lanes
  * and widened by pair (e2m1_step_dwords / e2m1_dword_pairs, e4m3_half_words / e4m3_word_pairs):
  * w[p] = k pair p of the 16 rows. */
 DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
-                         const widen_consts *wc, const int fmt, const bool biased, exp_range *big, __m512i w[16]) {
+                         const widen_consts *wc, const int fmt, const bool biased, exp_range *big, row_stage *st,
+                         __m512i w[16]) {
     const int n = K - k0 < 32 ? (int)(K - k0) : 32;
     const int64_t off = fmt == FMT_BF16 ? 2 * k0 : IS_E4M3_ROWS(fmt) ? k0 : k0 / 2; /* bytes into each row */
-    prefetch_rows(b, next, ldb, rows, off, fmt == FMT_BF16 ? 2 * K : IS_E4M3_ROWS(fmt) ? K : (K + 1) / 2, 1);
+    const int64_t row_bytes = fmt == FMT_BF16 ? 2 * K : IS_E4M3_ROWS(fmt) ? K : (K + 1) / 2;
+    prefetch_rows(b, next, ldb, rows, off, row_bytes, 1);
+    int64_t soff = off, sld = ldb; /* where the slices are read: the rows, or their staged lines */
+    const uint8_t *src = b;
+    if (st && fmt != FMT_BF16) /* BF16 steps read whole lines: nothing to keep */
+        src = stage_at(st, b, ldb, rows, off, row_bytes, IS_E4M3_ROWS(fmt) ? 32 : 16), sld = 64, soff = off % 64;
     if (fmt == FMT_E2M1) {
         __m512i x[4];
-        e2m1_step_dwords(b, ldb, rows, n, off, x);
+        e2m1_step_dwords(src, sld, rows, n, soff, x);
         for (int c = 0; c < 4; ++c)
             e2m1_dword_pairs(x[c], biased ? wc->lut_biased : wc->lut, w + 4 * c);
         return;
@@ -375,7 +420,7 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
     if (IS_E4M3_ROWS(fmt)) {
         for (int h = 0; h < 2; ++h) {
             __m512i y[4];
-            e4m3_half_words(b, ldb, rows, n - 16 * h, off + 16 * h, y);
+            e4m3_half_words(src, sld, rows, n - 16 * h, soff + 16 * h, y);
             for (int j = 0; j < 4; ++j)
                 e4m3_word_pairs(y[j], big, w + 8 * h + 2 * j, fmt == FMT_E4M3V);
         }
@@ -394,7 +439,7 @@ DG_INLINE void load_rows(const uint8_t *b, const uint8_t *next, int64_t ldb, int
  * first lane) applied. */
 DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int rows, int64_t K, int64_t k0,
                          fold_src *fs, int64_t fblk, int64_t lanes, const widen_consts *wc,
-                         const int fmt, __mmask32 *nan, exp_range *big, __m512i w[16]) {
+                         const int fmt, __mmask32 *nan, exp_range *big, row_stage *st, __m512i w[16]) {
     const int unit_log2 = IS_E4M3(fmt) ? 120 : 0;
     const bool scaled = fmt != FMT_BF16 && (fs->fm || (fmt == FMT_E2M1P && fs->fme) || (fmt == FMT_E2M1 && fs->sf));
     const bool subs = fmt == FMT_E2M1P || fmt == FMT_E2M1; /* E2M1 scales: biased tables (above) */
@@ -406,7 +451,7 @@ DG_INLINE void load_step(const uint8_t *b, const uint8_t *next, int64_t ldb, int
         for (int p = 0; p < 16; ++p)
             w[p] = widen_panel_pair_e4m3(b + (k0 / 32) * DG_E4M3P_STEP_BYTES + 32 * p, nan);
     } else {
-        load_rows(b, next, ldb, rows, K, k0, wc, fmt, scaled && subs, big, w);
+        load_rows(b, next, ldb, rows, K, k0, wc, fmt, scaled && subs, big, st, w);
     }
     if (scaled) { /* pairs 0-7 at k0, 8-15 at k0 + 16: fblk is a multiple of 16 */
         const int64_t q0 = k0 / fblk, q1 = k0 + 16 < K ? (k0 + 16) / fblk : q0; /* fm has no block past K */
@@ -463,6 +508,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
     const widen_consts wc = {_mm512_loadu_si512(kE2m1Bf16), _mm512_loadu_si512(kE2m1Bf16Biased)};
     fold_src fs;
     fold_of(j, 0, &fs);
+    row_stage stage;
+    row_stage *st = j->stage_rows ? &stage : NULL;
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         if (k0 == kb + gblk) /* the block before k0 ends */
@@ -472,7 +519,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int fmt, const int M) {
         /* A's pairs of this step (j->ap: step-major, zero past K), broadcast from memory: no shuffles */
         const uint32_t *ab = j->ap + (k0 / 32) * M * 16;
         __m512i w[16];
-        load_step(j->b, j->next, j->ldb, j->rows, K, k0, &fs, j->fblk, j->lanes, &wc, fmt, &nan, &big, w);
+        load_step(j->b, j->next, j->ldb, j->rows, K, k0, &fs, j->fblk, j->lanes, &wc, fmt, &nan, &big, st, w);
         step_chain(j, ab, w, pe, split, kq, 0, acc, total, M);
         if (split >= 0)
             kq++, kb += gblk;
@@ -547,11 +594,12 @@ DG_INLINE void panel_chunk(const dg_decode_job *j, int64_t st, int c, bool scale
 }
 
 /* E4M3 rows: the half step of chunks c, c + 1 (c even) of the G groups into xs (e4m3_half_words). */
-DG_INLINE void e4m3_groups_half(const dg_decode_job *j, int64_t k0, int c, const int G, __m512i xs[4][4]) {
+DG_INLINE void e4m3_groups_half(const dg_decode_job *j, const uint8_t *src, int64_t sld, int64_t soff, int64_t k0,
+                                 int c, const int G, __m512i xs[4][4]) {
     const int n = j->k - k0 < 32 ? (int)(j->k - k0) : 32; /* the step's k inside K */
     for (int h = 0; h < G; ++h) {
         const int rows = j->rows - 16 * h < 16 ? j->rows - 16 * h : 16;
-        e4m3_half_words(j->b + h * 16 * j->ldb, j->ldb, rows, n - 8 * c, k0 + 8 * c, xs[h]);
+        e4m3_half_words(src + h * 16 * sld, sld, rows, n - 8 * c, soff + 8 * c, xs[h]);
     }
 }
 
@@ -565,7 +613,10 @@ DG_INLINE void step_exps(const dg_decode_job *j, fold_src *fs, int64_t k0, const
     }
 }
 
-DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, const int fmt) {
+/* staged (a constant, as fmt): B's rows read from their staged lines (dg_decode_job.stage_rows);
+ * a run-time choice inside the loop had cost the unstaged calls a quarter of their speed
+ * (E4M3 rows, N 2112, K 7168, M = 1 on Zen 4: 0.62 -> 0.78 ms). */
+DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, const int fmt, const bool staged) {
     const bool e4m3 = IS_E4M3(fmt);
     const int64_t K = j->k, kp = K + (K & 1), gblk = j->gblk;
     __m512 acc[4][DG_DECODE_MAX_M], total[4][DG_DECODE_MAX_M];
@@ -579,9 +630,19 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
     fold_src fs[4];
     for (int h = 0; h < G; ++h)
         fold_of(j, 16 * h, &fs[h]);
+    const bool rows_in = IS_E4M3_ROWS(fmt) || fmt == FMT_E2M1; /* B's rows, not panels */
+    const int64_t row_bytes = IS_E4M3_ROWS(fmt) ? K : (K + 1) / 2;
+    row_stage stage;
     int64_t kb = 0, kq = 0;
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         const int64_t st = k0 / 32;
+        /* B's rows are read at src, rows sld apart, from byte soff of the step (staged: its line's copy) */
+        const int64_t off = IS_E4M3_ROWS(fmt) ? k0 : k0 / 2;
+        const uint8_t *src = j->b;
+        int64_t sld = j->ldb, soff = off;
+        if (rows_in && staged)
+            src = stage_at(&stage, j->b, j->ldb, j->rows, off, row_bytes, IS_E4M3_ROWS(fmt) ? 32 : 16), sld = 64,
+            soff = off % 64;
         if (k0 == kb + gblk) {
             for (int h = 0; h < G; ++h)
                 close_block(j, kq, 16 * h, acc[h], total[h], M);
@@ -604,7 +665,7 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
                 const int64_t gb = h * 16 * j->ldb; /* group h: rows 16h .. 16h + 15 */
                 const int rows = j->rows - 16 * h < 16 ? j->rows - 16 * h : 16, n = K - k0 < 32 ? (int)(K - k0) : 32;
                 prefetch_rows(j->b + gb, j->next ? j->next + gb : NULL, j->ldb, rows, k0 / 2, (K + 1) / 2, G);
-                e2m1_step_dwords(j->b + gb, j->ldb, rows, n, k0 / 2, xs[h]);
+                e2m1_step_dwords(src + h * 16 * sld, sld, rows, n, soff, xs[h]);
             } else {
                 prefetch_panel(j->b + h * j->ldb, j->next ? j->next + h * j->ldb : NULL, K, st,
                                e4m3 ? DG_E4M3P_STEP_BYTES : 256);
@@ -613,13 +674,13 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
         if (pe == 16 && split < 0) { /* the common step: no K end, no block end inside */
             for (int c = 0; c < 4; ++c) {
                 if (IS_E4M3_ROWS(fmt) && (c & 1) == 0)
-                    e4m3_groups_half(j, k0, c, G, xs);
+                    e4m3_groups_half(j, src, sld, soff, k0, c, G, xs);
                 panel_chunk(j, st, c, scaled, ex, xs, ab, 16, -1, kq, acc, total, &nan, &big, M, G, true, fmt);
             }
         } else {
             for (int c = 0; c < 4 && 4 * c < pe; ++c) {
                 if (IS_E4M3_ROWS(fmt) && (c & 1) == 0)
-                    e4m3_groups_half(j, k0, c, G, xs);
+                    e4m3_groups_half(j, src, sld, soff, k0, c, G, xs);
                 panel_chunk(j, st, c, scaled, ex, xs, ab, pe, split, kq, acc, total, &nan, &big, M, G, false, fmt);
             }
         }
@@ -709,15 +770,17 @@ DG_INLINE bool wide_body(const dg_decode_job *j, const int fmt) {
     const int lo_rows = j->rows < 16 ? j->rows : 16, hi_rows = j->rows - lo_rows;
     fold_src fs_lo, fs_hi;
     fold_of(j, 0, &fs_lo), fold_of(j, 16, &fs_hi);
+    row_stage stage[2]; /* the two halves' rows, staged apart (stage_rows) */
+    row_stage *st_lo = j->stage_rows ? &stage[0] : NULL, *st_hi = j->stage_rows ? &stage[1] : NULL;
     int64_t kb = 0, kq = 0; /* the current K block's start and index */
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
         __m512i half[16];
-        load_step(j->b, j->next, j->ldb, lo_rows, K, k0, &fs_lo, j->fblk, 32, &wc, fmt, &nan, &big, half);
+        load_step(j->b, j->next, j->ldb, lo_rows, K, k0, &fs_lo, j->fblk, 32, &wc, fmt, &nan, &big, st_lo, half);
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(w + p * 32, half[p]);
         const int64_t half_off = fmt == FMT_E2M1P ? j->ldb : 16 * j->ldb; /* the second 16 rows */
         load_step(hi_rows > 0 ? j->b + half_off : j->b, j->next ? j->next + half_off : NULL, j->ldb, hi_rows, K, k0,
-                  &fs_hi, j->fblk, 32, &wc, fmt, &nan, &big, half);
+                  &fs_hi, j->fblk, 32, &wc, fmt, &nan, &big, st_hi, half);
         for (int p = 0; p < 16; ++p)
             _mm512_store_si512(w + p * 32 + 16, half[p]);
         const uint32_t *ap = j->ap + (k0 / 32) * M * 16;
@@ -758,33 +821,33 @@ DECODE_FN(dg_decode_bf16_avx512bf16, FMT_BF16)
 /* Decode panels and E2M1 / E4M3 rows: calls of several groups of 16 rows run panel_body (up to
  * four at M <= 2, two at M = 3..8; E4M3 rows two at every M), a call of one group (B's last
  * rows) decode_body. */
-DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
+DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt, const bool staged) {
     const int groups = (j->rows + 15) / 16;
     if (groups > 1 && IS_E4M3_ROWS(fmt)) /* two groups at every M (the driver's calls: 32 rows) */
         switch (j->m) {
-        case 1: return panel_body(j, 1, 2, fmt);
-        case 2: return panel_body(j, 2, 2, fmt);
-        case 3: return panel_body(j, 3, 2, fmt);
-        case 4: return panel_body(j, 4, 2, fmt);
-        case 5: return panel_body(j, 5, 2, fmt);
-        case 6: return panel_body(j, 6, 2, fmt);
-        case 7: return panel_body(j, 7, 2, fmt);
-        default: return panel_body(j, 8, 2, fmt);
+        case 1: return panel_body(j, 1, 2, fmt, staged);
+        case 2: return panel_body(j, 2, 2, fmt, staged);
+        case 3: return panel_body(j, 3, 2, fmt, staged);
+        case 4: return panel_body(j, 4, 2, fmt, staged);
+        case 5: return panel_body(j, 5, 2, fmt, staged);
+        case 6: return panel_body(j, 6, 2, fmt, staged);
+        case 7: return panel_body(j, 7, 2, fmt, staged);
+        default: return panel_body(j, 8, 2, fmt, staged);
         }
     if (groups > 1) /* M <= 2: up to 4 groups; M 3..8: 2 (the driver's calls: DG_DECODE_PANEL_ROWS, 32) */
         switch (j->m <= 2 ? groups + 4 * (j->m - 1) : 8 + j->m) {
-        case 2: return panel_body(j, 1, 2, fmt);
-        case 3: return panel_body(j, 1, 3, fmt);
-        case 4: return panel_body(j, 1, 4, fmt);
-        case 6: return panel_body(j, 2, 2, fmt);
-        case 7: return panel_body(j, 2, 3, fmt);
-        case 8: return panel_body(j, 2, 4, fmt);
-        case 11: return panel_body(j, 3, 2, fmt);
-        case 12: return panel_body(j, 4, 2, fmt);
-        case 13: return panel_body(j, 5, 2, fmt);
-        case 14: return panel_body(j, 6, 2, fmt);
-        case 15: return panel_body(j, 7, 2, fmt);
-        default: return panel_body(j, 8, 2, fmt);
+        case 2: return panel_body(j, 1, 2, fmt, staged);
+        case 3: return panel_body(j, 1, 3, fmt, staged);
+        case 4: return panel_body(j, 1, 4, fmt, staged);
+        case 6: return panel_body(j, 2, 2, fmt, staged);
+        case 7: return panel_body(j, 2, 3, fmt, staged);
+        case 8: return panel_body(j, 2, 4, fmt, staged);
+        case 11: return panel_body(j, 3, 2, fmt, staged);
+        case 12: return panel_body(j, 4, 2, fmt, staged);
+        case 13: return panel_body(j, 5, 2, fmt, staged);
+        case 14: return panel_body(j, 6, 2, fmt, staged);
+        case 15: return panel_body(j, 7, 2, fmt, staged);
+        default: return panel_body(j, 8, 2, fmt, staged);
         }
     switch (j->m) {
     case 1: return decode_body(j, fmt, 1);
@@ -799,11 +862,15 @@ DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt) {
 }
 
 bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j) {
-    return j->byte_tables ? panel_dispatch(j, FMT_E4M3V) : panel_dispatch(j, FMT_E4M3);
+    if (j->stage_rows)
+        return j->byte_tables ? panel_dispatch(j, FMT_E4M3V, true) : panel_dispatch(j, FMT_E4M3, true);
+    return j->byte_tables ? panel_dispatch(j, FMT_E4M3V, false) : panel_dispatch(j, FMT_E4M3, false);
 }
-bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1); }
-bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1P); }
-bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E4M3P); }
+bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j) {
+    return j->stage_rows ? panel_dispatch(j, FMT_E2M1, true) : panel_dispatch(j, FMT_E2M1, false);
+}
+bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1P, false); }
+bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E4M3P, false); }
 
 #define DECODE_WIDE_FN(name, fmt) \
     bool name(const dg_decode_job *j) { return wide_body(j, fmt); }
