@@ -165,7 +165,7 @@ typedef struct dg_decode_job {
      * their first lines while this call ends (AVX-512 BF16 kernels). */
     const uint8_t *next;
     /* The lane stride of sb, fm and out: 32 for every kernel but those of cfg->decode_groups
-     * at M <= 2, which take up to 64 rows per call (DG_DECODE_PANEL_ROWS; decode_avx512bf16.c). */
+     * at M <= 2, which take up to 64 rows per call (DG_DECODE_PANEL_ROWS; decode_avx512bf16.h). */
     int64_t lanes;
     /* E2M1P kernels only: the folded scales as exponent bytes instead of fm (dg_e2m1_panels.sfe:
      * [q][16] per group of 16 rows, groups fme_group bytes apart), or NULL. */
@@ -206,7 +206,7 @@ void dg_engine_set_decode_stage_rows(int use);
  * past B's rows are zero. In step s, pair p = 4c + t (k = 32s + 2p + e, e = 0, 1) of row
  * r = 4L + q sits in byte 256s + 64c + 16L + 2q + 8(t & 1) + e, low nibble for t < 2, high nibble
  * for t >= 2: the order in which in-lane byte shuffles give each 32-bit lane r its row's pair
- * (decode_avx512bf16.c, load_panel_e2m1). */
+ * (decode_avx512bf16.h, load_panel_e2m1). */
 /* DG_DECODE_E4M3P: pre-packed E4M3 decode panels (prepack.c, pack_e4m3_panels) instead of B
  * rows: panel P holds rows 16P .. 16P + 15 over all of K in steps of 32 k, 512 bytes per step,
  * panels ldb bytes apart; in step s, k pair p (k = 32s + 2p + e) of row r sits in byte
@@ -270,7 +270,7 @@ typedef struct dg_engine_cfg {
     /* The decode kernels read A as BF16 pairs (dg_decode_job.ap), not as float rows (a). */
     bool decode_pairs;
     /* Per B format: the narrow kernel runs several groups of 16 rows per call, their chains side
-     * by side (decode_avx512bf16.c, panel_body): DG_DECODE_PANEL_ROWS rows at M <= 2,
+     * by side (decode_avx512bf16.h, panel_body): DG_DECODE_PANEL_ROWS rows at M <= 2,
      * DG_DECODE_WIDE_ROWS above (decode_rows is then unused); E4M3 rows DG_DECODE_WIDE_ROWS at
      * every M (smallm.c, decode_prepare, says why). */
     bool decode_groups[DG_DECODE_FORMATS];

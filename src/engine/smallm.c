@@ -351,7 +351,7 @@ static dg_status decode_prepare(const dg_engine_cfg *cfg, const dg_operand *a, c
     dp->fn = wide ? cfg->decode_wide[fmt] : cfg->decode[fmt];
     dp->byte_tables = dg_cpu_has_avx512_vbmi() && atomic_load(&g_decode_byte_tables);
     /* groups of rows (decode panels, AVX-512 BF16 E2M1 and E4M3 rows): four groups of 16 rows per
-     * call at M <= 2, two up to DG_DECODE_MAX_M (decode_avx512bf16.c, panel_body). E4M3 rows take
+     * call at M <= 2, two up to DG_DECODE_MAX_M (decode_avx512bf16.h, panel_body). E4M3 rows take
      * two at every M (measured on Zen 4, N 2112, K 7168 from DRAM, M = 1: one group 0.69 ms, two
      * 0.61-0.66, four 0.78; M = 8: one 1.95, two 1.18): rows 7168 bytes apart share few sets of an
      * 8-way L1, and 64 of them evicted each other's lines */

@@ -1,0 +1,12 @@
+/*
+ * decode_e4m3_avx512bf16.c - the AVX-512 BF16 decode kernels' entry point for E4M3 rows (FP8
+ * weights as stored), read in place or, where they crowd L1, staged (bodies and contract:
+ * decode_avx512bf16.h; the staged forms are compiled apart, decode_e4m3_staged_avx512bf16.c).
+ */
+#include "decode_avx512bf16.h"
+
+bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j) {
+    if (j->stage_rows)
+        return dg_decode_e4m3_staged_avx512bf16(j);
+    return j->byte_tables ? panel_dispatch(j, FMT_E4M3V, false) : panel_dispatch(j, FMT_E4M3, false);
+}
