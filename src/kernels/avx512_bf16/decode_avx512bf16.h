@@ -706,59 +706,73 @@ DG_INLINE bool panel_body(const dg_decode_job *j, const int M, const int G, cons
     return true;
 }
 
-/* Sanitizer builds (DG_DECODE_RUNTIME_SHAPES, set by CMake under DG_SANITIZE) run the bodies
- * with M and the group count as run-time values: the same source and the same memory accesses,
- * without the constant-shape instantiations, which ASan + UBSan took over half an hour to
- * instrument (clang; GCC a quarter of an hour) and which the CI's time cannot hold. Release
- * builds instantiate every shape. */
-DG_INLINE int decode_m(const dg_decode_job *j) { return j->m < DG_DECODE_MAX_M ? j->m : DG_DECODE_MAX_M; }
+/* M for the bodies: 1 .. DG_DECODE_MAX_M (the driver's calls never pass more). */
+DG_INLINE int decode_m(const dg_decode_job *j) { return j->m < 1 ? 1 : j->m < DG_DECODE_MAX_M ? j->m : DG_DECODE_MAX_M; }
 
-/* Decode panels and E2M1 / E4M3 rows: calls of several groups of 16 rows run panel_body (up to
- * four at M <= 2, two at M = 3..8; E4M3 rows two at every M), a call of one group (B's last
- * rows) decode_body. */
-DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt, const bool staged) {
-    const int groups = (j->rows + 15) / 16;
+/* ---- Dispatch: one function per shape ---------------------------------------------------------
+ * Calls of several groups of 16 rows run panel_body (up to four groups at M <= 2, two at
+ * M = 3..8; E4M3 rows two at every M), a call of one group (B's last rows) decode_body. Each
+ * (M, groups) shape of a format is a function of its own (noinline), reached through the
+ * format's table (decode_shapes): inlined into one dispatcher, the shapes had made a function of
+ * half a megabyte in which GCC kept accumulators and row pointers on the stack (E4M3 rows,
+ * M = 1, N 2112, K 7168, one thread on Zen 4: 2.0 ms, as functions of their own 1.2 ms).
+ *
+ * Sanitizer builds (DG_DECODE_RUNTIME_SHAPES, set by CMake under DG_SANITIZE) run the bodies
+ * with M and the group count as run-time values instead: the same source and the same memory
+ * accesses, without the constant-shape instantiations, which ASan + UBSan took over half an
+ * hour to instrument (clang; GCC a quarter of an hour). */
+typedef bool (*decode_shape_fn)(const dg_decode_job *j);
+typedef struct decode_shapes {
+    decode_shape_fn one[DG_DECODE_MAX_M + 1];     /* decode_body at M (index M) */
+    decode_shape_fn two[DG_DECODE_MAX_M + 1];     /* panel_body at M, two groups */
+    decode_shape_fn more[4];                      /* panel_body at M = 1, 2 with 3, 4 groups */
+} decode_shapes;
+
 #ifdef DG_DECODE_RUNTIME_SHAPES
-    if (groups > 1)
-        return panel_body(j, decode_m(j), IS_E4M3_ROWS(fmt) || j->m > 2 ? 2 : groups < 4 ? groups : 4, fmt, staged);
-    return decode_body(j, fmt, decode_m(j));
+#define DECODE_SHAPES_TWO(name, fmt, staged) static const decode_shapes name = {{NULL}, {NULL}, {NULL}};
+#define DECODE_SHAPES_MORE(name, fmt, staged) DECODE_SHAPES_TWO(name, fmt, staged)
 #else
-    if (groups > 1 && IS_E4M3_ROWS(fmt)) /* two groups at every M (the driver's calls: 32 rows) */
-        switch (j->m) {
-        case 1: return panel_body(j, 1, 2, fmt, staged);
-        case 2: return panel_body(j, 2, 2, fmt, staged);
-        case 3: return panel_body(j, 3, 2, fmt, staged);
-        case 4: return panel_body(j, 4, 2, fmt, staged);
-        case 5: return panel_body(j, 5, 2, fmt, staged);
-        case 6: return panel_body(j, 6, 2, fmt, staged);
-        case 7: return panel_body(j, 7, 2, fmt, staged);
-        default: return panel_body(j, 8, 2, fmt, staged);
-        }
-    if (groups > 1) /* M <= 2: up to 4 groups; M 3..8: 2 (the driver's calls: DG_DECODE_PANEL_ROWS, 32) */
-        switch (j->m <= 2 ? groups + 4 * (j->m - 1) : 8 + j->m) {
-        case 2: return panel_body(j, 1, 2, fmt, staged);
-        case 3: return panel_body(j, 1, 3, fmt, staged);
-        case 4: return panel_body(j, 1, 4, fmt, staged);
-        case 6: return panel_body(j, 2, 2, fmt, staged);
-        case 7: return panel_body(j, 2, 3, fmt, staged);
-        case 8: return panel_body(j, 2, 4, fmt, staged);
-        case 11: return panel_body(j, 3, 2, fmt, staged);
-        case 12: return panel_body(j, 4, 2, fmt, staged);
-        case 13: return panel_body(j, 5, 2, fmt, staged);
-        case 14: return panel_body(j, 6, 2, fmt, staged);
-        case 15: return panel_body(j, 7, 2, fmt, staged);
-        default: return panel_body(j, 8, 2, fmt, staged);
-        }
-    switch (j->m) {
-    case 1: return decode_body(j, fmt, 1);
-    case 2: return decode_body(j, fmt, 2);
-    case 3: return decode_body(j, fmt, 3);
-    case 4: return decode_body(j, fmt, 4);
-    case 5: return decode_body(j, fmt, 5);
-    case 6: return decode_body(j, fmt, 6);
-    case 7: return decode_body(j, fmt, 7);
-    default: return decode_body(j, fmt, 8);
+#define DECODE_ONE_(name, fmt, M) \
+    static __attribute__((noinline)) bool name##_##M(const dg_decode_job *j) { return decode_body(j, fmt, M); }
+#define DECODE_PANEL_(name, fmt, staged, M, G) \
+    static __attribute__((noinline)) bool name##_##M##x##G(const dg_decode_job *j) { \
+        return panel_body(j, M, G, fmt, staged); \
     }
+/* The shapes of a format whose calls take two groups at every M (E4M3 rows) ... */
+#define DECODE_SHAPES_COMMON_(name, fmt, staged) \
+    DECODE_ONE_(name, fmt, 1) DECODE_ONE_(name, fmt, 2) DECODE_ONE_(name, fmt, 3) DECODE_ONE_(name, fmt, 4) \
+    DECODE_ONE_(name, fmt, 5) DECODE_ONE_(name, fmt, 6) DECODE_ONE_(name, fmt, 7) DECODE_ONE_(name, fmt, 8) \
+    DECODE_PANEL_(name, fmt, staged, 1, 2) DECODE_PANEL_(name, fmt, staged, 2, 2) \
+    DECODE_PANEL_(name, fmt, staged, 3, 2) DECODE_PANEL_(name, fmt, staged, 4, 2) \
+    DECODE_PANEL_(name, fmt, staged, 5, 2) DECODE_PANEL_(name, fmt, staged, 6, 2) \
+    DECODE_PANEL_(name, fmt, staged, 7, 2) DECODE_PANEL_(name, fmt, staged, 8, 2)
+#define DECODE_TABLES_COMMON_(name) \
+    {NULL, name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}, \
+    {NULL, name##_1x2, name##_2x2, name##_3x2, name##_4x2, name##_5x2, name##_6x2, name##_7x2, name##_8x2}
+#define DECODE_SHAPES_TWO(name, fmt, staged) \
+    DECODE_SHAPES_COMMON_(name, fmt, staged) \
+    static const decode_shapes name = {DECODE_TABLES_COMMON_(name), {NULL, NULL, NULL, NULL}};
+/* ... and of the others, which take up to four at M <= 2. */
+#define DECODE_SHAPES_MORE(name, fmt, staged) \
+    DECODE_SHAPES_COMMON_(name, fmt, staged) \
+    DECODE_PANEL_(name, fmt, staged, 1, 3) DECODE_PANEL_(name, fmt, staged, 1, 4) \
+    DECODE_PANEL_(name, fmt, staged, 2, 3) DECODE_PANEL_(name, fmt, staged, 2, 4) \
+    static const decode_shapes name = {DECODE_TABLES_COMMON_(name), {name##_1x3, name##_1x4, name##_2x3, name##_2x4}};
+#endif
+
+/* The call j on its shape's function of s (DECODE_SHAPES_* of fmt and staged). */
+DG_INLINE bool panel_dispatch(const dg_decode_job *j, const int fmt, const bool staged, const decode_shapes *s) {
+    const int groups = (j->rows + 15) / 16, M = decode_m(j);
+#ifdef DG_DECODE_RUNTIME_SHAPES
+    (void)s;
+    if (groups > 1)
+        return panel_body(j, M, IS_E4M3_ROWS(fmt) || M > 2 ? 2 : groups < 4 ? groups : 4, fmt, staged);
+    return decode_body(j, fmt, M);
+#else
+    (void)staged;
+    if (groups > 2 && M <= 2 && !IS_E4M3_ROWS(fmt)) /* three or four groups */
+        return s->more[2 * (M - 1) + (groups > 3)](j);
+    return groups > 1 ? s->two[M](j) : s->one[M](j);
 #endif
 }
 

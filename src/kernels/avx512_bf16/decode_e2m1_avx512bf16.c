@@ -5,6 +5,9 @@
  */
 #include "decode_avx512bf16.h"
 
+DECODE_SHAPES_MORE(e2m1_rows, FMT_E2M1, false)
+DECODE_SHAPES_MORE(e2m1_staged, FMT_E2M1, true)
+
 bool dg_decode_e2m1_avx512bf16(const dg_decode_job *j) {
-    return j->stage_rows ? panel_dispatch(j, FMT_E2M1, true) : panel_dispatch(j, FMT_E2M1, false);
+    return j->stage_rows ? panel_dispatch(j, FMT_E2M1, true, &e2m1_staged) : panel_dispatch(j, FMT_E2M1, false, &e2m1_rows);
 }

@@ -5,8 +5,11 @@
  */
 #include "decode_avx512bf16.h"
 
+DECODE_SHAPES_TWO(e4m3_rows, FMT_E4M3, false)
+DECODE_SHAPES_TWO(e4m3_rows_vbmi, FMT_E4M3V, false)
+
 bool dg_decode_e4m3_avx512bf16(const dg_decode_job *j) {
     if (j->stage_rows)
         return dg_decode_e4m3_staged_avx512bf16(j);
-    return j->byte_tables ? panel_dispatch(j, FMT_E4M3V, false) : panel_dispatch(j, FMT_E4M3, false);
+    return j->byte_tables ? panel_dispatch(j, FMT_E4M3V, false, &e4m3_rows_vbmi) : panel_dispatch(j, FMT_E4M3, false, &e4m3_rows);
 }

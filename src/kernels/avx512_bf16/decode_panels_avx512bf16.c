@@ -21,5 +21,8 @@ bool dg_decode_bf16_avx512bf16(const dg_decode_job *j) {
 #endif
 }
 
-bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1P, false); }
-bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E4M3P, false); }
+DECODE_SHAPES_MORE(e2m1_panels, FMT_E2M1P, false)
+DECODE_SHAPES_MORE(e4m3_panels, FMT_E4M3P, false)
+
+bool dg_decode_e2m1p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E2M1P, false, &e2m1_panels); }
+bool dg_decode_e4m3p_avx512bf16(const dg_decode_job *j) { return panel_dispatch(j, FMT_E4M3P, false, &e4m3_panels); }
