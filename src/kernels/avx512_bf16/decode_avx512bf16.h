@@ -738,7 +738,7 @@ typedef struct decode_shapes {
     static __attribute__((noinline)) bool name##_##M##x##G(const dg_decode_job *j) { \
         return panel_body(j, M, G, fmt, staged); \
     }
-/* The shapes of a format whose calls take two groups at every M (E4M3 rows) ... */
+/* Every format's shapes: one group at M = 1..8, two groups at M = 1..8. */
 #define DECODE_SHAPES_COMMON_(name, fmt, staged) \
     DECODE_ONE_(name, fmt, 1) DECODE_ONE_(name, fmt, 2) DECODE_ONE_(name, fmt, 3) DECODE_ONE_(name, fmt, 4) \
     DECODE_ONE_(name, fmt, 5) DECODE_ONE_(name, fmt, 6) DECODE_ONE_(name, fmt, 7) DECODE_ONE_(name, fmt, 8) \
@@ -749,6 +749,7 @@ typedef struct decode_shapes {
 #define DECODE_TABLES_COMMON_(name) \
     {NULL, name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}, \
     {NULL, name##_1x2, name##_2x2, name##_3x2, name##_4x2, name##_5x2, name##_6x2, name##_7x2, name##_8x2}
+/* The table of a format whose calls take two groups at every M (E4M3 rows) ... */
 #define DECODE_SHAPES_TWO(name, fmt, staged) \
     DECODE_SHAPES_COMMON_(name, fmt, staged) \
     static const decode_shapes name = {DECODE_TABLES_COMMON_(name), {NULL, NULL, NULL, NULL}};
