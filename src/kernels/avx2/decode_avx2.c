@@ -158,6 +158,21 @@ DG_INLINE void stage_step_e4m3_pairs(const uint8_t *p, int64_t ld, uint32_t *dst
     }
 }
 
+/* One step of an 8-row BF16 group (8 k) into dst as 4 registers of BF16 pairs (pair q at
+ * dst + q * W; lane r: row r): the rows' words are already pairs, so the 4 x 4 word transposes
+ * are the whole step (half the stores of stage_step's float32, and no widening: fma_pairs
+ * widens in registers). */
+DG_INLINE void stage_step_bf16_pairs(const uint8_t *p, int64_t ld, uint32_t *dst, const int W) {
+    __m256i y[4], w[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j)
+        y[j] = load_pair(p, ld, j, FMT_BF16);
+    transpose4(y, w);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+        _mm256_storeu_si256((__m256i *)(dst + q * W), w[q]);
+}
+
 /* The subtrahends of stage_step_e2m1 for 8 rows' power-of-two scales f (fm); *big gets the rows
  * whose scale exceeds 2^E2M1_EMAX. */
 DG_INLINE __m256i e2m1_subs(const float *f, __m256i *big) {
@@ -194,40 +209,65 @@ DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, 
         }
 }
 
-/* acc[m][g] chained over kc (even) k of the panel slice buf [k][8 G] (E2M1: BF16 pairs
- * [k / 2][8 G]) against A at a (row m at a + m * lda): per pair the odd k first (engine.h). G M
- * independent chains. */
-DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, int64_t kc, const float *a, int64_t lda,
-                         __m256 acc[4][4], const int M, const int G, const int fmt, const bool pairs) {
-    if (pairs) { /* BF16 pairs [kc / 2][8 G]: halves widened here (E4M3: then times its multiplier) */
-        const __m256i hi16 = _mm256_set1_epi32((int)0xffff0000u);
-        __m256 mul[4] = {_mm256_set1_ps(0x1p120f), _mm256_set1_ps(0x1p120f), _mm256_set1_ps(0x1p120f),
-                         _mm256_set1_ps(0x1p120f)};
-        for (int64_t kk = 0; kk < kc; kk += 2) {
-            if (fmt == FMT_E4M3 && kk % 16 == 0) /* folded scales: per DG_DECODE_STEP (a divisor of fblk) */
+/*
+ * NB K blocks side by side (decode_body): acc[b M + m][g] chained over kc (even) k of block b,
+ * which starts kblk k after block b - 1, from the BF16-pair slice buf + b * slice ([kc / 2][8 G]
+ * words, each row's pair widened here: E4M3 then times its multiplier, folded when fold)
+ * against A's value (k, row m, block b) at a[k sk + m sm + b sb]. Per pair the odd k first.
+ * NB G M independent chains: blocks end in their order (block_end), so each chain and the
+ * sums are decode_body's one block at a time; only the FMAs of different blocks interleave.
+ */
+DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t slice, int64_t k0, int64_t kblk,
+                         int64_t kc, const float *a, int64_t sk, int64_t sm, int64_t sb, __m256 acc[][4], const int M,
+                         const int G, const int fmt, const int NB, const bool fold) {
+    const __m256 unit = _mm256_set1_ps(0x1p120f);
+    __m256 mul[4][4]; /* fold only: one register otherwise (8 accumulators fit in 16) */
+#pragma GCC unroll 4
+    for (int b = 0; fold && b < NB; ++b)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+            mul[b][g] = unit;
+    for (int64_t kk = 0; kk < kc; kk += 2) {
+        if (fold && kk % 16 == 0) /* folded scales: per DG_DECODE_STEP (a divisor of fblk) */
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; ++b)
 #pragma GCC unroll 4
                 for (int g = 0; g < G; ++g)
-                    mul[g] = j->fm ? _mm256_loadu_ps(j->fm + (k0 + kk) / j->fblk * j->lanes + 8 * g)
-                                   : _mm256_set1_ps(0x1p120f);
-            __m256 bv[2][4];
+                    mul[b][g] = _mm256_loadu_ps(j->fm + (k0 + b * kblk + kk) / j->fblk * j->lanes + 8 * g);
 #pragma GCC unroll 4
-            for (int g = 0; g < G; ++g) {
-                const __m256i w = _mm256_load_si256((const __m256i *)(buf + kk / 2 * 8 * G + 8 * g));
-                bv[1][g] = _mm256_castsi256_ps(_mm256_and_si256(w, hi16));
-                bv[0][g] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-                if (fmt == FMT_E4M3)
-                    bv[1][g] = _mm256_mul_ps(bv[1][g], mul[g]), bv[0][g] = _mm256_mul_ps(bv[0][g], mul[g]);
-            }
+        for (int b = 0; b < NB; ++b) {
+            __m256 av[2][2]; /* [m][u]: M <= 2 rows when NB > 1 */
 #pragma GCC unroll 2
-            for (int u = 1; u >= 0; --u)
+            for (int m = 0; m < M; ++m)
+                av[m & 1][1] = _mm256_broadcast_ss(a + (kk + 1) * sk + m * sm + b * sb),
+                av[m & 1][0] = _mm256_broadcast_ss(a + kk * sk + m * sm + b * sb);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) { /* one group's two values live at a time: 8 accumulators fit */
+                const __m256i w = _mm256_load_si256((const __m256i *)(buf + b * slice + kk / 2 * 8 * G + 8 * g));
+                /* odd: the high halves, by a blend with zero (a zero idiom, not one more register) */
+                __m256 odd = _mm256_castsi256_ps(_mm256_blend_epi16(w, _mm256_setzero_si256(), 0x55));
+                __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+                if (fmt == FMT_E4M3)
+                    odd = _mm256_mul_ps(odd, fold ? mul[b][g] : unit),
+                    even = _mm256_mul_ps(even, fold ? mul[b][g] : unit);
 #pragma GCC unroll 4
                 for (int m = 0; m < M; ++m) {
-                    const __m256 av = _mm256_broadcast_ss(a + m * lda + kk + u);
-#pragma GCC unroll 4
-                    for (int g = 0; g < G; ++g)
-                        acc[m][g] = _mm256_fmadd_ps(av, bv[u][g], acc[m][g]);
+                    const __m256 ao = M <= 2 ? av[m & 1][1] : _mm256_broadcast_ss(a + (kk + 1) * sk + m * sm + b * sb);
+                    const __m256 ae = M <= 2 ? av[m & 1][0] : _mm256_broadcast_ss(a + kk * sk + m * sm + b * sb);
+                    acc[b * M + m][g] = _mm256_fmadd_ps(ae, even, _mm256_fmadd_ps(ao, odd, acc[b * M + m][g]));
                 }
+            }
         }
+    }
+}
+
+/* acc[m][g] chained over kc (even) k of the panel slice buf [k][8 G] (pairs: BF16 pairs
+ * [k / 2][8 G], E2M1 only here) against A at a (row m at a + m * lda): per pair the odd k first
+ * (engine.h). G M independent chains. */
+DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, int64_t kc, const float *a, int64_t lda,
+                         __m256 acc[4][4], const int M, const int G, const int fmt, const bool pairs) {
+    if (pairs) {
+        fma_pairs(j, (const uint32_t *)buf, 0, k0, 0, kc, a, 1, lda, 0, acc, M, G, fmt, 1, fmt == FMT_E4M3 && j->fm);
         return;
     }
     for (int64_t kk = 0; kk < kc; kk += 2)
@@ -263,7 +303,9 @@ DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const
     if (fmt == FMT_E2M1) /* dst: the step's first pair (pairs W lanes apart) */
         stage_step_e2m1(p, ld, fm ? e2m1_subs(fm[s] + 8 * g, big) : _mm256_setzero_si256(), fm != NULL,
                         (uint32_t *)dst, pairs, W);
-    else if (pairs) /* E4M3: its multiplier applied by fma_slice */
+    else if (pairs && fmt == FMT_BF16)
+        stage_step_bf16_pairs(p, ld, (uint32_t *)dst, W);
+    else if (pairs) /* E4M3: its multiplier applied by fma_pairs */
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
     else
         stage_step(p, ld, group_mul(fm, s, g, unit), dst, nanmax, fmt, W);
@@ -273,7 +315,7 @@ DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const
  * always for E2M1). */
 DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64_t full, int64_t bytes, float *buf,
                            uint8_t *tail, __m256i *nanmax, __m256i *big, const int fmt, const bool pairs,
-                           const int G) {
+                           const int G, const int ahead) {
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
     const int64_t vpk = pairs ? 2 : 1; /* k per buffer entry: BF16 pairs, or float32 values */
     const float unit = fmt == FMT_E4M3 ? 0x1p120f : 1.0f;
@@ -282,12 +324,14 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
         fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * j->lanes;
     if (kk + kc <= full) {
         const int64_t off = kk / kstep * pb;
-        /* The next chunk of every row, into L2 (whole lines: kc * pb / kstep >= 64). Measured on
-         * Zen 3 (M = 1, 2 threads, DRAM-cold B): one chunk ahead 16 GB/s, two 13, none 11-15;
-         * more prefetches in flight (bursts of 4-8 chunks) 10-12: they hold L1 miss buffers. */
+        /* The chunk `ahead` chunks on of every row, into L2 (whole lines: kc * pb / kstep >= 64):
+         * the one staged after the FMAs that follow this staging (decode_body stages `ahead`
+         * chunks before their FMAs). Measured on Zen 3 (M = 1, 2 threads, DRAM-cold B, one chunk
+         * staged per FMA pass): one chunk ahead 16 GB/s, two 13, none 11-15; more prefetches in
+         * flight (bursts of 4-8 chunks) 10-12: they hold L1 miss buffers. */
         for (int r = 0; r < 8 * G; ++r)
             for (int64_t o = 0; o < kc / kstep * pb; o += 64)
-                _mm_prefetch((const char *)(j->b + r * ld + off + kc / kstep * pb + o), _MM_HINT_T1);
+                _mm_prefetch((const char *)(j->b + r * ld + off + ahead * (kc / kstep * pb) + o), _MM_HINT_T1);
         for (int g = 0; g < G; ++g) /* 8 rows' lines at a time */
             for (int64_t s = 0; s < kc; s += kstep)
                 stage_group_step(j->b + (int64_t)(8 * g) * ld + off + s / kstep * pb, ld, fm, s / kstep, g, unit,
@@ -307,7 +351,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
 
 /* The end of K block kb (engine.h): total = fma(sa[m][kb] * sb[kb][lane], acc, total) (unit
  * scales where there are none: the blocked order of engine.h, "Accumulation order"). */
-DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[4][4], __m256 total[4][4], const int M,
+DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[][4], __m256 total[][4], const int M,
                          const int G) {
 #pragma GCC unroll 2
     for (int m = 0; m < M; ++m)
@@ -319,7 +363,7 @@ DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m256 acc[4][4], _
         }
 }
 
-DG_INLINE void store_out(const dg_decode_job *j, __m256 total[4][4], const int M, const int G) {
+DG_INLINE void store_out(const dg_decode_job *j, __m256 total[][4], const int M, const int G) {
 #pragma GCC unroll 2
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 4
@@ -329,40 +373,75 @@ DG_INLINE void store_out(const dg_decode_job *j, __m256 total[4][4], const int M
 
 static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
+/* K blocks whose chains decode_body runs side by side at M rows of A and G groups of 8 rows:
+ * four at M = 1 with 16 rows (8 chains: FMA latency 4 cycles on Zen 2-4 and on Intel since
+ * Skylake, 2 FMA pipes), each block's slice 4 KiB. From 4 chains on, one: measured on Zen 4
+ * (2 threads, DG_ISA=avx2, cold B), FP8 x FP4 M = 1, N 7168, K 2048 (32 rows, blocks of 32 k)
+ * took 0.95 ms with two blocks against 0.87 with one, while FP8 and BF16 rows at M = 1 (16 rows,
+ * blocks of 128) gained 12-15% with four. */
+#define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 4 ? 1 : 8 / ((M) * (G)))
+
 /*
- * The body for M rows of A (1 or 2) and format fmt (constants after inlining). Per chunk of
- * gcd(gblk, CHUNK_K) k (whole chunks per K block), two phases:
- *   staging: the 8 G rows widened and transposed into a float32 slice [k][8 G] in L1, 8 rows at
- *     a time (8 lines in flight: DeepSeek's K (2048, 7168, ...) make row strides that map all
- *     rows to one or two L1 sets, so touching 16 or 32 rows per step refetched every line
- *     from L2 each step: measured K = 2048 at 0.4x the speed of K = 2080);
- *   FMAs: G M independent chains (8 G columns x M rows) over the slice, one k at a time (a
- *     single 8-row chain per row of A would wait on FMA latency).
+ * The body for M rows of A (1 or 2), format fmt and G groups (constants after inlining). Per
+ * chunk of gcd(gblk, CHUNK_K) k (whole chunks per K block), two phases:
+ *   staging: the 8 G rows transposed into a slice of BF16 pairs [k / 2][8 G] in L1 (codes
+ *     moved into BF16 position, their bits as decode_avx2.c's header says), 8 rows at a time
+ *     (8 lines in flight: DeepSeek's K (2048, 7168, ...) make row strides that map all rows to
+ *     one or two L1 sets, so touching 16 or 32 rows per step refetched every line from L2 each
+ *     step: measured K = 2048 at 0.4x the speed of K = 2080);
+ *   FMAs: the pairs widened in registers, G M independent chains over the slice.
+ * G M chains alone (2 at M = 1 with 16 rows) wait on FMA latency: where a K block is one chunk,
+ * NB = BLOCKS_IN_FLIGHT blocks are staged and their chains interleaved (fma_pairs), then end
+ * in their order. Each element's chain and epilogue stay those of engine.h, so the bits are
+ * those of one block at a time (BF16 M = 1, N 2112, K 7168, one Zen 4 thread, DG_ISA=avx2:
+ * 2.15 ms with 2 chains; see README, Decoding).
  */
-DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, const int G) {
+DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, const int G, const bool fold) {
+    const int NB = BLOCKS_IN_FLIGHT(M, G);
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
     const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
     const int64_t gblk = j->gblk, full = j->rows == 8 * G ? bytes / pb * kstep : 0;
-    const int64_t chunk = gcd64(gblk, CHUNK_K);
-    /* BF16 pairs staged (E2M1, E4M3): the FMA loop, waiting on latency at M <= 2, widens them */
-    const bool pairs = fmt != FMT_BF16;
-    __m256 total[4][4], acc[4][4];
+    const int64_t chunk = gcd64(gblk, CHUNK_K), slice = CHUNK_K / 2 * 8 * G; /* words per block's slice */
+    __m256 total[2][4], acc[8][4];
     __m256i nanmax = _mm256_setzero_si256(), big = _mm256_setzero_si256();
-    float buf[CHUNK_K * 32] __attribute__((aligned(32)));
+    uint32_t buf[4 * CHUNK_K / 2 * 8 * 2] __attribute__((aligned(32))); /* NB G <= 8: 16 KiB */
+    float ail[CHUNK_K * 8]; /* [k][m][block]: NB M <= 8 */
     uint8_t tail[32 * 16];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g)
         total[0][g] = total[1][g] = _mm256_setzero_ps();
-    for (int64_t kb0 = 0; kb0 < kend; kb0 += gblk) {
+    int64_t kb0 = 0;
+    if (NB > 1 && chunk == gblk) /* NB whole blocks at a time */
+        for (; kb0 + NB * gblk <= kend; kb0 += NB * gblk) {
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; ++b)
+                stage_chunk(j, kb0 + b * gblk, gblk, full, bytes, (float *)(buf + b * slice), tail, &nanmax, &big,
+                            fmt, true, G, NB);
+            for (int64_t k = 0; k < gblk; ++k) /* A's blocks interleaved: one pointer for the FMA loop */
+                for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+                    for (int b = 0; b < NB; ++b)
+                        ail[(k * M + m) * NB + b] = j->a[m * j->lda + kb0 + b * gblk + k];
+#pragma GCC unroll 8
+            for (int r = 0; r < NB * M; ++r)
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g)
+                    acc[r][g] = _mm256_setzero_ps();
+            fma_pairs(j, buf, slice, kb0, gblk, gblk, ail, M * NB, NB, 1, acc, M, G, fmt, NB, fold);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; ++b)
+                block_end(j, kb0 / gblk + b, acc + b * M, total, M, G);
+        }
+    for (; kb0 < kend; kb0 += gblk) { /* the rest one block at a time */
         const int64_t kb1 = kb0 + gblk < kend ? kb0 + gblk : kend;
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g)
             acc[0][g] = acc[1][g] = _mm256_setzero_ps();
         for (int64_t kk = kb0; kk < kb1; kk += chunk) {
             const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
-            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, pairs, G);
-            fma_slice(j, buf, kk, kc, j->a + kk, j->lda, acc, M, G, fmt, pairs);
+            stage_chunk(j, kk, kc, full, bytes, (float *)buf, tail, &nanmax, &big, fmt, true, G, 1);
+            fma_pairs(j, buf, 0, kk, 0, kc, j->a + kk, 1, j->lda, 0, acc, M, G, fmt, 1, fold);
         }
         block_end(j, kb0 / gblk, acc, total, M, G);
     }
@@ -418,7 +497,7 @@ DG_INLINE bool decode_body_rows(const dg_decode_job *j, const int fmt, const int
                 accm[m][g] = _mm256_setzero_ps();
         for (int64_t kk = kb0; kk < kb1; kk += chunk) {
             const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
-            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, fmt == FMT_E2M1, G);
+            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, fmt == FMT_E2M1, G, 1);
             for (int mb = 0; mb < M; mb += MB) /* the rows left: a constant in each branch */
                 switch (M - mb < MB ? M - mb : MB) {
                 case 1: rows_slice(j, buf, kk, kc, mb, accm, 1, G, fmt); break;
@@ -451,7 +530,7 @@ bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, f
     uint8_t tail[32 * 16];
     __m256i nanmax = _mm256_setzero_si256(), big = _mm256_setzero_si256();
     const int64_t full = j->rows == 16 ? j->k / 8 * 8 : 0;
-    stage_chunk(j, k0, kc, full, j->k, dst, tail, &nanmax, &big, FMT_E4M3, false, 2);
+    stage_chunk(j, k0, kc, full, j->k, dst, tail, &nanmax, &big, FMT_E4M3, false, 2, 1);
     return !_mm256_movemask_epi8(_mm256_cmpeq_epi8(nanmax, _mm256_set1_epi8(0x7f)));
 }
 
@@ -465,24 +544,40 @@ bool dg_decode_stage_e2m1_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, f
     const int64_t bytes = (j->k + 1) / 2, full = j->rows == 16 ? bytes / 8 * 16 : 0;
     for (int64_t kk = k0; kk < k0 + kc; kk += CHUNK_K) /* stage_chunk's scale rows: CHUNK_K at most */
         stage_chunk(j, kk, k0 + kc - kk < CHUNK_K ? k0 + kc - kk : CHUNK_K, full, bytes, dst + (kk - k0) * 16, tail,
-                    &nanmax, &big, FMT_E2M1, false, 2);
+                    &nanmax, &big, FMT_E2M1, false, 2, 1);
     return !_mm256_movemask_epi8(big);
 }
 
 /* Up to 32 rows of B per call (cfg->decode_rows; G = 4 groups of 8, fewer rows zero-padded): at
  * M = 1, 4 FMA chains instead of 2 (16 rows) wait less on FMA latency (Zen 3, FP8 x FP4 7168 x
  * 2048 from L3: 1.74 -> 1.49 ms); 1 .. DG_DECODE_MAX_M rows of A. */
-#define DISPATCH(fmt)                                                                              \
-    (j->rows <= 16 ? (j->m == 1 ? decode_body(j, 1, fmt, 2) : j->m == 2 ? decode_body(j, 2, fmt, 2)  \
-                                                                       : decode_body_rows(j, fmt, 2)) \
-                   : (j->m == 1 ? decode_body(j, 1, fmt, 4) : j->m == 2 ? decode_body(j, 2, fmt, 4)  \
-                                                                       : decode_body_rows(j, fmt, 4)))
+/* Each shape its own function (M = 1 and 2 per G; for E4M3 whether scales are folded into the
+ * rows, a constant multiplier otherwise): inlined into one dispatcher, GCC allocated registers
+ * over all of them and spilled the accumulators of each. */
+#define SHAPES(name, fmt)                                                                                    \
+    static __attribute__((noinline)) bool name##_m1g2(const dg_decode_job *j) { return decode_body(j, 1, fmt, 2, false); } \
+    static __attribute__((noinline)) bool name##_m2g2(const dg_decode_job *j) { return decode_body(j, 2, fmt, 2, false); } \
+    static __attribute__((noinline)) bool name##_m1g4(const dg_decode_job *j) { return decode_body(j, 1, fmt, 4, false); } \
+    static __attribute__((noinline)) bool name##_m2g4(const dg_decode_job *j) { return decode_body(j, 2, fmt, 4, false); } \
+    static __attribute__((noinline)) bool name##_m1g2f(const dg_decode_job *j) { return decode_body(j, 1, fmt, 2, fmt == FMT_E4M3); } \
+    static __attribute__((noinline)) bool name##_m2g2f(const dg_decode_job *j) { return decode_body(j, 2, fmt, 2, fmt == FMT_E4M3); } \
+    static __attribute__((noinline)) bool name##_m1g4f(const dg_decode_job *j) { return decode_body(j, 1, fmt, 4, fmt == FMT_E4M3); } \
+    static __attribute__((noinline)) bool name##_m2g4f(const dg_decode_job *j) { return decode_body(j, 2, fmt, 4, fmt == FMT_E4M3); } \
+    static __attribute__((noinline)) bool name##_rows_g2(const dg_decode_job *j) { return decode_body_rows(j, fmt, 2); } \
+    static __attribute__((noinline)) bool name##_rows_g4(const dg_decode_job *j) { return decode_body_rows(j, fmt, 4); } \
+    bool dg_##name##_avx2(const dg_decode_job *j) {                                                          \
+        const bool f = fmt == FMT_E4M3 && j->fm;                                                             \
+        if (j->rows <= 16)                                                                                   \
+            return j->m == 1 ? (f ? name##_m1g2f(j) : name##_m1g2(j))                                        \
+                   : j->m == 2 ? (f ? name##_m2g2f(j) : name##_m2g2(j)) : name##_rows_g2(j);                 \
+        return j->m == 1 ? (f ? name##_m1g4f(j) : name##_m1g4(j))                                            \
+               : j->m == 2 ? (f ? name##_m2g4f(j) : name##_m2g4(j)) : name##_rows_g4(j);                     \
+    }
 
-bool dg_decode_bf16_avx2(const dg_decode_job *j) { return DISPATCH(FMT_BF16); }
+SHAPES(decode_bf16, FMT_BF16)
+SHAPES(decode_e4m3, FMT_E4M3)
+SHAPES(decode_e2m1, FMT_E2M1)
 
-bool dg_decode_e4m3_avx2(const dg_decode_job *j) { return DISPATCH(FMT_E4M3); }
-
-bool dg_decode_e2m1_avx2(const dg_decode_job *j) { return DISPATCH(FMT_E2M1); }
 
 /*
  * Pre-packed B (src/engine/prepack.c): two 16-row BF16-pair panels (engine.h DG_PACK_BF16; the

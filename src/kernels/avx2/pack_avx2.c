@@ -68,12 +68,37 @@ static __attribute__((noinline)) void block8_tail(const uint16_t *src, int64_t l
 }
 
 /*
+ * Panels narrower than 8 (the small-M path's A, M = 1 .. 7): a row at a time, k in order. The
+ * 8 x 8 transposes spent most of their work on padding rows there (M = 1, K 7168: about 50 us
+ * a call on Zen 4 through block8_tail, half of a decoding call's time with B in L2; one-row
+ * panels take pack.c's copy before they get here).
+ */
+static void pack_narrow(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc, int64_t k,
+                        dg_pack_fmt fmt, void *dst) {
+    const int64_t valid = k - k0 < kc ? (k - k0 > 0 ? k - k0 : 0) : kc; /* k in [k0, k0 + valid) are read */
+    for (int i = 0; i < r; ++i)
+        for (int64_t kk = 0; kk < kc; ++kk) {
+            const uint16_t v = i < rows && kk < valid ? src[i * ld + k0 + kk] : 0;
+            if (fmt == DG_PACK_F32) {
+                const uint32_t bits = (uint32_t)v << 16;
+                memcpy((float *)dst + kk * r + i, &bits, 4);
+            } else { /* word (pair kk / 2, row i): the even k in its low half */
+                ((uint16_t *)dst)[(kk / 2 * r + i) * 2 + (kk & 1)] = v;
+            }
+        }
+}
+
+/*
  * Rows [0, rows) of src (row i at src + i * ld, BF16, k contiguous), k in [k0, k0 + kc)
  * (kc even, values at k >= k are zero), into the panel slice dst of width r: element
  * (i, kk) at (kk - k0) * r + i (F32) or word ((kk - k0) / 2) * r + i (BF16 pairs).
  */
 void dg_pack_bf16_kmajor_avx2(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                               int64_t k, dg_pack_fmt fmt, void *dst) {
+    if (r < 8) {
+        pack_narrow(src, ld, rows, r, k0, kc, k, fmt, dst);
+        return;
+    }
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     for (int i0 = 0; i0 < r; i0 += 8) {
         const int lanes = r - i0 < 8 ? r - i0 : 8;
