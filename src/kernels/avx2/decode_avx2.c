@@ -551,32 +551,47 @@ bool dg_decode_stage_e2m1_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, f
 /* Up to 32 rows of B per call (cfg->decode_rows; G = 4 groups of 8, fewer rows zero-padded): at
  * M = 1, 4 FMA chains instead of 2 (16 rows) wait less on FMA latency (Zen 3, FP8 x FP4 7168 x
  * 2048 from L3: 1.74 -> 1.49 ms); 1 .. DG_DECODE_MAX_M rows of A. */
-/* Each shape its own function (M = 1 and 2 per G; for E4M3 whether scales are folded into the
- * rows, a constant multiplier otherwise): inlined into one dispatcher, GCC allocated registers
- * over all of them and spilled the accumulators of each. */
-#define SHAPES(name, fmt)                                                                                    \
-    static __attribute__((noinline)) bool name##_m1g2(const dg_decode_job *j) { return decode_body(j, 1, fmt, 2, false); } \
-    static __attribute__((noinline)) bool name##_m2g2(const dg_decode_job *j) { return decode_body(j, 2, fmt, 2, false); } \
-    static __attribute__((noinline)) bool name##_m1g4(const dg_decode_job *j) { return decode_body(j, 1, fmt, 4, false); } \
-    static __attribute__((noinline)) bool name##_m2g4(const dg_decode_job *j) { return decode_body(j, 2, fmt, 4, false); } \
-    static __attribute__((noinline)) bool name##_m1g2f(const dg_decode_job *j) { return decode_body(j, 1, fmt, 2, fmt == FMT_E4M3); } \
-    static __attribute__((noinline)) bool name##_m2g2f(const dg_decode_job *j) { return decode_body(j, 2, fmt, 2, fmt == FMT_E4M3); } \
-    static __attribute__((noinline)) bool name##_m1g4f(const dg_decode_job *j) { return decode_body(j, 1, fmt, 4, fmt == FMT_E4M3); } \
-    static __attribute__((noinline)) bool name##_m2g4f(const dg_decode_job *j) { return decode_body(j, 2, fmt, 4, fmt == FMT_E4M3); } \
-    static __attribute__((noinline)) bool name##_rows_g2(const dg_decode_job *j) { return decode_body_rows(j, fmt, 2); } \
-    static __attribute__((noinline)) bool name##_rows_g4(const dg_decode_job *j) { return decode_body_rows(j, fmt, 4); } \
-    bool dg_##name##_avx2(const dg_decode_job *j) {                                                          \
-        const bool f = fmt == FMT_E4M3 && j->fm;                                                             \
-        if (j->rows <= 16)                                                                                   \
-            return j->m == 1 ? (f ? name##_m1g2f(j) : name##_m1g2(j))                                        \
-                   : j->m == 2 ? (f ? name##_m2g2f(j) : name##_m2g2(j)) : name##_rows_g2(j);                 \
-        return j->m == 1 ? (f ? name##_m1g4f(j) : name##_m1g4(j))                                            \
-               : j->m == 2 ? (f ? name##_m2g4f(j) : name##_m2g4(j)) : name##_rows_g4(j);                     \
-    }
+/* Each shape its own function: inlined into one dispatcher, GCC allocated registers over all
+ * of them and spilled the accumulators of each. M = 1 and 2 per G, for E4M3 also with scales
+ * folded into the rows (a constant multiplier otherwise); M > 2 decode_body_rows. */
+#define SHAPE(name, body) \
+    static __attribute__((noinline)) bool name(const dg_decode_job *j) { return body; }
+#define SHAPES(fmt, s, fold)                                                   \
+    SHAPE(s##_m1g2, decode_body(j, 1, fmt, 2, fold))                           \
+    SHAPE(s##_m2g2, decode_body(j, 2, fmt, 2, fold))                           \
+    SHAPE(s##_m1g4, decode_body(j, 1, fmt, 4, fold))                           \
+    SHAPE(s##_m2g4, decode_body(j, 2, fmt, 4, fold))
+#define PICK(s, j) \
+    ((j)->rows <= 16 ? ((j)->m == 1 ? s##_m1g2(j) : s##_m2g2(j)) : ((j)->m == 1 ? s##_m1g4(j) : s##_m2g4(j)))
 
-SHAPES(decode_bf16, FMT_BF16)
-SHAPES(decode_e4m3, FMT_E4M3)
-SHAPES(decode_e2m1, FMT_E2M1)
+SHAPES(FMT_BF16, bf16, false)
+SHAPES(FMT_E4M3, e4m3, false)
+SHAPES(FMT_E4M3, e4m3f, true)
+SHAPES(FMT_E2M1, e2m1, false)
+SHAPE(bf16_rows_g2, decode_body_rows(j, FMT_BF16, 2))
+SHAPE(bf16_rows_g4, decode_body_rows(j, FMT_BF16, 4))
+SHAPE(e4m3_rows_g2, decode_body_rows(j, FMT_E4M3, 2))
+SHAPE(e4m3_rows_g4, decode_body_rows(j, FMT_E4M3, 4))
+SHAPE(e2m1_rows_g2, decode_body_rows(j, FMT_E2M1, 2))
+SHAPE(e2m1_rows_g4, decode_body_rows(j, FMT_E2M1, 4))
+
+bool dg_decode_bf16_avx2(const dg_decode_job *j) {
+    if (j->m > 2)
+        return j->rows <= 16 ? bf16_rows_g2(j) : bf16_rows_g4(j);
+    return PICK(bf16, j);
+}
+
+bool dg_decode_e4m3_avx2(const dg_decode_job *j) {
+    if (j->m > 2)
+        return j->rows <= 16 ? e4m3_rows_g2(j) : e4m3_rows_g4(j);
+    return j->fm ? PICK(e4m3f, j) : PICK(e4m3, j);
+}
+
+bool dg_decode_e2m1_avx2(const dg_decode_job *j) {
+    if (j->m > 2)
+        return j->rows <= 16 ? e2m1_rows_g2(j) : e2m1_rows_g4(j);
+    return PICK(e2m1, j);
+}
 
 
 /*
