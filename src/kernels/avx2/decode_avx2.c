@@ -221,9 +221,9 @@ DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t sl
                          int64_t kc, const float *a, int64_t sk, int64_t sm, int64_t sb, __m256 acc[][4], const int M,
                          const int G, const int fmt, const int NB, const bool fold) {
     const __m256 unit = _mm256_set1_ps(0x1p120f);
-    __m256 mul[4][4]; /* fold only: one register otherwise (8 accumulators fit in 16) */
+    __m256 mul[4][4]; /* used when fold: one register (unit) otherwise, so 8 accumulators fit in 16 */
 #pragma GCC unroll 4
-    for (int b = 0; fold && b < NB; ++b)
+    for (int b = 0; b < NB; ++b)
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g)
             mul[b][g] = unit;

@@ -128,100 +128,98 @@ DG_INLINE __m512i e2m1_subs(const float *f, __mmask16 *big) {
     return _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
 }
 
-/* One step of a 16-row BF16 group (8 k) into the float32 slice dst [k][W] (dst at the group's
- * lane offset of the step's first k): the 4 x 4 word transposes leave pair q of rows 0..15 in
- * w[q], whose halves are the float32 values (exact). */
-DG_INLINE void stage_step_bf16(const uint8_t *p, int64_t ld, float *dst, const int W) {
+/* One step of a 16-row BF16 group (8 k) into dst as 4 registers of BF16 pairs (pair q at
+ * dst + q * W; lane r: row r): the rows' words are pairs already, so the 4 x 4 word transposes
+ * are the whole step; fma_pairs widens them in registers (float32 staging stored twice the
+ * bytes and widened every value in the staging pass). */
+DG_INLINE void stage_step_bf16(const uint8_t *p, int64_t ld, uint32_t *dst, const int W) {
     __m512i y[4], w[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j)
         y[j] = load_quad(p, ld, j);
     transpose4(y, w);
-    const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
 #pragma GCC unroll 4
-    for (int q = 0; q < 4; ++q) {
-        _mm512_store_ps(dst + 2 * q * W, _mm512_castsi512_ps(_mm512_slli_epi32(w[q], 16)));
-        _mm512_store_ps(dst + (2 * q + 1) * W, _mm512_castsi512_ps(_mm512_and_si512(w[q], hi16)));
-    }
+    for (int q = 0; q < 4; ++q)
+        _mm512_store_si512(dst + q * W, w[q]);
 }
 
-/* acc[m][g] chained over kc (even) k of the slice buf: BF16 B float32 [k][16 G], codes BF16
- * pairs [k / 2][16 G] widened here (E4M3 then times its multiplier) against A at a (row m at
- * a + m * lda): per pair the odd k first. G M independent chains: all rows of A in one pass
- * (up to 16 accumulators), so that from M = 3 on the FMAs issue at their throughput rather
- * than wait on their latency (two rows per pass, as decode_avx2.c, took 1.7 ms at M = 4 for
- * FP8 N 2112, K 7168 on Zen 4, 4x the time to read B). */
-DG_INLINE void fma_slice(const dg_decode_job *j, const float *buf, int64_t k0, int64_t kc, const float *a, int64_t lda,
-                         __m512 acc[DG_DECODE_MAX_M][2], const int M, const int G, const int fmt) {
-    if (fmt != FMT_BF16) {
-        const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
-        __m512 mul[2] = {_mm512_set1_ps(0x1p120f), _mm512_set1_ps(0x1p120f)};
-        for (int64_t kk = 0; kk < kc; kk += 2) {
-            if (fmt == FMT_E4M3 && kk % 16 == 0) /* folded scales: per DG_DECODE_STEP (a divisor of fblk) */
+/*
+ * NB K blocks side by side: acc[b M + m][g] chained over kc (even) k of block b, which starts
+ * kblk k after block b - 1, from the BF16-pair slice buf + b * slice ([kc / 2][16 G] words,
+ * each pair widened here: E4M3 then times its multiplier, folded when fold) against A's value
+ * (k, row m, block b) at a[k sk + m sm + b sb]. Per pair the odd k first. NB G M independent
+ * chains, all rows of A in one pass (up to 16 accumulators), so that from M = 3 on the FMAs
+ * issue at their throughput rather than wait on their latency (two rows per pass, as
+ * decode_avx2.c's M > 2 kernel, took 1.7 ms at M = 4 for FP8 N 2112, K 7168 on Zen 4, 4x the
+ * time to read B); blocks end in their order (decode_body), so the bits are those of one block
+ * at a time.
+ */
+DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t slice, int64_t k0, int64_t kblk,
+                         int64_t kc, const float *a, int64_t sk, int64_t sm, int64_t sb, __m512 acc[][2], const int M,
+                         const int G, const int fmt, const int NB, const bool fold) {
+    const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512 unit = _mm512_set1_ps(0x1p120f);
+    __m512 mul[4][2];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b)
+#pragma GCC unroll 2
+        for (int g = 0; g < G; ++g)
+            mul[b][g] = unit;
+    for (int64_t kk = 0; kk < kc; kk += 2) {
+        if (fold && kk % 16 == 0) /* folded scales: per DG_DECODE_STEP (a divisor of fblk) */
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; ++b)
 #pragma GCC unroll 2
                 for (int g = 0; g < G; ++g)
-                    mul[g] = j->fm ? _mm512_loadu_ps(j->fm + (k0 + kk) / j->fblk * j->lanes + 16 * g)
-                                   : _mm512_set1_ps(0x1p120f);
+                    mul[b][g] = _mm512_loadu_ps(j->fm + (k0 + b * kblk + kk) / j->fblk * j->lanes + 16 * g);
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) {
             __m512 bv[2][2];
 #pragma GCC unroll 2
             for (int g = 0; g < G; ++g) {
-                const __m512i w = _mm512_load_si512(buf + kk / 2 * 16 * G + 16 * g);
+                const __m512i w = _mm512_load_si512(buf + b * slice + kk / 2 * 16 * G + 16 * g);
                 bv[1][g] = _mm512_castsi512_ps(_mm512_and_si512(w, hi16));
                 bv[0][g] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-                if (fmt == FMT_E4M3)
-                    bv[1][g] = _mm512_mul_ps(bv[1][g], mul[g]), bv[0][g] = _mm512_mul_ps(bv[0][g], mul[g]);
+                if (fmt == FMT_E4M3) {
+                    const __m512 f = fold ? mul[b][g] : unit;
+                    bv[1][g] = _mm512_mul_ps(bv[1][g], f), bv[0][g] = _mm512_mul_ps(bv[0][g], f);
+                }
             }
 #pragma GCC unroll 2
             for (int u = 1; u >= 0; --u)
 #pragma GCC unroll 8
                 for (int m = 0; m < M; ++m) {
-                    const __m512 av = _mm512_set1_ps(a[m * lda + kk + u]);
+                    const __m512 av = _mm512_set1_ps(a[(kk + u) * sk + m * sm + b * sb]);
 #pragma GCC unroll 2
                     for (int g = 0; g < G; ++g)
-                        acc[m][g] = _mm512_fmadd_ps(av, bv[u][g], acc[m][g]);
+                        acc[b * M + m][g] = _mm512_fmadd_ps(av, bv[u][g], acc[b * M + m][g]);
                 }
         }
-        return;
     }
-    for (int64_t kk = 0; kk < kc; kk += 2)
-#pragma GCC unroll 2
-        for (int u = 1; u >= 0; --u) {
-            const float *b = buf + (kk + u) * 16 * G;
-            __m512 bv[2];
-#pragma GCC unroll 2
-            for (int g = 0; g < G; ++g)
-                bv[g] = _mm512_load_ps(b + 16 * g);
-#pragma GCC unroll 8
-            for (int m = 0; m < M; ++m) {
-                const __m512 av = _mm512_set1_ps(a[m * lda + kk + u]);
-#pragma GCC unroll 2
-                for (int g = 0; g < G; ++g)
-                    acc[m][g] = _mm512_fmadd_ps(av, bv[g], acc[m][g]);
-            }
-        }
 }
 
-/* One step of group g (rows at p, stride ld) into dst: E2M1 by stage_step_e2m1 (scales fm[s]
- * as subtrahends), E4M3 as pairs for fma_slice to scale, BF16 as float32. */
+/* One step of group g (rows at p, stride ld) into dst as BF16 pairs: E2M1 by stage_step_e2m1
+ * (scales fm[s] as subtrahends), E4M3 with fma_pairs to scale them, BF16 transposed. */
 DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const *fm, int64_t s, int g, float *dst,
-                                __m512i *nanmax, __mmask16 *big, const int fmt, const int W) {
+                                __m512i *nanmax, __mmask16 *big, const int fmt, const int W) { /* all as pairs */
     if (fmt == FMT_E2M1)
         stage_step_e2m1(p, ld, fm ? e2m1_subs(fm[s] + 16 * g, big) : _mm512_setzero_si512(), fm != NULL,
                         (uint32_t *)dst, W);
     else if (fmt == FMT_E4M3)
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
     else
-        stage_step_bf16(p, ld, dst, W);
+        stage_step_bf16(p, ld, (uint32_t *)dst, W);
 }
 
-/* Chunk [kk, kk + kc) of the 16 G rows into buf: BF16 as float32 [kc][16 G], codes as BF16
- * pairs [kc / 2][16 G]. Whole steps of whole rows are read in place, the next
- * chunk of every row prefetched into L2 meanwhile (decode_avx2.c measured one chunk ahead
- * best); partial ones are copied into a zeroed block first. */
+/* Chunk [kk, kk + kc) of the 16 G rows into buf as BF16 pairs [kc / 2][16 G]. Whole steps of
+ * whole rows are read in place, the chunk `ahead` chunks on of every row prefetched into L2
+ * meanwhile (the one staged after the FMAs that follow: decode_avx2.c measured one chunk ahead
+ * of one staged chunk best); partial ones are copied into a zeroed block first. */
 DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64_t full, int64_t bytes, float *buf,
-                           uint8_t *tail, __m512i *nanmax, __mmask16 *big, const int fmt, const int G) {
+                           uint8_t *tail, __m512i *nanmax, __mmask16 *big, const int fmt, const int G,
+                           const int ahead) {
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
-    const int64_t vpk = fmt == FMT_BF16 ? 1 : 2; /* k per buffer entry: float32 values, or pairs */
+    const int64_t vpk = 2; /* k per buffer entry: BF16 pairs */
     const float *fmrow[2 * CHUNK_K / 8], *const *fm = j->fm ? fmrow : NULL; /* kc <= 2 CHUNK_K (G = 1) */
     for (int64_t s = 0; j->fm && s < kc; s += kstep)
         fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * j->lanes;
@@ -229,7 +227,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
         const int64_t off = kk / kstep * pb;
         for (int r = 0; r < 16 * G; ++r)
             for (int64_t o = 0; o < kc / kstep * pb; o += 64)
-                _mm_prefetch((const char *)(j->b + r * ld + off + kc / kstep * pb + o), _MM_HINT_T1);
+                _mm_prefetch((const char *)(j->b + r * ld + off + ahead * (kc / kstep * pb) + o), _MM_HINT_T1);
         for (int g = 0; g < G; ++g) /* 16 rows' lines at a time */
             for (int64_t s = 0; s < kc; s += kstep)
                 stage_group_step(j->b + (int64_t)(16 * g) * ld + off + s / kstep * pb, ld, fm, s / kstep, g,
@@ -248,8 +246,8 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
 }
 
 /* The end of K block kb: total = fma(sa * sb, acc, total) per row of A. */
-DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m512 acc[DG_DECODE_MAX_M][2],
-                         __m512 total[DG_DECODE_MAX_M][2], const int M, const int G) {
+DG_INLINE void block_end(const dg_decode_job *j, int64_t kb, __m512 acc[][2], __m512 total[][2], const int M,
+                         const int G) {
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 2
         for (int g = 0; g < G; ++g) {
@@ -272,31 +270,62 @@ DG_INLINE bool finish(const dg_decode_job *j, __m512 total[DG_DECODE_MAX_M][2], 
 
 static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
+/* K blocks whose chains decode_body runs side by side at M rows of A and G groups of 16 rows:
+ * enough for 8 chains (two 512-bit FMA pipes on Intel server cores, latency 4) where the slices
+ * stay within 16 KiB (4 KiB per block and group). */
+#define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 8 ? 1 : 8 / ((M) * (G)) < 4 / (G) ? 8 / ((M) * (G)) : 4 / (G))
+
 /*
  * The body for M rows of A (1 .. DG_DECODE_MAX_M), format fmt and G groups of 16 rows
- * (constants after inlining). Per chunk of gcd(gblk, 2 CHUNK_K / G) k (whole chunks per K block): the
- * G groups staged into a slice in L1, 16 rows at a time (their lines in flight together:
- * DeepSeek's K make row strides that put all rows of a call in few L1 sets), then G M
- * independent FMA chains over it. Codes are staged as BF16 pairs, which the FMA loop widens
- * (E4M3 staged as float32 instead measured alike at M = 4 and 8: 1.46 vs 1.40 ms, 2.07 vs
- * 2.02 for N 2112, K 7168 on Zen 4).
+ * (constants after inlining). Per chunk of gcd(gblk, CHUNK_K) k (whole chunks per K block):
+ * the G groups staged into a slice of BF16 pairs in L1, 16 rows at a time (their lines in
+ * flight together: DeepSeek's K make row strides that put all rows of a call in few L1 sets),
+ * then G M independent FMA chains over it. Where a K block is one chunk and G M is small,
+ * NB = BLOCKS_IN_FLIGHT blocks are staged and their chains interleaved (fma_pairs), A's
+ * blocks interleaved into ail so that one pointer serves them; the blocks end in their order.
+ * Codes as pairs: E4M3 staged as float32 instead measured alike at M = 4 and 8 (1.46 vs 1.40
+ * ms, 2.07 vs 2.02 for N 2112, K 7168 on Zen 4).
  */
-DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, const int G) {
+DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, const int G, const bool fold) {
+    const int NB = BLOCKS_IN_FLIGHT(M, G);
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
     const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
     const int64_t gblk = j->gblk, full = j->rows == 16 * G ? bytes / pb * kstep : 0;
-    const int64_t chunk = gcd64(gblk, CHUNK_K * 2 / G); /* the slice: CHUNK_K x 32 floats at most */
-    __m512 total[DG_DECODE_MAX_M][2], acc[DG_DECODE_MAX_M][2];
+    const int64_t chunk = gcd64(gblk, CHUNK_K), slice = CHUNK_K / 2 * 16 * G; /* words per block's slice */
+    __m512 total[DG_DECODE_MAX_M][2], acc[DG_DECODE_MAX_M][2]; /* acc: NB M <= 8 rows */
     __m512i nanmax = _mm512_setzero_si512();
     __mmask16 big = 0;
-    float buf[CHUNK_K * 32] __attribute__((aligned(64)));
+    uint32_t buf[4 * CHUNK_K / 2 * 16] __attribute__((aligned(64))); /* NB G <= 4: 16 KiB */
+    float ail[CHUNK_K * 8];                                          /* [k][m][block] */
     uint8_t tail[32 * 16];
     for (int m = 0; m < M; ++m)
 #pragma GCC unroll 2
         for (int g = 0; g < G; ++g)
             total[m][g] = _mm512_setzero_ps();
-    for (int64_t kb0 = 0; kb0 < kend; kb0 += gblk) {
+    int64_t kb0 = 0;
+    if (NB > 1 && chunk == gblk) /* NB whole blocks at a time */
+        for (; kb0 + NB * gblk <= kend; kb0 += NB * gblk) {
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; ++b)
+                stage_chunk(j, kb0 + b * gblk, gblk, full, bytes, (float *)(buf + b * slice), tail, &nanmax, &big, fmt,
+                            G, NB);
+            for (int64_t k = 0; k < gblk; ++k)
+                for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+                    for (int b = 0; b < NB; ++b)
+                        ail[(k * M + m) * NB + b] = j->a[m * j->lda + kb0 + b * gblk + k];
+#pragma GCC unroll 8
+            for (int r = 0; r < NB * M; ++r)
+#pragma GCC unroll 2
+                for (int g = 0; g < G; ++g)
+                    acc[r][g] = _mm512_setzero_ps();
+            fma_pairs(j, buf, slice, kb0, gblk, gblk, ail, M * NB, NB, 1, acc, M, G, fmt, NB, fold);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; ++b)
+                block_end(j, kb0 / gblk + b, acc + b * M, total, M, G);
+        }
+    for (; kb0 < kend; kb0 += gblk) { /* the rest one block at a time */
         const int64_t kb1 = kb0 + gblk < kend ? kb0 + gblk : kend;
         for (int m = 0; m < M; ++m)
 #pragma GCC unroll 2
@@ -304,8 +333,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
                 acc[m][g] = _mm512_setzero_ps();
         for (int64_t kk = kb0; kk < kb1; kk += chunk) {
             const int64_t kc = kb1 - kk < chunk ? kb1 - kk : chunk;
-            stage_chunk(j, kk, kc, full, bytes, buf, tail, &nanmax, &big, fmt, G);
-            fma_slice(j, buf, kk, kc, j->a + kk, j->lda, acc, M, G, fmt);
+            stage_chunk(j, kk, kc, full, bytes, (float *)buf, tail, &nanmax, &big, fmt, G, 1);
+            fma_pairs(j, buf, 0, kk, 0, kc, j->a + kk, 1, j->lda, 0, acc, M, G, fmt, 1, fold);
         }
         block_end(j, kb0 / gblk, acc, total, M, G);
     }
@@ -314,26 +343,50 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
 
 /* 16 rows per call: one group (one chain per row of A); up to 32: two (measured at M = 1 on
  * Zen 4 from DRAM, N 2112, K 7168: FP8 16 rows 1.04-1.10 ms, 32 0.91-0.92; four groups of 16
- * at M <= 2 were no faster for FP8 and FP4 and 1.5x slower for BF16). */
-#define BODY_G(fmt, G)                                                                               \
-    switch (j->m) {                                                                                  \
-    case 1: return decode_body(j, 1, fmt, G);                                                        \
-    case 2: return decode_body(j, 2, fmt, G);                                                        \
-    case 3: return decode_body(j, 3, fmt, G);                                                        \
-    case 4: return decode_body(j, 4, fmt, G);                                                        \
-    case 5: return decode_body(j, 5, fmt, G);                                                        \
-    case 6: return decode_body(j, 6, fmt, G);                                                        \
-    case 7: return decode_body(j, 7, fmt, G);                                                        \
-    default: return decode_body(j, 8, fmt, G);                                                       \
+ * at M <= 2 were no faster for FP8 and FP4 and 1.5x slower for BF16). Each shape is a function
+ * of its own (inlined into one dispatcher, GCC allocates registers over all of them); E4M3 at
+ * M <= 2 also with its folded scales as a constant choice (fold: mul registers per block),
+ * from M = 3 on as a run-time one. */
+#define SHAPE(name, body) \
+    static __attribute__((noinline)) bool name(const dg_decode_job *j) { return body; }
+#define SHAPES_G(fmt, s, G, fold)                                        \
+    SHAPE(s##_m1_g##G, decode_body(j, 1, fmt, G, fold))                  \
+    SHAPE(s##_m2_g##G, decode_body(j, 2, fmt, G, fold))                  \
+    SHAPE(s##_m3_g##G, decode_body(j, 3, fmt, G, fmt == FMT_E4M3 && j->fm)) \
+    SHAPE(s##_m4_g##G, decode_body(j, 4, fmt, G, fmt == FMT_E4M3 && j->fm)) \
+    SHAPE(s##_m5_g##G, decode_body(j, 5, fmt, G, fmt == FMT_E4M3 && j->fm)) \
+    SHAPE(s##_m6_g##G, decode_body(j, 6, fmt, G, fmt == FMT_E4M3 && j->fm)) \
+    SHAPE(s##_m7_g##G, decode_body(j, 7, fmt, G, fmt == FMT_E4M3 && j->fm)) \
+    SHAPE(s##_m8_g##G, decode_body(j, 8, fmt, G, fmt == FMT_E4M3 && j->fm))
+#define SHAPES(fmt, s) SHAPES_G(fmt, s, 1, false) SHAPES_G(fmt, s, 2, false)
+/* Shape (j->m, groups) of s; M <= 2 of sf instead when fold. */
+#define PICK_G(s, sf, G, fold)                                                         \
+    switch (j->m) {                                                                    \
+    case 1: return (fold) ? sf##_m1_g##G(j) : s##_m1_g##G(j);                          \
+    case 2: return (fold) ? sf##_m2_g##G(j) : s##_m2_g##G(j);                          \
+    case 3: return s##_m3_g##G(j);                                                     \
+    case 4: return s##_m4_g##G(j);                                                     \
+    case 5: return s##_m5_g##G(j);                                                     \
+    case 6: return s##_m6_g##G(j);                                                     \
+    case 7: return s##_m7_g##G(j);                                                     \
+    default: return s##_m8_g##G(j);                                                    \
     }
-#define DECODE_FN(name, fmt)                                                                         \
-    bool name(const dg_decode_job *j) {                                                              \
-        if (j->rows <= 16) {                                                                         \
-            BODY_G(fmt, 1)                                                                           \
-        }                                                                                            \
-        BODY_G(fmt, 2)                                                                               \
+#define DECODE_FN(name, s, sf, fold)  \
+    bool name(const dg_decode_job *j) { \
+        if (j->rows <= 16) {            \
+            PICK_G(s, sf, 1, fold)      \
+        }                               \
+        PICK_G(s, sf, 2, fold)          \
     }
 
-DECODE_FN(dg_decode_bf16_avx512, FMT_BF16)
-DECODE_FN(dg_decode_e4m3_avx512, FMT_E4M3)
-DECODE_FN(dg_decode_e2m1_avx512, FMT_E2M1)
+SHAPES(FMT_BF16, bf16)
+SHAPES(FMT_E4M3, e4m3)
+SHAPE(e4m3f_m1_g1, decode_body(j, 1, FMT_E4M3, 1, true))
+SHAPE(e4m3f_m2_g1, decode_body(j, 2, FMT_E4M3, 1, true))
+SHAPE(e4m3f_m1_g2, decode_body(j, 1, FMT_E4M3, 2, true))
+SHAPE(e4m3f_m2_g2, decode_body(j, 2, FMT_E4M3, 2, true))
+SHAPES(FMT_E2M1, e2m1)
+
+DECODE_FN(dg_decode_bf16_avx512, bf16, bf16, false)
+DECODE_FN(dg_decode_e4m3_avx512, e4m3, e4m3f, j->fm != NULL)
+DECODE_FN(dg_decode_e2m1_avx512, e2m1, e2m1, false)
