@@ -229,7 +229,9 @@ static void run_level(dg_isa isa, int dpbf16) {
         {"fp8 float/32", DG_FLOAT8_E4M3, DG_FLOAT8_E4M3, {1, 32}, {1, 32}, 0, 0, 1e-3, 0},
     };
     static const int64_t kN[] = {90, 16}; /* 90: a last item of 26 columns (AVX-512: 16 + 10) */
-    static const int64_t kK[] = {1, 31, 33, 48, 200, 600}; /* 48: FP4 blocks of 16 ending inside a short K */
+    /* 48: FP4 blocks of 16 ending inside a short K; 700: five whole K blocks of 128 and a part
+     * (the decode kernels run blocks two or four at a time, then the rest one at a time) */
+    static const int64_t kK[] = {1, 31, 33, 48, 200, 600, 700};
     tu_rng r = {0xa3c5};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
         for (size_t ni = 0; ni < 2; ++ni)
