@@ -151,6 +151,9 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
     j->cfg->pack_bf16(stage, kc, nr, nr, 0, kc, kc, j->cfg->small_fmt, bbuf);
 }
 
+static void block_scales(const dg_operand *b, int64_t n0, int rows, int nrows, int64_t step, int64_t count,
+                         int64_t lanes, float *out);
+
 /*
  * Adjacent NR-column blocks of D, columns [n0, n0 + cols): per K slice, every block's piece
  * of B is staged (bbuf [blocks][slice][NR]), then each A panel runs against all of them.
@@ -164,26 +167,26 @@ static void run_blocks(const small_job *j, int64_t n0, int64_t cols, uint16_t *s
     const size_t es = j->cfg->small_fmt == DG_PACK_F32 ? 4 : 2; /* bytes per packed element */
     const bool scaled_b = !j->plan->fold_b && j->b->sf;
     memset(cbuf, 0, (size_t)(nblk * per) * sizeof(float));
+    /* B's scales of every K block, once per call: sb[(bi * nkb + kb) * nr + s] (rows located once;
+     * a dg_operand_scale per element and block, with its two index divisions, had taken a tenth of
+     * an FP8 1D2D call at M = 16 on AVX2) */
+    const int64_t nkb = dg_ceil_div(kp, gblk);
+    for (int64_t bi = 0; bi < nblk && scaled_b; ++bi)
+        block_scales(j->b, n0 + bi * nr, (int)(cols - bi * nr < nr ? cols - bi * nr : nr), nr, gblk, nkb, nr,
+                     sb + bi * nkb * nr);
     for (int64_t k0 = 0; k0 < kp; k0 += j->slice) {
         const int64_t kc = kp - k0 < j->slice ? kp - k0 : j->slice;
         for (int64_t bi = 0; bi < nblk; ++bi)
             stage_b(j, n0 + bi * nr, cols - bi * nr < nr ? cols - bi * nr : nr, k0, kc, stage,
                     bbuf + bi * (j->slice + 8) * nr);
-        const int64_t nq = dg_ceil_div(kc, gblk); /* K blocks in this slice */
-        for (int64_t bi = 0; bi < nblk && scaled_b; ++bi) { /* B's scales once per slice, not per panel */
-            const int64_t c0 = n0 + bi * nr, bc = cols - bi * nr < nr ? cols - bi * nr : nr;
-            for (int64_t q = 0; q < nq; ++q)
-                for (int s = 0; s < nr; ++s)
-                    sb[(bi * nq + q) * nr + s] = s < bc ? dg_operand_scale(j->b, 0, c0 + s, k0 + q * gblk) : 1.0f;
-        }
         for (int64_t ir = 0; ir < pa->panels; ++ir) {
             const char *ap = (const char *)pa->data + (size_t)(ir * kp * mr) * es;
             for (int64_t bi = 0; bi < nblk; ++bi) {
                 const char *bb = (const char *)(bbuf + bi * (j->slice + 8) * nr);
                 float *cb = cbuf + bi * per + ir * mr * nr;
-                for (int64_t q = 0, kb0 = k0; kb0 < k0 + kc; ++q, kb0 += gblk) { /* one scale epilogue per block */
+                for (int64_t kb0 = k0; kb0 < k0 + kc; kb0 += gblk) { /* one scale epilogue per block */
                     const int64_t kb1 = kb0 + gblk < k0 + kc ? kb0 + gblk : k0 + kc;
-                    const float *sbp = scaled_b ? sb + (bi * nq + q) * nr : j->ones;
+                    const float *sbp = scaled_b ? sb + (bi * nkb + kb0 / gblk) * nr : j->ones;
                     const float *sap = pa->scales ? pa->scales + (ir * pa->nkb + kb0 / gblk) * mr : j->ones;
                     j->ukr(kb1 - kb0, ap + (size_t)(kb0 * mr) * es, bb + (size_t)((kb0 - k0) * nr) * es, cb, nr,
                            DG_UKR_SCALE, sap, sbp);
@@ -713,7 +716,7 @@ dg_status dg_engine_gemm_small_panels(const dg_engine_cfg *cfg, const dg_operand
      * anything is written. */
     const int64_t ostride = dp.lanes * a->mn; /* a decode call's out [m][lanes] */
     const int64_t dec = decode ? dp.lanes * (dp.a.nkb + dp.nkbf) + parts * ostride : 0;
-    const int64_t sbn = nb * dg_ceil_div(j.slice, plan->gblk) * nr + 8; /* B scales of a slice */
+    const int64_t sbn = nb * dg_ceil_div(pa.kp, plan->gblk) * nr + 8; /* B scales of an item (run_blocks) */
     const int64_t per_thread =
         dg_align(nb * (j.slice * nr + 8 * nr + mpad * nr) + nr + 8 + sbn + dec + (j.slice * nr + 1) / 2, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
