@@ -276,8 +276,9 @@ typedef struct dg_engine_cfg {
     bool decode_groups[DG_DECODE_FORMATS];
     /* The E2M1 kernels read B's folded scales in place (dg_decode_job.fs). */
     bool decode_sf_in_place;
-    /* The small-M B slice [kc][16] straight from K-major E4M3 codes without folded scales
-     * (kernels/avx2/decode_avx2.c; NULL: widen rows, then transpose). */
+    /* The small-M B slice [kc][nr] (DG_PACK_F32) straight from K-major E4M3 codes without folded
+     * scales (kernels/avx2/decode_avx2.c, kernels/avx512/decode_avx512.c; NULL: widen rows, then
+     * transpose). */
     bool (*stage_e4m3)(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
     /* The same from K-major E2M1 codes, with folded power-of-two scales (job.fm) or none. */
     bool (*stage_e2m1)(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
@@ -358,6 +359,7 @@ bool dg_decode_wide_e2m1p_avx512bf16(const dg_decode_job *j);
 bool dg_decode_pairs_avx2(const dg_decode_job *j);
 bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 bool dg_decode_stage_e2m1_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
+bool dg_decode_stage_e4m3_avx512(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 void dg_widen_e4m3_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_widen_e2m1_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_ukr_f32_avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,

@@ -102,7 +102,7 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
         return;
     }
     if (t->dtype == DG_FLOAT8_E4M3 && t->strides[1] == 1 && !(j->plan->fold_b && b->sf) && j->cfg->stage_e4m3 &&
-        nr == 16 && k0 % 8 == 0 && j->cfg->small_fmt == DG_PACK_F32) { /* FP8 weights, one pass (NaN: below) */
+        k0 % 8 == 0 && j->cfg->small_fmt == DG_PACK_F32) { /* FP8 weights, one pass (NaN: below); [kc][nr] */
         dg_decode_job job;
         memset(&job, 0, sizeof job);
         job.b = (const uint8_t *)t->data + n0 * t->strides[0], job.ldb = t->strides[0];

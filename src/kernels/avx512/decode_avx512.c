@@ -26,7 +26,9 @@
 /* Everything is instantiated per (M, format, groups): the loops below must unroll into registers. */
 #define DG_INLINE static inline __attribute__((always_inline))
 
-enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2 };
+/* FMT_E4M3F: E4M3 staged as float32 values [k][W] (the small-M kernels' B slice,
+ * dg_decode_stage_e4m3_avx512), not as pairs */
+enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E4M3F = 3 };
 
 #define E2M1_EMAX 125 /* as decode_avx2.c: 6 * 2^e overflows past it */
 #define CHUNK_K 128   /* k per staged chunk: [128][32] float32 = 16 KiB, in L1 */
@@ -98,7 +100,7 @@ DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m512i sub, const 
 /* One step of a 16-row E4M3 group (8 k) into dst as 4 registers of BF16 pairs (pair q at
  * dst + q * W; lane r: row r), each code's sign and 7 other bits in BF16 position (value *
  * 2^-120), for the FMA loop to widen and multiply: decode_avx2.c's stage_step_e4m3_pairs. */
-DG_INLINE void stage_step_e4m3_pairs(const uint8_t *p, int64_t ld, uint32_t *dst, __m512i *nanmax, const int W) {
+DG_INLINE void e4m3_step_pairs(const uint8_t *p, int64_t ld, __m512i *nanmax, __m512i out[4]) {
     __m512i y[4];
     load_rows16(p, ld, y);
     /* u[h], lane l: code pairs 2h, 2h + 1 of rows 4l .. 4l + 3, pair-major */
@@ -112,8 +114,32 @@ DG_INLINE void stage_step_e4m3_pairs(const uint8_t *p, int64_t ld, uint32_t *dst
 #pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
             const __m512i v = _mm512_srai_epi16(_mm512_slli_epi16(c[i], 8), 4); /* sign copies above bit 10 */
-            _mm512_store_si512(dst + (2 * h + i) * W, _mm512_and_si512(v, _mm512_set1_epi16((short)0x87f0)));
+            out[2 * h + i] = _mm512_and_si512(v, _mm512_set1_epi16((short)0x87f0));
         }
+    }
+}
+
+DG_INLINE void stage_step_e4m3_pairs(const uint8_t *p, int64_t ld, uint32_t *dst, __m512i *nanmax, const int W) {
+    __m512i v[4];
+    e4m3_step_pairs(p, ld, nanmax, v);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+        _mm512_store_si512(dst + q * W, v[q]);
+}
+
+/* The same step as float32 values [k][W] (value * 2^-120 times 2^120: exact), for the small-M
+ * kernels: one pass from codes to their B slice, where widening rows to BF16 and transposing
+ * those took two (and a third of an FP8 M = 16 call on Zen 4). */
+DG_INLINE void stage_step_e4m3_f32(const uint8_t *p, int64_t ld, float *dst, __m512i *nanmax, const int W) {
+    __m512i v[4];
+    e4m3_step_pairs(p, ld, nanmax, v);
+    const __m512 unit = _mm512_set1_ps(0x1p120f);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+        _mm512_storeu_ps(dst + 2 * q * W, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v[q], 16)), unit));
+        _mm512_storeu_ps(dst + (2 * q + 1) * W,
+                         _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v[q], _mm512_set1_epi32((int)0xffff0000u))),
+                                       unit));
     }
 }
 
@@ -207,11 +233,14 @@ DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const
                         (uint32_t *)dst, W);
     else if (fmt == FMT_E4M3)
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
+    else if (fmt == FMT_E4M3F)
+        stage_step_e4m3_f32(p, ld, dst, nanmax, W);
     else
         stage_step_bf16(p, ld, (uint32_t *)dst, W);
 }
 
-/* Chunk [kk, kk + kc) of the 16 G rows into buf as BF16 pairs [kc / 2][16 G]. Whole steps of
+/* Chunk [kk, kk + kc) of the 16 G rows into buf as BF16 pairs [kc / 2][16 G] (FMT_E4M3F:
+ * float32 [kc][16 G]). Whole steps of
  * whole rows are read in place, the chunk `ahead` chunks on of every row prefetched into L2
  * meanwhile (the one staged after the FMAs that follow: decode_avx2.c measured one chunk ahead
  * of one staged chunk best); partial ones are copied into a zeroed block first. */
@@ -219,7 +248,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
                            uint8_t *tail, __m512i *nanmax, __mmask16 *big, const int fmt, const int G,
                            const int ahead) {
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
-    const int64_t vpk = 2; /* k per buffer entry: BF16 pairs */
+    const int64_t vpk = fmt == FMT_E4M3F ? 1 : 2; /* k per buffer entry: BF16 pairs (E4M3F: float32) */
     const float *fmrow[2 * CHUNK_K / 8], *const *fm = j->fm ? fmrow : NULL; /* kc <= 2 CHUNK_K (G = 1) */
     for (int64_t s = 0; j->fm && s < kc; s += kstep)
         fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * j->lanes;
@@ -390,3 +419,17 @@ SHAPES(FMT_E2M1, e2m1)
 DECODE_FN(dg_decode_bf16_avx512, bf16, bf16, false)
 DECODE_FN(dg_decode_e4m3_avx512, e4m3, e4m3f, j->fm != NULL)
 DECODE_FN(dg_decode_e2m1_avx512, e2m1, e2m1, false)
+
+/* The small-M kernels' B slice (smallm.c, stage_b) from E4M3 codes: rows [0, j->rows) (<= 32)
+ * for k in [k0, k0 + kc) (k0 a multiple of 8) as float32 [kc][32] at dst, which has room for kc
+ * rounded up to 8; unfolded scales (j->fm NULL). False: an E4M3 NaN code was read (dst is then
+ * garbage; the caller stages the slice its exact way). decode_avx2.c's dg_decode_stage_e4m3_avx2
+ * at twice the width. */
+bool dg_decode_stage_e4m3_avx512(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst) {
+    uint8_t tail[32 * 16];
+    __m512i nanmax = _mm512_setzero_si512();
+    __mmask16 big = 0;
+    const int64_t full = j->rows == 32 ? j->k / 8 * 8 : 0;
+    stage_chunk(j, k0, kc, full, j->k, dst, tail, &nanmax, &big, FMT_E4M3F, 2, 1);
+    return !_mm512_cmpeq_epi8_mask(nanmax, _mm512_set1_epi8(0x7f));
+}
