@@ -67,7 +67,7 @@ static const dg_engine_cfg kCfg[] = {
                        .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512,
                        .decode = {dg_decode_bf16_avx512, dg_decode_e4m3_avx512, dg_decode_e2m1_avx512, dg_decode_pairs_avx2},
                        .decode_rows = {DG_DECODE_WIDE_ROWS, DG_DECODE_WIDE_ROWS, DG_DECODE_WIDE_ROWS},
-                       .stage_e4m3 = dg_decode_stage_e4m3_avx512},
+                       .stage_e4m3 = dg_decode_stage_e4m3_avx512, .stage_e2m1 = dg_decode_stage_e2m1_avx512},
     [DG_ISA_AVX512_BF16] = {"avx512_bf16/bf16", DG_PACK_BF16, 14, 32, 224, 512, 256, dg_ukr_bf16_avx512bf16,
                             dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                             dg_widen_e4m3_avx512, dg_widen_e2m1_avx512,

@@ -280,7 +280,7 @@ typedef struct dg_engine_cfg {
      * scales (kernels/avx2/decode_avx2.c, kernels/avx512/decode_avx512.c; NULL: widen rows, then
      * transpose). */
     bool (*stage_e4m3)(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
-    /* The same from K-major E2M1 codes, with folded power-of-two scales (job.fm) or none. */
+    /* The same from K-major E2M1 codes, with folded power-of-two scales (job.fm, lanes nr) or none. */
     bool (*stage_e2m1)(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
     /* AMX tile kernels: A is packed DG_PACK_AMX_A (B: fmt = DG_PACK_AMX_B), K blocks of
      * unfolded scales must be whole tile steps (gblk % 32 == 0), else the engine runs
@@ -360,6 +360,7 @@ bool dg_decode_pairs_avx2(const dg_decode_job *j);
 bool dg_decode_stage_e4m3_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 bool dg_decode_stage_e2m1_avx2(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 bool dg_decode_stage_e4m3_avx512(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
+bool dg_decode_stage_e2m1_avx512(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst);
 void dg_widen_e4m3_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_widen_e2m1_avx2(const uint8_t *src, int64_t n, float scale, uint16_t *out);
 void dg_ukr_f32_avx512(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,

@@ -112,25 +112,25 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
     }
     const bool fold = j->plan->fold_b && b->sf;
     if (t->dtype == DG_FP4_E2M1X2 && b->fp4_dim == 1 && !b->grouped && t->strides[1] == 1 && j->cfg->stage_e2m1 &&
-        nr == 16 && k0 % 16 == 0 && kc % 16 == 0 && (!fold || (b->gran_k % 16 == 0 && k0 % b->gran_k == 0)) &&
+        k0 % 16 == 0 && kc % 16 == 0 && (!fold || (b->gran_k % 16 == 0 && k0 % b->gran_k == 0)) &&
         j->cfg->small_fmt == DG_PACK_F32) {
-        /* FP4 weights, one pass, their folded scales (as the decode kernels take them) in the
-         * staging rows' room: at most kc / 16 blocks of 16 floats */
+        /* FP4 weights, one pass into [kc][nr], their folded scales (as the decode kernels take
+         * them) in the staging rows' room: at most kc / 16 blocks of nr floats */
         dg_decode_job job;
         memset(&job, 0, sizeof job);
         job.b = (const uint8_t *)t->data + n0 * t->strides[0] + k0 / 2, job.ldb = t->strides[0];
-        job.rows = (int)cols, job.k = b->k - k0, job.lanes = 16;
+        job.rows = (int)cols, job.k = b->k - k0, job.lanes = nr;
         int ok = 1;
         if (fold) {
             float *fm = (float *)(void *)stage;
             const int64_t kv = b->k - k0 < kc ? b->k - k0 : kc, nq = dg_ceil_div(kv, b->gran_k);
-            for (int r = 0; r < 16; ++r)
+            for (int r = 0; r < nr; ++r)
                 if (r < cols)
-                    dg_operand_block_scales(b, n0 + r, k0 / b->gran_k, nq, fm + r, 16);
+                    dg_operand_block_scales(b, n0 + r, k0 / b->gran_k, nq, fm + r, nr);
                 else
                     for (int64_t q = 0; q < nq; ++q)
-                        fm[q * 16 + r] = 1.0f;
-            for (int64_t q = 0; q < nq * 16; ++q) /* branch-free: it vectorises */
+                        fm[q * nr + r] = 1.0f;
+            for (int64_t q = 0; q < nq * nr; ++q) /* branch-free: it vectorises */
                 ok &= dg_decode_fold_exact(fm[q], 1.0f);
             job.fm = fm, job.fblk = b->gran_k;
         }

@@ -26,9 +26,10 @@
 /* Everything is instantiated per (M, format, groups): the loops below must unroll into registers. */
 #define DG_INLINE static inline __attribute__((always_inline))
 
-/* FMT_E4M3F: E4M3 staged as float32 values [k][W] (the small-M kernels' B slice,
- * dg_decode_stage_e4m3_avx512), not as pairs */
-enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E4M3F = 3 };
+/* FMT_E4M3F, FMT_E2M1F: E4M3, E2M1 staged as float32 values [k][W] (the small-M kernels' B
+ * slice, dg_decode_stage_e4m3_avx512 / _e2m1_avx512), not as pairs */
+enum { FMT_BF16 = 0, FMT_E4M3 = 1, FMT_E2M1 = 2, FMT_E4M3F = 3, FMT_E2M1F = 4 };
+#define IS_E2M1(fmt) ((fmt) == FMT_E2M1 || (fmt) == FMT_E2M1F)
 
 #define E2M1_EMAX 125 /* as decode_avx2.c: 6 * 2^e overflows past it */
 #define CHUNK_K 128   /* k per staged chunk: [128][32] float32 = 16 KiB, in L1 */
@@ -70,7 +71,7 @@ DG_INLINE void transpose4(const __m512i y[4], __m512i w[4]) {
  * stage_step_e2m1 with rows 4l .. 4l + 3 in lane l. sub: the rows' VPSUBUSW subtrahends.
  */
 DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m512i sub, const bool scaled, uint32_t *dst,
-                                const int W) {
+                                const int W, const bool f32) {
     __m512i y[4];
     load_rows16(p, ld, y);
     /* u[h], lane l: bytes 4h .. 4h + 3 of rows 4l .. 4l + 3, byte-major */
@@ -91,7 +92,13 @@ DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m512i sub, const 
 #pragma GCC unroll 2
             for (int e = 0; e < 2; ++e) {
                 const int b = 4 * h + 2 * i + e; /* byte b of the rows: k pair b */
-                _mm512_store_si512(dst + b * W, scaled ? _mm512_subs_epu16(w[e], sub) : w[e]);
+                const __m512i v = scaled ? _mm512_subs_epu16(w[e], sub) : w[e];
+                if (!f32) {
+                    _mm512_store_si512(dst + b * W, v);
+                } else { /* float32 [k][W]: the pair's halves */
+                    _mm512_storeu_si512(dst + 2 * b * W, _mm512_slli_epi32(v, 16));
+                    _mm512_storeu_si512(dst + (2 * b + 1) * W, _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+                }
             }
         }
     }
@@ -228,9 +235,9 @@ DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t sl
  * (scales fm[s] as subtrahends), E4M3 with fma_pairs to scale them, BF16 transposed. */
 DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const *fm, int64_t s, int g, float *dst,
                                 __m512i *nanmax, __mmask16 *big, const int fmt, const int W) { /* all as pairs */
-    if (fmt == FMT_E2M1)
+    if (IS_E2M1(fmt))
         stage_step_e2m1(p, ld, fm ? e2m1_subs(fm[s] + 16 * g, big) : _mm512_setzero_si512(), fm != NULL,
-                        (uint32_t *)dst, W);
+                        (uint32_t *)dst, W, fmt == FMT_E2M1F);
     else if (fmt == FMT_E4M3)
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
     else if (fmt == FMT_E4M3F)
@@ -247,8 +254,8 @@ DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const
 DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64_t full, int64_t bytes, float *buf,
                            uint8_t *tail, __m512i *nanmax, __mmask16 *big, const int fmt, const int G,
                            const int ahead) {
-    const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
-    const int64_t vpk = fmt == FMT_E4M3F ? 1 : 2; /* k per buffer entry: BF16 pairs (E4M3F: float32) */
+    const int64_t kstep = IS_E2M1(fmt) ? 16 : 8, pb = piece_bytes(fmt), ld = j->ldb;
+    const int64_t vpk = fmt == FMT_E4M3F || fmt == FMT_E2M1F ? 1 : 2; /* k per entry: BF16 pairs, or float32 */
     const float *fmrow[2 * CHUNK_K / 8], *const *fm = j->fm ? fmrow : NULL; /* kc <= 2 CHUNK_K (G = 1) */
     for (int64_t s = 0; j->fm && s < kc; s += kstep)
         fmrow[s / kstep] = j->fm + (kk + s) / j->fblk * j->lanes;
@@ -432,4 +439,19 @@ bool dg_decode_stage_e4m3_avx512(const dg_decode_job *j, int64_t k0, int64_t kc,
     const int64_t full = j->rows == 32 ? j->k / 8 * 8 : 0;
     stage_chunk(j, k0, kc, full, j->k, dst, tail, &nanmax, &big, FMT_E4M3F, 2, 1);
     return !_mm512_cmpeq_epi8_mask(nanmax, _mm512_set1_epi8(0x7f));
+}
+
+/* The same slice from E2M1 codes (k0 and kc multiples of 16), each 16 k in one pass
+ * (stage_step_e2m1 into float32), with folded power-of-two scales (j->fm [k / fblk][j->lanes],
+ * lanes 32) or none. False: a scale past 2^E2M1_EMAX (the caller stages the slice its exact way).
+ * decode_avx2.c's dg_decode_stage_e2m1_avx2 at twice the width. */
+bool dg_decode_stage_e2m1_avx512(const dg_decode_job *j, int64_t k0, int64_t kc, float *dst) {
+    uint8_t tail[32 * 16];
+    __m512i nanmax = _mm512_setzero_si512();
+    __mmask16 big = 0;
+    const int64_t bytes = (j->k + 1) / 2, full = j->rows == 32 ? bytes / 8 * 16 : 0;
+    for (int64_t kk = k0; kk < k0 + kc; kk += CHUNK_K) /* stage_chunk's scale rows: CHUNK_K at most */
+        stage_chunk(j, kk, k0 + kc - kk < CHUNK_K ? k0 + kc - kk : CHUNK_K, full, bytes, dst + (kk - k0) * 32, tail,
+                    &nanmax, &big, FMT_E2M1F, 2, 1);
+    return !big;
 }
