@@ -236,9 +236,9 @@ DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t sl
                     mul[b][g] = _mm256_loadu_ps(j->fm + (k0 + b * kblk + kk) / j->fblk * j->lanes + 8 * g);
 #pragma GCC unroll 4
         for (int b = 0; b < NB; ++b) {
-            __m256 av[2][2]; /* [m][u]: M <= 2 rows when NB > 1 */
+            __m256 av[2][2]; /* [m][u], M <= 2 (NB > 1 only there); more rows broadcast per group */
 #pragma GCC unroll 2
-            for (int m = 0; m < M; ++m)
+            for (int m = 0; m < (M <= 2 ? M : 0); ++m)
                 av[m & 1][1] = _mm256_broadcast_ss(a + (kk + 1) * sk + m * sm + b * sb),
                 av[m & 1][0] = _mm256_broadcast_ss(a + kk * sk + m * sm + b * sb);
 #pragma GCC unroll 4
