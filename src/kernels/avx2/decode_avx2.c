@@ -237,10 +237,11 @@ DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t sl
 #pragma GCC unroll 4
         for (int b = 0; b < NB; ++b) {
             __m256 av[2][2]; /* [m][u], M <= 2 (NB > 1 only there); more rows broadcast per group */
+            const int MA = M <= 2 ? M : 0; /* rows of A broadcast ahead */
 #pragma GCC unroll 2
-            for (int m = 0; m < (M <= 2 ? M : 0); ++m)
-                av[m & 1][1] = _mm256_broadcast_ss(a + (kk + 1) * sk + m * sm + b * sb),
-                av[m & 1][0] = _mm256_broadcast_ss(a + kk * sk + m * sm + b * sb);
+            for (int m = 0; m < MA; ++m)
+                av[m][1] = _mm256_broadcast_ss(a + (kk + 1) * sk + m * sm + b * sb),
+                av[m][0] = _mm256_broadcast_ss(a + kk * sk + m * sm + b * sb);
 #pragma GCC unroll 4
             for (int g = 0; g < G; ++g) { /* one group's two values live at a time: 8 accumulators fit */
                 const __m256i w = _mm256_load_si256((const __m256i *)(buf + b * slice + kk / 2 * 8 * G + 8 * g));
@@ -252,8 +253,8 @@ DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t sl
                     even = _mm256_mul_ps(even, fold ? mul[b][g] : unit);
 #pragma GCC unroll 4
                 for (int m = 0; m < M; ++m) {
-                    const __m256 ao = M <= 2 ? av[m & 1][1] : _mm256_broadcast_ss(a + (kk + 1) * sk + m * sm + b * sb);
-                    const __m256 ae = M <= 2 ? av[m & 1][0] : _mm256_broadcast_ss(a + kk * sk + m * sm + b * sb);
+                    const __m256 ao = m < MA ? av[m & 1][1] : _mm256_broadcast_ss(a + (kk + 1) * sk + m * sm + b * sb);
+                    const __m256 ae = m < MA ? av[m & 1][0] : _mm256_broadcast_ss(a + kk * sk + m * sm + b * sb);
                     acc[b * M + m][g] = _mm256_fmadd_ps(ae, even, _mm256_fmadd_ps(ao, odd, acc[b * M + m][g]));
                 }
             }
