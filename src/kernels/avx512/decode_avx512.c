@@ -306,10 +306,12 @@ DG_INLINE bool finish(const dg_decode_job *j, __m512 total[DG_DECODE_MAX_M][2], 
 
 static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
-/* K blocks whose chains decode_body runs side by side at M rows of A and G groups of 16 rows:
- * enough for 8 chains (two 512-bit FMA pipes on Intel server cores, latency 4) where the slices
- * stay within 16 KiB (4 KiB per block and group). */
-#define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 8 ? 1 : 8 / ((M) * (G)) < 4 / (G) ? 8 / ((M) * (G)) : 4 / (G))
+/* K blocks whose chains decode_body runs side by side at M rows of A and G groups of 16 rows,
+ * below 4 chains: toward 8 (two 512-bit FMA pipes on Intel server cores, latency 4) where the
+ * slices stay within 16 KiB (4 KiB per block and group). Measured on Zen 4 (one thread, B in
+ * L2, DG_ISA=avx512): BF16 M = 1 (32 rows) 55 -> 40 us with two blocks; at M = 2 two blocks were
+ * slower than one (BF16 62 -> 72 us, FP8 117 -> 121-126), so from 4 chains on it is one. */
+#define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 4 ? 1 : 8 / ((M) * (G)) < 4 / (G) ? 8 / ((M) * (G)) : 4 / (G))
 
 /*
  * The body for M rows of A (1 .. DG_DECODE_MAX_M), format fmt and G groups of 16 rows
