@@ -375,12 +375,12 @@ DG_INLINE void store_out(const dg_decode_job *j, __m256 total[][4], const int M,
 static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
 /* K blocks whose chains decode_body runs side by side at M rows of A and G groups of 8 rows:
- * four at M = 1 with 16 rows (8 chains: FMA latency 4 cycles on Zen 2-4 and on Intel since
- * Skylake, 2 FMA pipes), each block's slice 4 KiB. From 4 chains on, one: measured on Zen 4
- * (2 threads, DG_ISA=avx2, cold B), FP8 x FP4 M = 1, N 7168, K 2048 (32 rows, blocks of 32 k)
- * took 0.95 ms with two blocks against 0.87 with one, while FP8 and BF16 rows at M = 1 (16 rows,
- * blocks of 128) gained 12-15% with four. */
-#define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 4 ? 1 : 8 / ((M) * (G)))
+ * two at M = 1 with 16 rows (4 chains), each block's slice 4 KiB. Measured on Zen 4 (DG_ISA=avx2):
+ * four blocks (8 chains, 16 KiB of slices) were slower than two, the slices crowding out the
+ * rows' lines in L1 (FP8 M = 1, N 2112, K 7168, 2 threads, cold B: 0.88 ms with four, 0.77 with
+ * two; one thread, B in L2, FP8 99 vs 91 us, BF16 alike); FP8 x FP4 (32 rows, blocks of 32 k)
+ * took 0.95 ms with two blocks against 0.87 with one. From 4 chains on, one block. */
+#define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 4 ? 1 : 4 / ((M) * (G)))
 
 /*
  * The body for M rows of A (1 or 2), format fmt and G groups (constants after inlining). Per
