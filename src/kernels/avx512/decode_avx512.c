@@ -307,11 +307,16 @@ DG_INLINE bool finish(const dg_decode_job *j, __m512 total[DG_DECODE_MAX_M][2], 
 static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
 
 /* K blocks whose chains decode_body runs side by side at M rows of A and G groups of 16 rows,
- * below 4 chains: toward 8 (two 512-bit FMA pipes on Intel server cores, latency 4) where the
- * slices stay within 16 KiB (4 KiB per block and group). Measured on Zen 4 (one thread, B in
- * L2, DG_ISA=avx512): BF16 M = 1 (32 rows) 55 -> 40 us with two blocks; at M = 2 two blocks were
- * slower than one (BF16 62 -> 72 us, FP8 117 -> 121-126), so from 4 chains on it is one. */
-#define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 4 ? 1 : 8 / ((M) * (G)) < 4 / (G) ? 8 / ((M) * (G)) : 4 / (G))
+ * for BF16 rows below 4 chains: toward 8 (two 512-bit FMA pipes on Intel server cores, latency
+ * 4) where the slices stay within 16 KiB (4 KiB per block and group). Measured on Zen 4
+ * (DG_ISA=avx512): BF16 M = 1 (32 rows, one thread, B in L2) 55 -> 40 us with two blocks; at
+ * M = 2 two blocks were slower than one (BF16 62 -> 72 us, FP8 117 -> 121-126). Codes (their FMA
+ * loop has more work per chain) only below 2 chains: FP8 M = 1 with 32 rows from DRAM (2
+ * threads) took 1.03 ms with two blocks against 0.94 with one, pre-packed 1.00 against 0.91. */
+#define BLOCKS_IN_FLIGHT(M, G, fmt)                                                          \
+    ((M) * (G) >= ((fmt) == FMT_BF16 ? 4 : 2) ? 1                                          \
+     : 8 / ((M) * (G)) < 4 / (G)              ? 8 / ((M) * (G))                            \
+                                              : 4 / (G))
 
 /*
  * The body for M rows of A (1 .. DG_DECODE_MAX_M), format fmt and G groups of 16 rows
@@ -325,7 +330,7 @@ static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
  * ms, 2.07 vs 2.02 for N 2112, K 7168 on Zen 4).
  */
 DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, const int G, const bool fold) {
-    const int NB = BLOCKS_IN_FLIGHT(M, G);
+    const int NB = BLOCKS_IN_FLIGHT(M, G, fmt);
     const int64_t kstep = fmt == FMT_E2M1 ? 16 : 8, pb = piece_bytes(fmt);
     const int64_t kend = (j->k + kstep - 1) / kstep * kstep;
     const int64_t bytes = fmt == FMT_E2M1 ? (j->k + 1) / 2 : fmt == FMT_E4M3 ? j->k : 2 * j->k; /* per row */
