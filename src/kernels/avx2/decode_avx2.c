@@ -30,6 +30,7 @@
  * block on its exact path.
  */
 #include "../../engine/engine.h"
+#include "../decode_blocks.h"
 #include "../e2m1_bf16_tables.h"
 
 #include <immintrin.h>
@@ -381,6 +382,8 @@ static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
  * two; one thread, B in L2, FP8 99 vs 91 us, BF16 alike); FP8 x FP4 (32 rows, blocks of 32 k)
  * took 0.95 ms with two blocks against 0.87 with one. From 4 chains on, one block. */
 #define BLOCKS_IN_FLIGHT(M, G) ((M) * (G) >= 4 ? 1 : 4 / ((M) * (G)))
+_Static_assert(BLOCKS_IN_FLIGHT(1, 2) * 2 <= 4 && BLOCKS_IN_FLIGHT(1, 4) * 4 <= 4 && BLOCKS_IN_FLIGHT(1, 2) <= 2,
+               "decode_body's buf holds NB G <= 4 slices, ail NB M <= 2 rows");
 
 /*
  * The body for M rows of A (1 or 2), format fmt and G groups (constants after inlining). Per
@@ -406,8 +409,8 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
     const int64_t chunk = gcd64(gblk, CHUNK_K), slice = CHUNK_K / 2 * 8 * G; /* words per block's slice */
     __m256 total[2][4], acc[8][4];
     __m256i nanmax = _mm256_setzero_si256(), big = _mm256_setzero_si256();
-    uint32_t buf[4 * CHUNK_K / 2 * 8 * 2] __attribute__((aligned(32))); /* NB G <= 8: 16 KiB */
-    float ail[CHUNK_K * 8]; /* [k][m][block]: NB M <= 8 */
+    uint32_t buf[4 * CHUNK_K / 2 * 8] __attribute__((aligned(32))); /* NB G <= 4: 8 KiB */
+    float ail[CHUNK_K * 2]; /* [k][m][block]: NB M <= 2 */
     uint8_t tail[32 * 16];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g)
@@ -419,11 +422,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
             for (int b = 0; b < NB; ++b)
                 stage_chunk(j, kb0 + b * gblk, gblk, full, bytes, (float *)(buf + b * slice), tail, &nanmax, &big,
                             fmt, true, G, NB);
-            for (int64_t k = 0; k < gblk; ++k) /* A's blocks interleaved: one pointer for the FMA loop */
-                for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-                    for (int b = 0; b < NB; ++b)
-                        ail[(k * M + m) * NB + b] = j->a[m * j->lda + kb0 + b * gblk + k];
+            dg_decode_interleave_a(j, kb0, gblk, M, NB, ail); /* one pointer for the FMA loop */
 #pragma GCC unroll 8
             for (int r = 0; r < NB * M; ++r)
 #pragma GCC unroll 4

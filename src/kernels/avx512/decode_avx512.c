@@ -18,6 +18,7 @@
  * recomputes the block on its exact path; so it does for E2M1 scales past 2^E2M1_EMAX.
  */
 #include "../../engine/engine.h"
+#include "../decode_blocks.h"
 #include "../e2m1_bf16_tables.h"
 
 #include <immintrin.h>
@@ -353,11 +354,7 @@ DG_INLINE bool decode_body(const dg_decode_job *j, const int M, const int fmt, c
             for (int b = 0; b < NB; ++b)
                 stage_chunk(j, kb0 + b * gblk, gblk, full, bytes, (float *)(buf + b * slice), tail, &nanmax, &big, fmt,
                             G, NB);
-            for (int64_t k = 0; k < gblk; ++k)
-                for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-                    for (int b = 0; b < NB; ++b)
-                        ail[(k * M + m) * NB + b] = j->a[m * j->lda + kb0 + b * gblk + k];
+            dg_decode_interleave_a(j, kb0, gblk, M, NB, ail); /* one pointer for the FMA loop */
 #pragma GCC unroll 8
             for (int r = 0; r < NB * M; ++r)
 #pragma GCC unroll 2
