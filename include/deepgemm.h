@@ -448,6 +448,9 @@ DG_API dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tenso
  * since packing (pack again), or when opts' recipe for B differs from the packing one; with
  * DG_ERR_DTYPE when B's dtype does not fit the function; with DG_ERR_UNSUPPORTED under the
  * reference backend (dg_use_reference) or for scale blocks of odd length.
+ * On AMX, scale blocks that are not whole AMX k steps (32; NVFP4's 16) run the AVX-512 level,
+ * as the unpacked GEMM does: a B whose own scale blocks are such is packed for that level (and
+ * accepted by calls at AMX); where only A's are, the call runs on B's kept FP8 / FP4 codes.
  */
 typedef struct dg_packed_b dg_packed_b;
 DG_API dg_status dg_pack_b(const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_options *opts,

@@ -125,6 +125,42 @@ static void test_levels_and_declines(void) {
     free(r);
 }
 
+/* AMX only: scale blocks of 16 (NVFP4's) are not whole AMX k steps; the unpacked and the
+ * pre-packed FP8 x FP4 GEMM both say which level served them instead, and agree bitwise. */
+static void test_amx_scale_blocks(void) {
+    if (dg_get_isa() < DG_ISA_AMX)
+        return;
+    const int64_t m = 100, n = 48, k = 96;
+    dg_tensor a = tu_alloc2(DG_FLOAT8_E4M3, m, k), sfa = tu_alloc2(DG_FLOAT32, m, k / 16);
+    dg_tensor b = tu_alloc2(DG_FP4_E2M1X2, n, k / 2), sfb = tu_alloc2(DG_FLOAT32, n, k / 16);
+    dg_tensor d1 = tu_alloc2(DG_FLOAT32, m, n), d2 = tu_alloc2(DG_FLOAT32, m, n);
+    for (int64_t i = 0; i < m * k; ++i)
+        ((uint8_t *)a.data)[i] = (uint8_t)(0x30 + i % 13); /* finite E4M3 codes */
+    tu_fill_bytes(&b, 3);
+    for (int64_t i = 0; i < m * k / 16; ++i)
+        ((float *)sfa.data)[i] = 0.75f + (float)(i % 5) * 0.125f; /* not powers of two: not folded */
+    for (int64_t i = 0; i < n * k / 16; ++i)
+        ((float *)sfb.data)[i] = 1.25f + (float)(i % 3) * 0.25f;
+    dg_gemm_options o = dg_gemm_options_default();
+    o.recipe_a[0] = 1, o.recipe_a[1] = 16, o.recipe_b[0] = 1, o.recipe_b[1] = 16;
+    dg_set_print_paths(2);
+    dg_clear_path_report();
+    TU_CHECK_OK(dg_fp8_fp4_gemm_nt(&a, &sfa, &b, &sfb, &d1, NULL, &o));
+    dg_packed_b *pb = NULL;
+    TU_CHECK_OK(dg_pack_b(&b, &sfb, &o, &pb));
+    TU_CHECK_OK(dg_fp8_fp4_gemm_nt_packed(&a, &sfa, pb, &d2, NULL, &o));
+    char *r = report();
+    const char *unpacked[] = {"dg_fp8_fp4_gemm_nt: ", "instead of amx/bf16 [scale block 16", NULL};
+    const char *packed[] = {"dg_fp8_fp4_gemm_nt_packed: ", "instead of amx/bf16 [B pre-packed with scale blocks of 16",
+                            NULL};
+    TU_CHECK(has_line(r, unpacked) && has_line(r, packed), "both calls name the level that served them; got:\n%s", r);
+    free(r);
+    TU_CHECK(memcmp(d1.data, d2.data, (size_t)(m * n) * sizeof(float)) == 0, "packed and unpacked D agree bitwise");
+    dg_packed_b_free(pb);
+    dg_set_print_paths(0);
+    tu_free(&a), tu_free(&sfa), tu_free(&b), tu_free(&sfb), tu_free(&d1), tu_free(&d2);
+}
+
 static void test_buffer_rule(void) {
     dg_set_print_paths(2);
     dg_clear_path_report();
@@ -146,6 +182,7 @@ int main(int argc, char **argv) {
         {"off_records_nothing", test_off_records_nothing},
         {"once_per_path", test_once_per_path},
         {"levels_and_declines", test_levels_and_declines},
+        {"amx_scale_blocks", test_amx_scale_blocks},
         {"buffer_rule", test_buffer_rule},
     };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; ++i)

@@ -250,25 +250,35 @@ def test_deterministic_repeat():
 
 
 def test_fast_path_is_the_reference_bitwise():
+    # Bitwise the reference where the engine's GEMM is (the portable and AVX2 levels: the header's
+    # "Numerics"; AMX tiles and VDPBF16PS round their own way), then the same bits for any thread
+    # count at the CPU's best level.
     inputs = make_inputs(70, 512, 260, with_image_bias=True, with_mask=True)
+    old_backend, old_sms, old_isa = deep_gemm.get_backend(), deep_gemm.get_num_sms(), deep_gemm.get_isa()
+    runs = (('reference', 1, old_isa), ('auto', 1, 'generic'), ('auto', 2, 'avx2'), ('auto', 3, 'avx2'),
+            ('auto', 1, old_isa), ('auto', 2, old_isa), ('auto', 3, old_isa))
     results = []
-    old_backend, old_sms = deep_gemm.get_backend(), deep_gemm.get_num_sms()
     try:
-        for backend, sms in (('reference', 1), ('auto', 1), ('auto', 2), ('auto', 3)):
+        for backend, sms, isa in runs:
             deep_gemm.set_backend(backend)
             deep_gemm.set_num_sms(sms)
+            deep_gemm.set_isa(isa)
             outputs = make_outputs(inputs, with_unmapped_topk_idx=True)
             results.append(run_mega_gate(inputs, outputs, 'sigmoid'))
     finally:
         deep_gemm.set_backend(old_backend)
         deep_gemm.set_num_sms(old_sms)
-    for idx, weights in results[1:]:
+        deep_gemm.set_isa(old_isa)
+    for idx, weights in results[1:4]:
         assert_bitwise_equal(idx, results[0][0])
         assert_bitwise_equal(weights, results[0][1])
+    for idx, weights in results[5:]:
+        assert_bitwise_equal(idx, results[4][0])
+        assert_bitwise_equal(weights, results[4][1])
     # batch invariance: the last 3 tokens alone give the same weights (the replica depends on the token index)
     tail = {k: (v[-3:] if k in ('x', 'mask', 'image_token_mask') and v is not None else v) for k, v in inputs.items()}
     _, w_tail = run_mega_gate(tail, make_outputs(tail), 'sigmoid')
-    assert_bitwise_equal(w_tail, results[0][1][-3:])
+    assert_bitwise_equal(w_tail, results[4][1][-3:])
 
 
 def test_returned_outputs_and_numpy():

@@ -151,11 +151,12 @@ static dg_status check_packed_weight(const dg_packed_b *p, const char *name, dg_
                  name, (long long)p->groups);
     DG_CHECK(p->n == rows && p->k == cols, DG_ERR_SHAPE, "argument '%s' must be packed from [%s%lld, %lld], got [%lld, %lld]",
              name, groups ? "E/R, " : "", (long long)rows, (long long)cols, (long long)p->n, (long long)p->k);
-    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
-    DG_CHECK(p->cfg == cfg, DG_ERR_VALUE,
-             "argument '%s' was packed for the '%s' kernel, but the current ISA runs '%s' (dg_set_isa changed it "
-             "since); pack the weights again",
-             name, p->cfg->name, cfg->name);
+    const dg_engine_cfg *cfg;
+    if (dg_engine_prepacked_cfg(p, &cfg) != DG_OK)
+        return dg_fail(DG_ERR_VALUE,
+                       "argument '%s' was packed for the '%s' kernel, but the current ISA runs '%s' (dg_set_isa "
+                       "changed it since); pack the weights again",
+                       name, p->cfg->name, dg_engine_config(dg_get_isa())->name);
     return DG_OK;
 }
 

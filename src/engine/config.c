@@ -49,6 +49,13 @@ _Static_assert(DECODE_WIDE_MAX_M_AVX512BF16 <= DG_DECODE_WIDE_MAX_M,
 /* AVX2 small_m_max 256: measured on Zen 3 (2 threads, N 2112, K 7168, BF16), small-M vs
  * large-M path: M = 65 13.4 vs 20.3 ms, 128 27.1 vs 35.0, 256 48.1-50.5 vs 60.2, 512 113 vs
  * 97 (the large-M AVX2 path packs all of B as float32 per call). */
+#define AVX512_F32_CFG(name)                                                                                 \
+    {name, DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512, dg_pack_bf16_kmajor_avx512,                  \
+     dg_pack_bf16_mnmajor_avx512, dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL,                    \
+     .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512,                                                        \
+     .decode = {dg_decode_bf16_avx512, dg_decode_e4m3_avx512, dg_decode_e2m1_avx512, dg_decode_pairs_avx2},   \
+     .decode_rows = {DG_DECODE_WIDE_ROWS, DG_DECODE_WIDE_ROWS, DG_DECODE_WIDE_ROWS},                          \
+     .stage_e4m3 = dg_decode_stage_e4m3_avx512, .stage_e2m1 = dg_decode_stage_e2m1_avx512}
 static const dg_engine_cfg kCfg[] = {
     [DG_ISA_GENERIC] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},
 #if DG_X86
@@ -61,13 +68,7 @@ static const dg_engine_cfg kCfg[] = {
                       * staged chunks span 2-4 lines per row, measured slower with 32 */
                      .decode_rows = {[DG_DECODE_E2M1] = DG_DECODE_WIDE_ROWS},
                      .stage_e4m3 = dg_decode_stage_e4m3_avx2, .stage_e2m1 = dg_decode_stage_e2m1_avx2},
-    [DG_ISA_AVX512] = {"avx512/f32", DG_PACK_F32, 14, 32, 224, 512, 256, dg_ukr_f32_avx512,
-                       dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
-                       dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, AVX512_SMALL,
-                       .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512,
-                       .decode = {dg_decode_bf16_avx512, dg_decode_e4m3_avx512, dg_decode_e2m1_avx512, dg_decode_pairs_avx2},
-                       .decode_rows = {DG_DECODE_WIDE_ROWS, DG_DECODE_WIDE_ROWS, DG_DECODE_WIDE_ROWS},
-                       .stage_e4m3 = dg_decode_stage_e4m3_avx512, .stage_e2m1 = dg_decode_stage_e2m1_avx512},
+    [DG_ISA_AVX512] = AVX512_F32_CFG("avx512/f32"),
     [DG_ISA_AVX512_BF16] = {"avx512_bf16/bf16", DG_PACK_BF16, 14, 32, 224, 512, 256, dg_ukr_bf16_avx512bf16,
                             dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                             dg_widen_e4m3_avx512, dg_widen_e2m1_avx512,
@@ -96,6 +97,13 @@ static const dg_engine_cfg kCfg[] = {
 #endif
 };
 
+/* The avx512_bf16 level where FP32 FMA is the faster instruction (Intel, see above): the
+ * AVX-512 F kernels, under the level's own name so that path reports and errors say which
+ * level chose them. */
+#if DG_X86
+static const dg_engine_cfg kAvx512Bf16OnFma = AVX512_F32_CFG("avx512_bf16/f32");
+#endif
+
 static atomic_int g_dpbf16 = -1; /* -1: by CPU vendor */
 
 void dg_engine_set_dpbf16(int use) { atomic_store(&g_dpbf16, use < 0 ? -1 : use > 0); }
@@ -110,8 +118,10 @@ bool dg_engine_dpbf16(void) {
 const dg_engine_cfg *dg_engine_config(dg_isa isa) {
     if ((int)isa < 0 || (int)isa >= (int)(sizeof kCfg / sizeof kCfg[0]))
         isa = DG_ISA_GENERIC;
+#if DG_X86
     if (isa == DG_ISA_AVX512_BF16 && !dg_engine_dpbf16())
-        isa = DG_ISA_AVX512;
+        return &kAvx512Bf16OnFma;
+#endif
     return &kCfg[isa];
 }
 

@@ -218,12 +218,8 @@ static dg_status run_items(pitem *items, int64_t n) {
 }
 
 static dg_status check_cfg(const struct dg_packed_b *b) {
-    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
-    DG_CHECK(cfg == b->cfg, DG_ERR_VALUE,
-             "argument 'b' was packed for the '%s' kernel, but the current ISA runs '%s' (dg_set_isa "
-             "changed it since); pack B again",
-             b->cfg->name, cfg->name);
-    return DG_OK;
+    const dg_engine_cfg *cfg;
+    return dg_engine_prepacked_cfg(b, &cfg);
 }
 
 static dg_status refused(pitem *items) {

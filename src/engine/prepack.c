@@ -179,6 +179,10 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out) {
     dg_scale_plan plan;
     DG_CHECK(dg_engine_plan_scales(&none, b, &plan), DG_ERR_UNSUPPORTED,
              "argument 'b': scale blocks of odd length (gran_k = %d) cannot be pre-packed", b->gran_k);
+    /* B's own scale blocks are not whole AMX k steps (NVFP4's 16, not folded): every call
+     * would take the fallback level (dg_engine_config_for), so B is packed for it, which the
+     * packed call accepts at AMX. Where only A's blocks are such, see dg_engine_gemm_prepacked. */
+    cfg = dg_engine_config_for(cfg, &plan);
     out->cfg = cfg;
     out->fold_b = plan.fold_b;
     out->n = b->mn, out->k = b->k;
@@ -555,13 +559,49 @@ static bool fp4_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
 
 /* ---- the GEMM ------------------------------------------------------------------------------ */
 
-dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b *b, const dg_tensor *d,
-                                   const dg_tensor *c) {
-    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
-    DG_CHECK(cfg == b->cfg, DG_ERR_VALUE,
+/* B as the unpacked operand of its kept codes (FP4 or FP8 B with them, see prepack.h), its
+ * scales as float32; false when B kept none. */
+static bool codes_operand(const struct dg_packed_b *b, dg_tensor *t, dg_tensor *sf, dg_operand *ob) {
+    memset(ob, 0, sizeof *ob);
+    ob->groups = 1, ob->mn = b->n, ob->k = b->k, ob->fp4_dim = -1;
+    const int64_t nkb = b->gran_b[1] > 0 ? dg_ceil_div(b->k, b->gran_b[1]) : 0;
+    if (b->fp4_codes) {
+        *t = dg_tensor_2d((void *)b->fp4_codes, DG_FP4_E2M1X2, b->n, (b->k + 1) / 2);
+        *sf = dg_tensor_2d((void *)b->fp4_sf, DG_FLOAT32, b->n, nkb);
+        ob->fp4_dim = 1, ob->gran_mn = 1;
+    } else if (b->fp8_codes) {
+        *t = dg_tensor_2d((void *)b->fp8_codes, DG_FLOAT8_E4M3, b->n, b->k);
+        if (b->fp8_sf) {
+            *sf = dg_tensor_2d((void *)b->fp8_sf, DG_FLOAT32, dg_ceil_div(b->n, b->fp8_gran_mn), nkb);
+            ob->gran_mn = b->fp8_gran_mn;
+        }
+    } else {
+        return false;
+    }
+    ob->data = t;
+    if (b->fp4_codes || b->fp8_sf)
+        ob->sf = sf, ob->gran_k = b->gran_b[1];
+    return true;
+}
+
+dg_status dg_engine_prepacked_cfg(const struct dg_packed_b *b, const dg_engine_cfg **cfg) {
+    const dg_engine_cfg *cur = dg_engine_config(dg_get_isa());
+    const bool fallback = cur->amx && b->cfg == dg_engine_config(cur->fallback);
+    DG_CHECK(cur == b->cfg || fallback, DG_ERR_VALUE,
              "argument 'b' was packed for the '%s' kernel, but the current ISA runs '%s' (dg_set_isa "
              "changed it since); pack B again",
-             b->cfg->name, cfg->name);
+             b->cfg->name, cur->name);
+    if (fallback)
+        DG_PATH("%s instead of %s [B pre-packed with scale blocks of %d: not whole AMX k steps (32)]", b->cfg->name,
+                cur->name, b->gran_b[1]);
+    *cfg = b->cfg;
+    return DG_OK;
+}
+
+dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b *b, const dg_tensor *d,
+                                   const dg_tensor *c) {
+    const dg_engine_cfg *cfg;
+    DG_TRY(dg_engine_prepacked_cfg(b, &cfg));
     dg_status st4;
     if (fp4x4_prepacked(a, b, d, c, &st4))
         return st4;
@@ -570,8 +610,18 @@ dg_status dg_engine_gemm_prepacked(const dg_operand *a, const struct dg_packed_b
     const int gblk = dg_engine_k_block(fold_a ? 0 : a->gran_k, b->pk.scales ? b->pk.gblk : 0, b->k);
     DG_CHECK(gblk % 2 == 0, DG_ERR_UNSUPPORTED,
              "scale blocks of odd length (gran_k %d) are outside the engine; use the unpacked GEMM", gblk);
-    DG_CHECK(!cfg->amx || gblk % 32 == 0, DG_ERR_UNSUPPORTED,
-             "scale blocks of %d elements are not whole AMX k steps (32); use the unpacked GEMM", gblk);
+    if (cfg->amx && gblk % 32 != 0) {
+        /* A's scale blocks (B's fold into its panels) make K blocks that are not whole AMX k
+         * steps: the unpacked call then runs the fallback level, and so does this one, on B's
+         * kept codes (the same values and scale plan, so the same bits) */
+        dg_tensor t, sf;
+        dg_operand ob;
+        DG_CHECK(codes_operand(b, &t, &sf, &ob), DG_ERR_UNSUPPORTED,
+                 "A's scale blocks make K blocks of %d elements, not whole AMX k steps (32), and B was packed "
+                 "for AMX tiles; use the unpacked GEMM",
+                 gblk);
+        return dg_engine_gemm(a, &ob, d, c);
+    }
     dg_status st;
     if (fp8_small(cfg, a, b, fold_a, gblk, d, c, &st) || fp4_small(cfg, a, b, fold_a, gblk, d, c, &st))
         return st;

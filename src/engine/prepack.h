@@ -80,6 +80,11 @@ dg_status dg_engine_prepack_b(const dg_operand *b, struct dg_packed_b *out);
 dg_status dg_packed_b_make(dg_operand *ob, const dg_tensor *b, const dg_tensor *sfb, const dg_gemm_options *opts,
                            dg_status (*pack)(const dg_operand *, struct dg_packed_b *), dg_packed_b **out);
 
+/* The configuration a call on B runs under the current ISA: B's own, which is the current one
+ * or, at AMX, its fallback level when B's scale blocks are not whole AMX k steps (packed there
+ * as the unpacked call would run). DG_ERR_VALUE when dg_set_isa changed the level since packing. */
+dg_status dg_engine_prepacked_cfg(const struct dg_packed_b *b, const struct dg_engine_cfg **cfg);
+
 /* D = C + A @ B^T with B pre-packed. DG_ERR_VALUE when the current configuration is not the
  * one B was packed for; DG_ERR_UNSUPPORTED (nothing written) when the unpacked call would not
  * run the engine for this pair (scale blocks of odd length), so that results could differ. */
