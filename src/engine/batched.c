@@ -343,7 +343,10 @@ static void run_unit_ops(const bjob *j, const bunit *u, const bunit *next, char 
                 float *ct = cbuf + ir * mr * ldc + jr * nr;
                 const int r = ir == mpan - 1 ? rt : mr;
                 const dg_ukr_fn ukr = ir == mpan - 1 ? tail : cfg->ukr;
-                for (int64_t kb = 0; kb < nb; ++kb) {
+                const bool chain = cfg->amx && plan->fold_a && plan->fold_b; /* one tile chain over K (engine.h) */
+                if (chain)
+                    ukr(kc, ap, bp, ct, ldc, DG_UKR_ACC, scales, sbs);
+                for (int64_t kb = 0; kb < nb && !chain; ++kb) {
                     const int64_t kb0 = kb * gblk, kb1 = kb0 + gblk < kc ? kb0 + gblk : kc;
                     ukr(kb1 - kb0, ap + (size_t)(kb0 * r) * j->es, bp + (size_t)(kb0 * nr) * j->es, ct, ldc, DG_UKR_SCALE,
                         scales + (ir * nb + kb) * mr, sbs + (jr * nb + kb) * nr);
@@ -541,6 +544,11 @@ static void run_unit(const bjob *j, const bunit *u, const bunit *next, char *apa
                 float *ct = cbuf + ir * mr * ldc + jr * nr, *gt = gbuf ? gbuf + ir * mr * ldc + jr * nr : NULL;
                 const int r = ir == mpan - 1 ? rt : mr;
                 const dg_ukr_fn ukr = ir == mpan - 1 ? tail : cfg->ukr;
+                if (cfg->amx && !gt) { /* one tile chain over K (engine.h); K over segments keeps its groups */
+                    ukr(kc, apack + (size_t)(ir * kc * mr) * j->es, bp0 + (size_t)(jr * kc * nr) * j->es, ct, ldc,
+                        DG_UKR_ACC, kOnes, kOnes);
+                    continue;
+                }
                 for (int64_t b0 = 0; b0 < kc; b0 += DG_ACC_BLOCK) { /* kcb is a multiple of the block */
                     const int64_t len = kc - b0 < DG_ACC_BLOCK ? kc - b0 : DG_ACC_BLOCK;
                     const char *ap = apack + (size_t)(ir * kc * mr + b0 * r) * j->es;

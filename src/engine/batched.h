@@ -22,7 +22,8 @@
  * with upstream's S = 129, K = 384, BF16 outputs: about half as many outputs one BF16 step
  * from the exactly rounded result). Then D = round(C + total). On an AMX configuration the same with the tile kernel's steps: each
  * segment's K padded to 32 with zeros, one TDPBF16PS accumulation per k step of 32 within a
- * block (engine.h). With S = 1 this is exactly the order of
+ * block (engine.h); with S = 1 and no unfolded scales one tile chain over all of K' instead of
+ * blocks, as engine.h has it (S > 1 keeps blocks and groups). With S = 1 this is exactly the order of
  * dg_engine_gemm on the same configuration (dg_engine_config_for: the fallback's order for
  * groups whose scale blocks are not whole tile steps). Threads take whole output tiles of
  * whole groups and never split K, so the bits depend on neither the tiling nor the

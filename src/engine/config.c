@@ -24,6 +24,15 @@
  * 2048 x 2112 x 7168 GEMM at MC x NC x KC = 512 x 512 x 256 (850-950 at 256 x 512 or
  * 384 x 384): the loss is fetching each tile's packed blocks from L3, which software
  * prefetching of the next K slice did not hide.
+ * Re-measured 2026-12-06 (another Sapphire Rapids VM, 1 thread, 4096 x 2112 x 7168, kernel
+ * calls timed by class): a call whose A panel (first B micro-panel of a K slice) or B panel
+ * (first A panel) is new costs 4000-4600 TSC cycles, others 850-900 (~1500 GFLOPS; 2300 with
+ * both panels in L1); the first-touch calls are 13% of calls and 43% of the kernel's time: the
+ * packed operands (88 MB) stream from DRAM (~14 GB/s per core here). Prefetching the next
+ * panels into L2 halved the first-touch calls but slowed the others as much (the 1 MiB C buffer
+ * and the A block leave L2 no room), and so did MC x NC of 256 x 256 to 1024 x 128 and 512 x
+ * 544 (no thin last tile). Reading A's rows in place (tile loads with the row stride, no
+ * packed copy) was 15% slower: each tile load then touches 16 pages.
  */
 #include "engine.h"
 

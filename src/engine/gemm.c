@@ -79,6 +79,9 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
     const int64_t pa0 = m0 / cfg->mr, pb0 = n0 / cfg->nr, kp = pa->kp;
     const int gblk = j->gblk;
     const int64_t step = gblk * (cfg->kc / gblk > 0 ? cfg->kc / gblk : 1);
+    /* AMX without unfolded scales: one tile chain over all of K (engine.h), continued across
+     * K slices through the buffer (tile loads and stores are exact) */
+    const bool chain = cfg->amx && !pa->scales && !pb->scales;
     memset(buf, 0, (size_t)(mpan * cfg->mr * ldc) * sizeof(float));
     if (cfg->ukr_begin)
         cfg->ukr_begin();
@@ -89,6 +92,11 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
         for (int64_t jr = 0; jr < npan; ++jr)
             for (int64_t ir = 0; ir < mpan; ++ir) {
                 float *ct = buf + ir * cfg->mr * ldc + jr * cfg->nr;
+                const int mode = k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC;
+                if (chain) {
+                    cfg->ukr(k1 - k0, panel_at(pa, pa0 + ir, k0), panel_at(pb, pb0 + jr, k0), ct, ldc, mode, ones, ones);
+                    continue;
+                }
                 for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
                     const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
                     cfg->ukr(kb1 - kb0, panel_at(pa, pa0 + ir, kb0), panel_at(pb, pb0 + jr, kb0), ct, ldc,

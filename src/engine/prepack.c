@@ -353,6 +353,10 @@ static void pp_block_amx(const dg_packed *pa, const dg_packed *pb, int gblk, int
     dg_amx_small_begin();
     for (int64_t k0 = 0; k0 < kp; k0 += slice) {
         const int64_t k1 = kp - k0 < slice ? kp : k0 + slice;
+        if (!pa->scales && !pb->scales) { /* one tile chain over K (engine.h) */
+            pp_run(pa, bp, k0, k1, pf, total, k0 > 0);
+            continue;
+        }
         for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
             const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1, kb = kb0 / gblk;
             pp_run(pa, bp, kb0, kb1, pf, acc, 0);

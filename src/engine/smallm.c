@@ -577,6 +577,10 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
                 src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
             }
             float *tot = total + bi * per;
+            if (!pa->scales && !j->scaled_b) { /* one tile chain over K (engine.h) */
+                amx_steps(j, codes, src, ld, pf, k0, k0, (k1 - k0) / 32, tot, k0 > 0, buf);
+                continue;
+            }
             for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
                 const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
                 amx_steps(j, codes, src, ld, pf, k0, kb0, (kb1 - kb0) / 32, acc, 0, buf);
