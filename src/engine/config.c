@@ -28,10 +28,12 @@
  * calls timed by class): a call whose A panel (first B micro-panel of a K slice) or B panel
  * (first A panel) is new costs 4000-4600 TSC cycles, others 850-900 (~1500 GFLOPS; 2300 with
  * both panels in L1); the first-touch calls are 13% of calls and 43% of the kernel's time: the
- * packed operands (88 MB) stream from DRAM (~14 GB/s per core here). Prefetching the next
- * panels into L2 halved the first-touch calls but slowed the others as much (the 1 MiB C buffer
- * and the A block leave L2 no room), and so did MC x NC of 256 x 256 to 1024 x 128 and 512 x
- * 544 (no thin last tile). Reading A's rows in place (tile loads with the row stride, no
+ * packed operands (88 MB) stream from DRAM (~14 GB/s per core here). Software prefetches
+ * (T0, T1 or T2) of the next B micro-panel across the current one's calls, of the next K
+ * slice's A block across the slice or its last quarter, left the first-touch calls' cost
+ * unchanged (4000-4700) on an idle machine; demand loads of the same lines did lower it
+ * (3300 / 2100) but slowed the other calls more. MC x NC of 256 x 256 to 1024 x 128 and
+ * 512 x 544 (no thin last tile) were no faster either. Reading A's rows in place (tile loads with the row stride, no
  * packed copy) was 15% slower: each tile load then touches 16 pages.
  */
 #include "engine.h"
