@@ -431,7 +431,8 @@ DG_API dg_status dg_fp8_gemm_nt_skip_head_mid(const dg_tensor *a, const dg_tenso
  * float32 scales kept per panel and K block (src/engine/engine.h documents the layout).
  * An FP8 B packed on the AMX level also keeps its E4M3 codes K-major (1 byte per weight) and
  * its scales as float32: calls with M <= 64 (decoding) run the unpacked call's small-M path on
- * them, reading 1 byte per weight instead of the panels' 2, and large M runs on the panels.
+ * them, reading 1 byte per weight instead of the panels' 2, and large M runs on the panels;
+ * an FP4 B there (whose codes every level keeps, below) serves M <= 64 from its codes alike.
  * On the AVX2 level the same codes (FP8: 1 byte, FP4: 0.5 bytes per weight) serve M <= 2.
  * Such an object thus takes 3 bytes per weight instead of 2 (+50%; a 2112 x 7168 B: 15 MB of
  * codes, 30 MB of panels). An FP4 B packed on the AVX-512 BF16 level also keeps its codes in

@@ -538,14 +538,20 @@ static bool fp8_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
  * fixed at packing). */
 static bool fp4_small(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *b, int fold_a,
                       int gblk, const dg_tensor *d, const dg_tensor *c, dg_status *st) {
-    const int64_t max_m = !b->fp4p.codes ? 2 : cfg->decode_wide[DG_DECODE_E2M1P] ? cfg->decode_wide_max_m
-                                                                                 : DG_DECODE_MAX_M;
-    if (!b->fp4_codes || a->data->dtype == DG_FP4_E2M1X2 || cfg->amx || !cfg->decode[DG_DECODE_E2M1] ||
+    /* AMX: every small-M call, as the unpacked call runs them (smallm.c, amx_small: B's rows
+     * widened per K chunk), reading 0.5 bytes per weight instead of the panels' 2 (Sapphire
+     * Rapids VM, N 7168 K 2048, 2 threads: M = 16 2.99-3.24 -> 2.06-2.69 ms; M = 1 unchanged at
+     * 2.5-3.0 ms, bound by widening the codes as the unpacked call is) */
+    const int64_t max_m = cfg->amx ? dg_engine_small_m_max(cfg)
+                          : !b->fp4p.codes ? 2
+                          : cfg->decode_wide[DG_DECODE_E2M1P] ? cfg->decode_wide_max_m
+                                                             : DG_DECODE_MAX_M;
+    if (!b->fp4_codes || a->data->dtype == DG_FP4_E2M1X2 || (!cfg->amx && !cfg->decode[DG_DECODE_E2M1]) ||
         a->mn > max_m)
         return false;
     /* above M = 2 only where the decode kernels take the blocks (smallm.c, decode_declines):
      * the small-M kernels on codes are slower than on the BF16 panels */
-    if (a->mn > 2 && (gblk % DG_DECODE_STEP || (b->fold_b && b->gran_b[1] % DG_DECODE_STEP)))
+    if (!cfg->amx && a->mn > 2 && (gblk % DG_DECODE_STEP || (b->fold_b && b->gran_b[1] % DG_DECODE_STEP)))
         return false;
     const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_b[1]);
     dg_tensor t = dg_tensor_2d((void *)b->fp4_codes, DG_FP4_E2M1X2, b->n, kh);
