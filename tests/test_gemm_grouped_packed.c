@@ -4,7 +4,8 @@
  * is bitwise D of the unpacked grouped call on the same inputs, for 1, 2 and 3 threads: BF16,
  * FP8 1D2D float, FP8 1D1D float with one group's scales powers of two (folded for that group
  * only), FP8 with B scale blocks of 96 rows (the kept FP8 codes' scales are sliced at 1024
- * columns), FP8 with per-row B scales of 256 columns (group 0 folded), FP8 UE8M0, FP8 x FP4; masked (empty groups, 1..70 rows, a single group, D rows past
+ * columns), FP8 with per-row B scales of 256 columns (group 0 folded), FP8 UE8M0, FP8 x FP4
+ * (also with scale blocks of 16: on AMX the packed call then runs on B's kept codes); masked (empty groups, 1..70 rows, a single group, D rows past
  * masked_m keep their sentinel) and contiguous (index form with -1 rows and a group in two
  * runs, psum form with zero padding); N past one work-item chunk. D is also checked against
  * the test's own formula (loose bound), so that both calls cannot be wrong the same way.
@@ -31,6 +32,9 @@ static const pcase kCases[] = {
     {"fp8 B 96x128", TQ_FP8_F32, TQ_FP8_F32, 128, 128, 96, {1, 128}, {96, 128}, 0},
     {"fp8 ue8m0", TQ_FP8_UE8M0, TQ_FP8_UE8M0, 128, 128, 1, {0, 0}, {0, 0}, 0},
     {"fp8 x fp4", TQ_FP8_UE8M0, TQ_FP4_UE8M0, 128, 32, 1, {1, 128}, {1, 32}, 0},
+    /* blocks of 16 (NVFP4-like): A's float scales are not folded, so K blocks of 16, not whole
+     * AMX k steps; at AMX the packed call runs the fallback level on B's kept codes */
+    {"fp8 float/16 x fp4 ue8m0/16", TQ_FP8_F32, TQ_FP4_UE8M0, 16, 16, 1, {1, 16}, {1, 16}, 0},
     /* group 0 folded, the others keep per-row scales of gran_k 256, applied per accumulation
      * block of 128 (packing once reserved them per gran_k and failed with DG_ERR_INTERNAL) */
     {"fp8 B 1x256, group 0 folded", TQ_FP8_F32, TQ_FP8_F32, 128, 256, 1, {1, 128}, {1, 256}, 1},

@@ -343,14 +343,14 @@ static void run_unit_ops(const bjob *j, const bunit *u, const bunit *next, char 
                 float *ct = cbuf + ir * mr * ldc + jr * nr;
                 const int r = ir == mpan - 1 ? rt : mr;
                 const dg_ukr_fn ukr = ir == mpan - 1 ? tail : cfg->ukr;
-                const bool chain = cfg->amx && plan->fold_a && plan->fold_b; /* one tile chain over K (engine.h) */
-                if (chain)
+                if (cfg->amx && plan->fold_a && plan->fold_b) /* one tile chain over K (engine.h) */
                     ukr(kc, ap, bp, ct, ldc, DG_UKR_ACC, scales, sbs);
-                for (int64_t kb = 0; kb < nb && !chain; ++kb) {
-                    const int64_t kb0 = kb * gblk, kb1 = kb0 + gblk < kc ? kb0 + gblk : kc;
-                    ukr(kb1 - kb0, ap + (size_t)(kb0 * r) * j->es, bp + (size_t)(kb0 * nr) * j->es, ct, ldc, DG_UKR_SCALE,
-                        scales + (ir * nb + kb) * mr, sbs + (jr * nb + kb) * nr);
-                }
+                else
+                    for (int64_t kb = 0; kb < nb; ++kb) {
+                        const int64_t kb0 = kb * gblk, kb1 = kb0 + gblk < kc ? kb0 + gblk : kc;
+                        ukr(kb1 - kb0, ap + (size_t)(kb0 * r) * j->es, bp + (size_t)(kb0 * nr) * j->es, ct, ldc,
+                            DG_UKR_SCALE, scales + (ir * nb + kb) * mr, sbs + (jr * nb + kb) * nr);
+                    }
                 pf_run(j, &pf, (jr * mpan + ir + 1) * pf.items / calls);
             }
     }

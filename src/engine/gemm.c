@@ -92,9 +92,9 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
         for (int64_t jr = 0; jr < npan; ++jr)
             for (int64_t ir = 0; ir < mpan; ++ir) {
                 float *ct = buf + ir * cfg->mr * ldc + jr * cfg->nr;
-                const int mode = k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC;
                 if (chain) {
-                    cfg->ukr(k1 - k0, panel_at(pa, pa0 + ir, k0), panel_at(pb, pb0 + jr, k0), ct, ldc, mode, ones, ones);
+                    cfg->ukr(k1 - k0, panel_at(pa, pa0 + ir, k0), panel_at(pb, pb0 + jr, k0), ct, ldc,
+                             k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, ones, ones);
                     continue;
                 }
                 for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */

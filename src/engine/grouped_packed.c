@@ -159,10 +159,11 @@ static void slice_panels(const struct dg_packed_b *gb, int64_t p0, int64_t np, s
 }
 
 /* Whether dg_engine_gemm_prepacked takes A with this group's B (its scale block checks, made
- * here so that a refusal comes before anything is written). */
+ * here so that a refusal comes before anything is written): on AMX, K blocks that are not
+ * whole k steps run on B's kept codes, where it has them. */
 static bool takes(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *gb) {
     const int gblk = dg_engine_k_block(!a->sf || a->sf_packed ? 0 : a->gran_k, gb->pk.scales ? gb->pk.gblk : 0, a->k);
-    return gblk % 2 == 0 && (!cfg->amx || gblk % 32 == 0);
+    return gblk % 2 == 0 && (!cfg->amx || gblk % 32 == 0 || gb->fp4_codes || gb->fp8_codes);
 }
 
 /*
