@@ -614,7 +614,8 @@ DG_API dg_status dg_m_grouped_fp8_gemm_nt_masked(const dg_tensor *a, const dg_te
  * dg_set_isa changed the kernel since packing or opts' recipe for B differs from the packing
  * one, DG_ERR_DTYPE when B's dtype does not fit, DG_ERR_VALUE for a dense packed B, and
  * DG_ERR_UNSUPPORTED under the reference backend or for scale blocks the packed engine cannot
- * run (odd lengths; on AMX, not multiples of 32). Decoding-sized groups (<= 64 rows) are
+ * run (odd lengths; on AMX, not multiples of 32 where B kept no FP8 / FP4 codes: FP8 and FP4
+ * B keep them, and such calls run the AVX-512 level on them, as the unpacked call does). Decoding-sized groups (<= 64 rows) are
  * scheduled as column chunks of all groups in one parallel loop; empty groups cost nothing.
  * The dense `_nt_packed` GEMMs do not take a grouped object.
  */
