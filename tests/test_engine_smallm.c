@@ -6,7 +6,8 @@
  * off) are bitwise the same rows computed inside one large-M call (M = 200, or past the level's
  * small-M bound), for BF16 (K- and MN-major
  * B), FP8 1D2D float scales, FP8 UE8M0, FP8 x FP4 (gran 32, UE8M0 and float scales), with K
- * and N tails and padded B rows; and within DeepGEMM's calc_diff thresholds of exact math on
+ * and N tails and padded B rows, and K in whole AMX k steps (B's codes widened in the tile loop
+ * there); and within DeepGEMM's calc_diff thresholds of exact math on
  * the same values, with the AVX-512 BF16 kernels reading B's rows in place and staged into L1.
  * Then the decode kernels' exact fallbacks: FP8 B with NaN codes, and folded
  * scales too large for one exact multiply; and tiny BF16 inputs whose products are float32
@@ -231,7 +232,9 @@ static void run_level(dg_isa isa, int dpbf16) {
     static const int64_t kN[] = {90, 16}; /* 90: a last item of 26 columns (AVX-512: 16 + 10) */
     /* 48: FP4 blocks of 16 ending inside a short K; 700: five whole K blocks of 128 and a part
      * (the decode kernels run blocks two or four at a time, then the rest one at a time) */
-    static const int64_t kK[] = {1, 31, 33, 48, 200, 600, 700};
+    /* 256, 416: whole AMX k steps (B's codes widened in the tile loop there; 416 ends inside a
+     * K block of 128) */
+    static const int64_t kK[] = {1, 31, 33, 48, 200, 256, 416, 600, 700};
     tu_rng r = {0xa3c5};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
         for (size_t ni = 0; ni < 2; ++ni)
@@ -249,6 +252,15 @@ static void run_level(dg_isa isa, int dpbf16) {
         for (int special = BIG_SCALES; special <= EDGE_LOW; ++special)
             if (special != TINY_VALUES)
                 check_special(&cases[sc], 70, 600, &r, special);
+    /* K past one AMX chunk of codes (8192): the next chunk's scale blocks and prefetches */
+    check(&cases[3], 48, 8256, &r);
+    check(&cases[4], 48, 8256, &r);
+    check(&cases[10], 48, 8256, &r);
+    for (int special = BIG_SCALES; special <= EDGE_LOW; ++special) /* whole k steps: the codes in the tile loop */
+        if (special != TINY_VALUES) {
+            check_special(&cases[4], 70, 640, &r, special);
+            check_special(&cases[10], 70, 640, &r, special);
+        }
     check_special(&cases[0], 70, 600, &r, TINY_VALUES);
     check_special(&cases[1], 16, 600, &r, TINY_VALUES);
     dg_engine_set_dpbf16(-1);

@@ -401,6 +401,17 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
  * dg_amx_widen_e4m3_rows: the same bits as widening first. Needs AVX512-VBMI: dg_cpu_has_avx512_vbmi. */
 void dg_amx_small_t_e4m3(int64_t steps, const uint8_t *b, int64_t ldb, int64_t pf, const uint16_t *a, int64_t lda,
                          int mt, float *acc, int accumulate, uint16_t *buf);
+/* dg_amx_small_t with B given as E2M1 codes (16 rows at b, row stride ldb bytes, 16 * steps
+ * bytes each, low nibble first), widened per k step into buf (4 KiB, 64-byte aligned). adj
+ * (NULL: none): row r's K block q at adj[r * ldadj + q], from dg_amx_e2m1_adj (the rows'
+ * power-of-two scales); step s is in block (t0 + s) / spb. The values of
+ * dg_widen_e2m1_blocks_avx512 with those scales, so the same bits as widening first. */
+void dg_amx_small_t_e2m1(int64_t steps, const uint8_t *b, int64_t ldb, int64_t pf, const int32_t *adj,
+                         int64_t ldadj, int64_t t0, int64_t spb, const uint16_t *a, int64_t lda, int mt, float *acc,
+                         int accumulate, uint16_t *buf);
+/* adj[i] for dg_amx_small_t_e2m1 from n float scales; false (adj partly written) when one is not
+ * a power of two 2^e with |e| <= 125, where adding to the exponent is not the rounded product. */
+bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj);
 
 void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                                 int64_t k, dg_pack_fmt fmt, void *dst);

@@ -468,7 +468,16 @@ typedef struct amx_job {
     int64_t chunk;       /* K per piece of B: a multiple of 32 and of gblk */
     bool bf16_kmajor, e4m3_kmajor, e2m1_kmajor, scaled_b;
     bool e4m3_fused; /* e4m3_kmajor, widened inside the tile loop (dg_amx_small_t_e4m3) */
+    bool e2m1_fused; /* K-major FP4 codes widened inside the tile loop (dg_amx_small_t_e2m1) */
+    bool e2m1_fold;  /* ... with B's folded power-of-two scales added to the exponents */
 } amx_job;
+
+/* B's codes read in place by the fused kernels (16 whole rows, whole k steps inside K): */
+typedef struct amx_codes {
+    const uint8_t *e4m3, *e2m1; /* the rows' codes at k = 0 (NULL: not this kind) */
+    const int32_t *adj;         /* e2m1: the chunk's exponent adjustments, [16][ldadj] (NULL: none) */
+    int64_t ldadj;
+} amx_codes;
 
 
 /* B rows [n0, n0 + cols), k in [k0, k1), as BF16 tile rows (zero past K and past cols): B
@@ -541,17 +550,42 @@ static const float *amx_scales_b(const amx_job *j, int64_t n0, int64_t cols, int
     return sb;
 }
 
-/* k steps from kb (k index; chunk at k0) of B rows [n0, n0 + 16) into out: E4M3 codes widened per k step
- * (codes != NULL: whole rows, whole steps inside K) or the staged BF16 rows src. */
-static void amx_steps(const amx_job *j, const uint8_t *codes, const uint16_t *src, int64_t ld, int64_t pf,
+/* k steps from kb (k index; chunk at k0) of B rows [n0, n0 + 16) into out: E4M3 or E2M1 codes
+ * widened per k step (cd) or the staged BF16 rows src. */
+static void amx_steps(const amx_job *j, const amx_codes *cd, const uint16_t *src, int64_t ld, int64_t pf,
                       int64_t k0, int64_t kb, int64_t steps, float *out, int accumulate, uint16_t *buf) {
     const dg_packed *pa = j->pa;
     const uint16_t *ad = (const uint16_t *)pa->data + kb * 16;
-    if (codes)
-        dg_amx_small_t_e4m3(steps, codes + kb, j->b->data->strides[0], pf, ad, pa->kp * 16, (int)pa->panels, out,
-                            accumulate, buf);
+    const int64_t ldb = j->b->data->strides[0];
+    if (cd->e4m3)
+        dg_amx_small_t_e4m3(steps, cd->e4m3 + kb, ldb, pf, ad, pa->kp * 16, (int)pa->panels, out, accumulate, buf);
+    else if (cd->e2m1)
+        dg_amx_small_t_e2m1(steps, cd->e2m1 + kb / 2, ldb, pf, cd->adj, cd->ldadj, (kb - k0) / 32, j->b->gran_k / 32, ad,
+                            pa->kp * 16, (int)pa->panels, out, accumulate, buf);
     else
         dg_amx_small_t(steps, src + (kb - k0), ld, pf, ad, pa->kp * 16, (int)pa->panels, out, accumulate);
+}
+
+/* The exponent adjustments of B rows [n0, n0 + 16)'s folded scales over K [k0, k1) (inside K),
+ * [16][ldadj] in scratch (unused by the fused kernel); false when one is not a power of two
+ * the kernel can apply exactly (then the rows are staged as other B). Float scales contiguous
+ * along K (pre-packed B's kept scales) are read in place, others a row at a time. */
+static bool amx_e2m1_adj(const amx_job *j, int64_t n0, int64_t k0, int64_t k1, uint16_t *scratch, amx_codes *cd) {
+    const dg_operand *b = j->b;
+    const dg_tensor *st = b->sf;
+    const int64_t gk = b->gran_k, nq = dg_ceil_div(k1 - k0, gk);
+    const bool direct = !b->sf_packed && st->strides[1] == 1 && b->gran_mn == 1;
+    int32_t *adj = (int32_t *)scratch;
+    float *row = (float *)(adj + 16 * nq);
+    for (int r = 0; r < 16; ++r) {
+        const float *sr = direct ? (const float *)st->data + (n0 + r) * st->strides[0] + k0 / gk : row;
+        if (!direct)
+            dg_operand_block_scales(b, n0 + r, k0 / gk, nq, row, 1);
+        if (!dg_amx_e2m1_adj(sr, nq, adj + r * nq))
+            return false;
+    }
+    cd->adj = adj, cd->ldadj = nq;
+    return true;
 }
 
 /* Blocks [g0, g0 + nblk) of 16 B rows into total [nblk][mt][16 n][16 m]. */
@@ -567,23 +601,31 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
         for (int64_t bi = 0; bi < nblk; ++bi) {
             const int64_t n0 = (g0 + bi) * 16, cols = n - n0 < 16 ? n - n0 : 16;
             int64_t ld = 0, pf = 0;
-            const uint8_t *codes = NULL;
+            amx_codes cd = {NULL, NULL, NULL, 0};
             const uint16_t *src = NULL;
-            if (j->e4m3_fused && cols == 16 && k1 <= j->b->k) { /* codes read in place */
+            if ((j->e4m3_fused || j->e2m1_fused) && cols == 16 && k1 <= j->b->k) { /* codes read in place */
                 const dg_tensor *t = j->b->data;
-                codes = (const uint8_t *)t->data + n0 * t->strides[0];
-                pf = k1 < j->b->k ? j->chunk : 0;
-            } else {
-                src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
+                const uint8_t *rows = (const uint8_t *)t->data + n0 * t->strides[0];
+                /* prefetch the rows' next chunk, else (K's last chunk) the next 16 rows at the
+                 * same k: short rows (FP4, K 2048: 1 KiB) are too short a stream for the hardware
+                 * prefetcher to follow (cold B, M = 1: 3 GB/s without) */
+                pf = k1 < j->b->k ? (j->e4m3_fused ? j->chunk : j->chunk / 2)
+                     : n0 + 32 <= n ? 16 * t->strides[0] : 0;
+                if (j->e4m3_fused)
+                    cd.e4m3 = rows;
+                else if (!j->e2m1_fold || amx_e2m1_adj(j, n0, k0, k1, scratch, &cd))
+                    cd.e2m1 = rows;
             }
+            if (!cd.e4m3 && !cd.e2m1)
+                src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
             float *tot = total + bi * per;
             if (!pa->scales && !j->scaled_b) { /* one tile chain over K (engine.h) */
-                amx_steps(j, codes, src, ld, pf, k0, k0, (k1 - k0) / 32, tot, k0 > 0, buf);
+                amx_steps(j, &cd, src, ld, pf, k0, k0, (k1 - k0) / 32, tot, k0 > 0, buf);
                 continue;
             }
             for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
                 const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
-                amx_steps(j, codes, src, ld, pf, k0, kb0, (kb1 - kb0) / 32, acc, 0, buf);
+                amx_steps(j, &cd, src, ld, pf, k0, kb0, (kb1 - kb0) / 32, acc, 0, buf);
                 const float *sbp = amx_scales_b(j, n0, cols, kb0, sb, ones);
                 if (pa->scales)
                     dg_amx_small_t_scale(mt, acc, tot, pa->scales + (kb0 / gblk) * 16, pa->nkb * 16, sbp);
@@ -599,14 +641,11 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     if (a->mn == 0 || b->mn == 0)
         return DG_OK;
     const dg_tensor *bt = b->data;
-    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false, false};
+    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false, false, false, false};
     j.bf16_kmajor = bt->dtype == DG_BFLOAT16 && bt->strides[1] == 1;
     j.e4m3_kmajor = bt->dtype == DG_FLOAT8_E4M3 && bt->strides[1] == 1 && !(plan->fold_b && b->sf);
     j.scaled_b = !plan->fold_b && b->sf;
     j.e4m3_fused = j.e4m3_kmajor && dg_cpu_has_avx512_vbmi();
-    DG_PATH("%s small-M AMX kernel (D^T tiles; B %s%s) | first: m=%lld n=%lld k=%lld", cfg->name,
-            dg_dtype_name(bt->dtype), j.bf16_kmajor || j.e4m3_kmajor ? " read in place" : " widened",
-            (long long)a->mn, (long long)b->mn, (long long)b->k);
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_AMX_B, 16, cfg, &pa));
     j.pa = &pa;
@@ -615,11 +654,22 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
      * long chunks: few row streams at a time, which the hardware prefetcher follows (FP8 B in
      * chunks of 256 held 128 short streams per thread: ~60% of DRAM); widened B a piece that
      * stays in L1 between widening and the tile loads. */
-    int64_t want = j.bf16_kmajor || j.e4m3_fused ? AMX_KC_MAX : AMX_KC_WIDE;
+    const bool fold = plan->fold_b && b->sf;
+    j.e2m1_fused = b->fp4_dim == 1 && bt->strides[1] == 1 && !b->grouped &&
+                   (!fold || (b->gran_k % 32 == 0 && AMX_KC_MAX % b->gran_k == 0 && AMX_KC_MAX % plan->gblk == 0));
+    int64_t want = j.bf16_kmajor || j.e4m3_fused || j.e2m1_fused ? AMX_KC_MAX : AMX_KC_WIDE;
     want = want < pa.kp ? want : pa.kp > 32 ? pa.kp : 32;
     j.chunk = plan->gblk * (want / plan->gblk > 0 ? want / plan->gblk : 1);
+    /* folded scales: chunks start on scale blocks (dg_amx_small_t_e2m1 counts blocks from there) */
+    j.e2m1_fused = j.e2m1_fused && (!fold || j.chunk % b->gran_k == 0 || j.chunk >= pa.kp);
+    j.e2m1_fold = j.e2m1_fused && fold;
     j.e2m1_kmajor = b->fp4_dim == 1 && bt->strides[1] == 1 && j.chunk <= AMX_KC_WIDE &&
                     (!(plan->fold_b && b->sf) || (b->gran_k % 32 == 0 && j.chunk % b->gran_k == 0));
+    DG_PATH("%s small-M AMX kernel (D^T tiles; B %s%s) | first: m=%lld n=%lld k=%lld", cfg->name,
+            dg_dtype_name(bt->dtype),
+            j.e4m3_fused || j.e2m1_fused ? " codes widened in the tile loop"
+            : j.bf16_kmajor || j.e4m3_kmajor ? " read in place" : " widened",
+            (long long)a->mn, (long long)b->mn, (long long)b->k);
     const int nt = dg_num_threads();
     int64_t group = blocks / (4 * nt); /* at least 4 items per thread, for balance */
     group = group < 1 ? 1 : group > AMX_GROUP ? AMX_GROUP : group;

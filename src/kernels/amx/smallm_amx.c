@@ -317,7 +317,91 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e4m3(int64_t steps, co
 #undef BUF
     acc_end(acc, mt);
 }
-#undef E4M3_TILES
 #undef E4M3_WIDEN
 #undef E4M3_ROWS2
 
+
+/* ---- FP4 B widened inside the tile loop (dg_amx_small_t_e2m1) --------------------------------
+ * As dg_amx_small_t_e4m3 for E2M1 codes: per k step a row's 16 bytes (32 codes, low nibble
+ * first) become 32 BF16 words by one word-table permute (vpermw), the nibbles first spread to
+ * word lanes. A power-of-two scale per row and K block is applied by adding its exponent to the
+ * table's nonzero entries (adj, dg_amx_e2m1_adj): the product rounded to BF16, exactly, for the
+ * exponents dg_amx_e2m1_adj accepts, so the same bits as dg_widen_e2m1_blocks_avx512. */
+
+/* BF16 bits of the 16 E2M1 codes (sign bit 3), twice: vpermw reads 5 index bits, and the
+ * fifth is not cleared (E2M1_ROW) */
+#define E2M1_BF16 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, \
+                  0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0
+static const uint16_t kE2m1Bf16[32] = {E2M1_BF16, E2M1_BF16};
+#undef E2M1_BF16
+
+bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj) {
+    /* 2^e times 0.5 .. 6 stays a normal float and BF16 for e in [-125, 125]: there adding e to
+     * the exponent field is the rounded product. Other scales (and non powers of two) decline. */
+    const __m512i expo = _mm512_set1_epi32(0xff), lo = _mm512_set1_epi32(2), hi = _mm512_set1_epi32(252);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, scales + i));
+        const __m512i e = _mm512_and_si512(_mm512_srli_epi32(u, 23), expo);
+        const __mmask16 bad = _mm512_mask_test_epi32_mask(m, u, _mm512_set1_epi32((int)0x807fffff)) |
+                              _mm512_mask_cmplt_epi32_mask(m, e, lo) | _mm512_mask_cmpgt_epi32_mask(m, e, hi);
+        if (bad)
+            return false;
+        const __m512i w = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(127)), 7),
+                                           _mm512_set1_epi32(0xffff));
+        _mm512_mask_storeu_epi32(adj + i, m, _mm512_or_si512(w, _mm512_slli_epi32(w, 16)));
+    }
+    return true;
+}
+
+/* Row r of step s's codes -> BF16 words at tb + 32 r, with the row's adjusted table. Byte c of
+ * the row as dword c * 4097 = c | c << 12: its low word's low nibble is code 2i, its high word's
+ * code 2i + 1 (the bits above do not matter: vpermw reads five, the table is doubled). */
+#define E2M1_ROW(r, tb)                                                                            \
+    do {                                                                                           \
+        const __m512i d_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(bs + (r) * ldb))); \
+        const __m512i i_ = _mm512_madd_epi16(d_, spread);                                          \
+        const __m512i t_ = aq ? _mm512_mask_add_epi16(lut, nonzero, lut, _mm512_set1_epi32(aq[(r) * ldadj])) : lut; \
+        _mm512_store_si512((tb) + (r) * 32, _mm512_permutexvar_epi16(i_, t_));                     \
+    } while (0)
+
+/* Step s's codes -> buffer tb, prefetching once per cache line of each row (every 4 steps). */
+#define E2M1_WIDEN(s, tb)                                                                          \
+    do {                                                                                           \
+        const uint8_t *bs = b + (s) * 16;                                                          \
+        const int32_t *aq = adj ? adj + (t0 + (s)) / spb : NULL;                            \
+        uint16_t *tb_ = (tb);                                                                      \
+        if (pf && !((s) & 3))                                                                      \
+            for (int r = 0; r < 16; ++r)                                                           \
+                _mm_prefetch((const char *)(bs + r * ldb) + pf, _MM_HINT_T1);                      \
+        for (int r = 0; r < 16; ++r)                                                               \
+            E2M1_ROW(r, tb_);                                                                      \
+    } while (0)
+
+void dg_amx_small_t_e2m1(int64_t steps, const uint8_t *b, int64_t ldb, int64_t pf, const int32_t *adj,
+                         int64_t ldadj, int64_t t0, int64_t spb, const uint16_t *a, int64_t lda, int mt, float *acc,
+                         int accumulate, uint16_t *buf) {
+    const __m512i lut = _mm512_loadu_si512(kE2m1Bf16), spread = _mm512_set1_epi32(4097);
+    const __mmask32 nonzero = 0xfefefefe; /* not the zeros, codes 0 and 8 (and their copies) */
+    acc_begin(acc, mt, accumulate);
+    /* two steps ahead of the tile ops, four buffers: see dg_amx_small_t_e4m3 */
+#define BUF(s) (buf + ((s) & 3) * 512)
+    int64_t s = 0;
+    for (int64_t w = 0; w < 2 && w < steps; ++w)
+        E2M1_WIDEN(w, BUF(w));
+    for (; s + 1 < steps; s += 2) {
+        if (s + 2 < steps)
+            E2M1_WIDEN(s + 2, BUF(s + 2));
+        E4M3_TILES(4, s, BUF(s));
+        if (s + 3 < steps)
+            E2M1_WIDEN(s + 3, BUF(s + 3));
+        E4M3_TILES(5, s + 1, BUF(s + 1));
+    }
+    if (s < steps)
+        E4M3_TILES(4, s, BUF(s));
+#undef BUF
+    acc_end(acc, mt);
+}
+#undef E2M1_WIDEN
+#undef E2M1_ROW
+#undef E4M3_TILES
