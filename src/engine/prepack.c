@@ -538,10 +538,10 @@ static bool fp8_small(const dg_engine_cfg *cfg, const dg_operand *a, const struc
  * fixed at packing). */
 static bool fp4_small(const dg_engine_cfg *cfg, const dg_operand *a, const struct dg_packed_b *b, int fold_a,
                       int gblk, const dg_tensor *d, const dg_tensor *c, dg_status *st) {
-    /* AMX: every small-M call, as the unpacked call runs them (smallm.c, amx_small: B's rows
-     * widened per K chunk), reading 0.5 bytes per weight instead of the panels' 2 (Sapphire
-     * Rapids VM, N 7168 K 2048, 2 threads: M = 16 2.99-3.24 -> 2.06-2.69 ms; M = 1 unchanged at
-     * 2.5-3.0 ms, bound by widening the codes as the unpacked call is) */
+    /* AMX: every small-M call, as the unpacked call runs them (smallm.c, amx_small: B's codes
+     * widened inside the tile loop), reading 0.5 bytes per weight instead of the panels' 2
+     * (Sapphire Rapids VM, N 7168 K 2048, 2 threads: M = 16 2.99-3.24 -> 2.06-2.69 ms on the
+     * rows widened per chunk, 1.01-1.12 ms with the tile-loop widening; M = 1 0.93-1.08 ms) */
     const int64_t max_m = cfg->amx ? dg_engine_small_m_max(cfg)
                           : !b->fp4p.codes ? 2
                           : cfg->decode_wide[DG_DECODE_E2M1P] ? cfg->decode_wide_max_m

@@ -17,7 +17,8 @@
  *
  * On AMX configurations (section at the end) the large-M kernel's order is TDPBF16PS's, so
  * this path uses TDPBF16PS too, on D^T tiles: 16 rows of B (read in place when BF16 K-major,
- * else widened to BF16 rows in L1) are the tile-A operand, A packed once per call (VNNI pairs,
+ * K-major E4M3 / E2M1 codes widened per k step inside the tile loop, else widened to BF16 rows
+ * in L1) are the tile-A operand, A packed once per call (VNNI pairs,
  * 16-row panels) the tile-B operand. Per element: the same k steps of 32 with the same zero
  * padding, the same scale epilogue per K block, the same store, so rows match the large-M path
  * bitwise (tests/test_engine_smallm_amx.c). The choice depends only on the configuration and M.
@@ -453,8 +454,9 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
  * the blocks (inner), so a chunk of packed A is reused by the group's blocks. B read in place
  * (BF16, K-major) takes long chunks: its accumulator tiles then stay in registers (storing and
  * reloading them per short chunk cost more than reading packed A from L2: measured at M = 64).
- * Widened B takes short chunks whose scratch stays in L1. B is read once, the next chunk of each
- * row prefetched meanwhile (the hardware prefetcher alone serves one long row run well). */
+ * B's codes widened in the tile loop take long chunks too. Other widened B takes short chunks
+ * whose scratch stays in L1. B is read once, the next chunk of each row (or on K's last chunk
+ * the next 16 rows) prefetched meanwhile. */
 
 #define AMX_GROUP 8
 #define AMX_KC_MAX 8192 /* B read in place: scratch (tails) 16 x 8192 BF16 = 256 KiB */
