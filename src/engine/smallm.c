@@ -657,7 +657,8 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
      * chunks of 256 held 128 short streams per thread: ~60% of DRAM); widened B a piece that
      * stays in L1 between widening and the tile loads. */
     const bool fold = plan->fold_b && b->sf;
-    j.e2m1_fused = b->fp4_dim == 1 && bt->strides[1] == 1 && !b->grouped &&
+    /* K in whole k steps: a tail would stage its whole (long) chunk through the generic fetch */
+    j.e2m1_fused = b->fp4_dim == 1 && bt->strides[1] == 1 && !b->grouped && b->k % 32 == 0 &&
                    (!fold || (b->gran_k % 32 == 0 && AMX_KC_MAX % b->gran_k == 0 && AMX_KC_MAX % plan->gblk == 0));
     int64_t want = j.bf16_kmajor || j.e4m3_fused || j.e2m1_fused ? AMX_KC_MAX : AMX_KC_WIDE;
     want = want < pa.kp ? want : pa.kp > 32 ? pa.kp : 32;

@@ -269,8 +269,29 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
             E4M3_ROWS2(r, tb_);                                                                    \
     } while (0)
 
+/* Widening (WIDEN(s, buffer)) runs two steps ahead of the tile ops, in four 1 KiB buffers: a
+ * tile load does not take data from the store buffer, and stores reach L1 only after they
+ * retire, so a step's stores must be older than the previous step's tile ops (one step ahead:
+ * ~6% slower). Shared by the E4M3 and E2M1 kernels. */
+#define WIDEN_AHEAD(WIDEN)                                                                         \
+    do {                                                                                           \
+        int64_t s = 0;                                                                             \
+        for (int64_t w = 0; w < 2 && w < steps; ++w)                                               \
+            WIDEN(w, buf + (w & 3) * 512);                                                         \
+        for (; s + 1 < steps; s += 2) {                                                            \
+            if (s + 2 < steps)                                                                     \
+                WIDEN(s + 2, buf + ((s + 2) & 3) * 512);                                           \
+            STEP_TILES(4, s, buf + (s & 3) * 512);                                                 \
+            if (s + 3 < steps)                                                                     \
+                WIDEN(s + 3, buf + ((s + 3) & 3) * 512);                                           \
+            STEP_TILES(5, s + 1, buf + ((s + 1) & 3) * 512);                                       \
+        }                                                                                          \
+        if (s < steps)                                                                             \
+            STEP_TILES(4, s, buf + (s & 3) * 512);                                                 \
+    } while (0)
+
 /* Step s's tile ops on the B tile in buffer tb (tile BT), accumulators 0..mt-1. */
-#define E4M3_TILES(BT, s, tb)                                                                      \
+#define STEP_TILES(BT, s, tb)                                                                      \
     do {                                                                                           \
         const uint16_t *as = a + (s) * 512;                                                        \
         _tile_loadd(BT, (tb), 64);                                                                 \
@@ -297,24 +318,7 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e4m3(int64_t steps, co
     e4m3_byte_tables(lo_t, hi_t);
     const __m512i order = _mm512_set_epi64(7, 3, 6, 2, 5, 1, 4, 0), sign = _mm512_set1_epi8((char)0x80);
     acc_begin(acc, mt, accumulate);
-    /* Widening runs two steps ahead of the tile ops (four buffers): a tile load does not take
-     * data from the store buffer, and stores reach L1 only after they retire, so a step's
-     * stores must be older than the previous step's tile ops (one step ahead: ~6% slower). */
-#define BUF(s) (buf + ((s) & 3) * 512)
-    int64_t s = 0;
-    for (int64_t w = 0; w < 2 && w < steps; ++w)
-        E4M3_WIDEN(w, BUF(w));
-    for (; s + 1 < steps; s += 2) {
-        if (s + 2 < steps)
-            E4M3_WIDEN(s + 2, BUF(s + 2));
-        E4M3_TILES(4, s, BUF(s));
-        if (s + 3 < steps)
-            E4M3_WIDEN(s + 3, BUF(s + 3));
-        E4M3_TILES(5, s + 1, BUF(s + 1));
-    }
-    if (s < steps)
-        E4M3_TILES(4, s, BUF(s));
-#undef BUF
+    WIDEN_AHEAD(E4M3_WIDEN);
     acc_end(acc, mt);
 }
 #undef E4M3_WIDEN
@@ -369,7 +373,7 @@ bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj) {
 #define E2M1_WIDEN(s, tb)                                                                          \
     do {                                                                                           \
         const uint8_t *bs = b + (s) * 16;                                                          \
-        const int32_t *aq = adj ? adj + (t0 + (s)) / spb : NULL;                            \
+        const int32_t *aq = adj ? adj + (t0 + (s)) / spb : NULL;                                  \
         uint16_t *tb_ = (tb);                                                                      \
         if (pf && !((s) & 3))                                                                      \
             for (int r = 0; r < 16; ++r)                                                           \
@@ -384,24 +388,10 @@ void dg_amx_small_t_e2m1(int64_t steps, const uint8_t *b, int64_t ldb, int64_t p
     const __m512i lut = _mm512_loadu_si512(kE2m1Bf16), spread = _mm512_set1_epi32(4097);
     const __mmask32 nonzero = 0xfefefefe; /* not the zeros, codes 0 and 8 (and their copies) */
     acc_begin(acc, mt, accumulate);
-    /* two steps ahead of the tile ops, four buffers: see dg_amx_small_t_e4m3 */
-#define BUF(s) (buf + ((s) & 3) * 512)
-    int64_t s = 0;
-    for (int64_t w = 0; w < 2 && w < steps; ++w)
-        E2M1_WIDEN(w, BUF(w));
-    for (; s + 1 < steps; s += 2) {
-        if (s + 2 < steps)
-            E2M1_WIDEN(s + 2, BUF(s + 2));
-        E4M3_TILES(4, s, BUF(s));
-        if (s + 3 < steps)
-            E2M1_WIDEN(s + 3, BUF(s + 3));
-        E4M3_TILES(5, s + 1, BUF(s + 1));
-    }
-    if (s < steps)
-        E4M3_TILES(4, s, BUF(s));
-#undef BUF
+    WIDEN_AHEAD(E2M1_WIDEN);
     acc_end(acc, mt);
 }
 #undef E2M1_WIDEN
 #undef E2M1_ROW
-#undef E4M3_TILES
+#undef STEP_TILES
+#undef WIDEN_AHEAD
