@@ -267,6 +267,56 @@ static void test_m_grouped(tu_rng *rng) {
     contiguous(rng, &kFp8Fp4, 3, mixed, 1100, 256, 16, 0, 0, 0, DG_BFLOAT16);
 }
 
+/*
+ * Small groups run as column chunks of 1024 (grouped.c), and every chunk takes its group's
+ * decision to fold B's float32 scales or not (one scan per group, dg_operand.sf_pow2). Here
+ * group 0's first 1024 rows of B have power-of-two scales and its last rows not, so a chunk
+ * alone would fold and its group does not: the D rows must be bitwise those of one dense call
+ * per group, on 1 and 2 threads.
+ */
+/* Rows [0, rows) of group g of a contiguous [G, R, C] tensor, as a 2-D view. */
+static dg_tensor group_rows(const dg_tensor *t, int64_t g, int64_t rows) {
+    return dg_tensor_2d((char *)t->data + (size_t)(g * t->strides[0]) * dg_dtype_size(t->dtype), t->dtype, rows,
+                        t->shape[2]);
+}
+
+static void chunk_scale_plan(tu_rng *rng) {
+    enum { G = 2, MAXM = 4, N = 1100, K = 256 };
+    static const int ms[G] = {3, 4};
+    tq A = tq_make(rng, TQ_FP8_F32, 1, G, MAXM, K, 1, 128);
+    tq B = tq_make(rng, TQ_FP8_F32, 1, G, N, K, 128, 128);
+    const int64_t nb = B.sf.shape[1], kb = B.sf.shape[2];
+    for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < nb; ++i)
+            for (int64_t j = 0; j < kb; ++j)
+                ((float *)B.sf.data)[(g * nb + i) * kb + j] =
+                    g == 0 && i == nb - 1 ? 0.3f : ldexpf(1.0f, (int)((i + j) % 3) - 1);
+    dg_tensor mm = tu_alloc(DG_INT32, 1, (int64_t[]){G}), d = tu_alloc3(DG_BFLOAT16, G, MAXM, N);
+    dg_tensor dd = tu_alloc2(DG_BFLOAT16, MAXM, N);
+    for (int g = 0; g < G; ++g)
+        ((int32_t *)mm.data)[g] = ms[g];
+    for (int threads = 1; threads <= 2; ++threads) {
+        TU_CHECK_OK(dg_set_num_sms(threads));
+        TU_CHECK_OK(dg_m_grouped_fp8_gemm_nt_masked(&A.data, &A.sf, &B.data, &B.sf, &d, &mm, MAXM, NULL));
+        for (int g = 0; g < G; ++g) {
+            dg_tensor a = group_rows(&A.data, g, ms[g]), sa = group_rows(&A.sf, g, ms[g]);
+            dg_tensor b = group_rows(&B.data, g, N), sb = group_rows(&B.sf, g, nb);
+            dg_tensor dv = dd;
+            dv.shape[0] = ms[g];
+            TU_CHECK_OK(dg_fp8_gemm_nt(&a, &sa, &b, &sb, &dv, NULL, NULL));
+            const size_t bytes = (size_t)ms[g] * N * 2;
+            TU_CHECK(memcmp((uint16_t *)d.data + (size_t)g * MAXM * N, dd.data, bytes) == 0,
+                     "masked fp8, group %d (%s scales), %d threads: chunked rows differ from one dense call", g,
+                     g == 0 ? "mixed" : "power-of-two", threads);
+        }
+    }
+    tu_free(&dd);
+    tu_free(&d);
+    tu_free(&mm);
+    tq_free(&A);
+    tq_free(&B);
+}
+
 /* ---- k-grouped -------------------------------------------------------------------------- */
 
 typedef enum kform { KF_BF16_TN, KF_FP8_TN_F32, KF_FP8_TN_PACKED, KF_FP8_NT } kform;
@@ -409,6 +459,7 @@ int main(void) {
     tu_rng rng = {2024};
     const int threads = dg_get_num_sms(), align = dg_get_mk_alignment_for_contiguous_layout();
     test_m_grouped(&rng);
+    chunk_scale_plan(&rng);
     test_k_grouped(&rng);
     TU_CHECK_OK(dg_set_num_sms(threads));
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(align));

@@ -26,6 +26,7 @@ dg_status dg_operand_init(dg_operand *op, const char *name, const dg_tensor *dat
     op->fp4_dim = -1;
     op->gran_mn = op->gran_k = 1;
     op->sf_packed = 0;
+    op->sf_pow2 = 0;
     if (data->dtype == DG_FP4_E2M1X2) {
         /* Pairs run along the unit-stride dimension. DeepGEMM's get_major_type_ab: K-major
          * exactly when stride(-1) == 1, else MN-major (stride(-2) == 1). Only when neither
@@ -80,6 +81,7 @@ dg_status dg_operand_set_scales(dg_operand *op, const char *sf_name, const dg_te
     op->gran_mn = gran_mn;
     op->gran_k = gran_k;
     op->sf_packed = packed;
+    op->sf_pow2 = 0; /* not yet scanned */
     return DG_OK;
 }
 

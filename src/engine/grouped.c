@@ -67,7 +67,11 @@ static bool make_job(gjob *j, const dg_operand *a, int64_t ga, int64_t a0, int64
         return false;
     j->dv = dg_ref_view2d(d, dgrp, d0, rows, 0, b->mn);
     dg_scale_plan plan;
-    return dg_engine_plan_scales(&j->a, &j->b, &plan);
+    if (!dg_engine_plan_scales(&j->a, &j->b, &plan))
+        return false;
+    if (j->b.sf && !j->b.sf_packed) /* the job, its column chunks and the engine call: one scan */
+        j->b.sf_pow2 = plan.fold_b ? 1 : -1;
+    return true;
 }
 
 /* ---- small groups: one parallel loop over (group, column chunk) items -------------------- */
@@ -79,8 +83,9 @@ static bool make_job(gjob *j, const dg_operand *a, int64_t ga, int64_t a0, int64
  * chunks of CHUNK columns and all chunks of all groups run in one dynamically scheduled loop,
  * each chunk a single-threaded engine call (the engine's own region is nested, so inactive) on
  * a column slice of B and D. The engine's per-element order does not depend on N tiling, so the
- * bits are those of one call per group. A chunk whose B scale plan (fold or not) would differ
- * from the whole group's keeps its group on the one-call path, so that it cannot change bits.
+ * bits are those of one call per group. A chunk inherits its group's decision to fold B's
+ * scales or not (dg_operand.sf_pow2, set by make_job), so its plan is the group's; a chunk
+ * whose plan would still differ keeps its group on the one-call path.
  */
 #define CHUNK 1024 /* columns per work item: a multiple of NR and of every scale block */
 

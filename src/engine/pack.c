@@ -75,7 +75,7 @@ bool dg_engine_plan_scales(const dg_operand *a, const dg_operand *b, dg_scale_pl
     if (a->grouped || b->grouped)
         return false;
     plan->fold_a = !a->sf || a->sf_packed;
-    plan->fold_b = !b->sf || b->sf_packed || all_scales_pow2(b);
+    plan->fold_b = !b->sf || b->sf_packed || (b->sf_pow2 ? b->sf_pow2 > 0 : all_scales_pow2(b));
     plan->gblk = dg_engine_k_block(plan->fold_a ? 0 : a->gran_k, plan->fold_b ? 0 : b->gran_k, b->k);
     return plan->gblk % 2 == 0; /* K blocks must hold whole k pairs */
 }
