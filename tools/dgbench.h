@@ -63,6 +63,12 @@ typedef struct bench_work {
     double flops;    /* floating-point (or integer) operations of one run; 2 per multiply-add */
     double bytes;    /* bytes one run must at least read and write */
     dg_tensor out;   /* FLOAT32, BFLOAT16 or FLOAT8_E4M3 output written by run() */
+    /* Runs it takes to read every rotated copy of the weights once (0 or 1: no rotation).
+     * run_case makes that many untimed runs before timing, so that no timed run is the first
+     * read of a copy since it was written: on a Sapphire Rapids VM such first reads ran 1.5-3x
+     * slower than later ones and made the pre-packed decoding cases erratic (0.9-3.1 ms for
+     * the same call), while an inference server reads its weights many times. */
+    int rotation;
     char shape[64];  /* e.g. "m=64 n=2112 k=7168" */
     const struct bench_peer_gemm *peer; /* the same GEMM for peer libraries (dgbench_peer.h);
                                            NULL: no peer runs this case */

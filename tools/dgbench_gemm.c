@@ -260,6 +260,7 @@ static int gemm_setup(const bench_case *c, int size, bench_work *w) {
         return -1;
     }
     w->state = st;
+    w->rotation = st->npb ? st->npb : st->nb;
     w->out = st->sample;
     w->digest[0] = st->d, w->ndigest = 1;
     fill_peer(st);

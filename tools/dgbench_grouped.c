@@ -297,6 +297,7 @@ static int grouped_setup(const bench_case *c, int size, bench_work *w) {
         return -1;
     }
     w->state = s;
+    w->rotation = (int)(s->npb > 0 ? s->npb : s->copies);
     w->out = *s->sample;
     w->digest[0] = *s->d, w->ndigest = 1;
     return 0;
