@@ -83,10 +83,13 @@ static double diff_vs_exact(const top *a, int64_t r0, const top *b, const dg_ten
 /* Special contents: B for the decode kernels' fallbacks; tiny BF16 A and B whose products and
  * partial sums are float32 denormals (flushed by VDPBF16PS: the small-M path must flush the same). */
 enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2, TINY_VALUES = 3, HUGE_SCALES = 4, TINY_SCALES = 5, EDGE_HIGH = 6,
-       EDGE_LOW = 7 };
+       EDGE_LOW = 7, ODD_SCALE = 8, ODD_SCALE_TAIL = 9 };
+/* ODD_SCALE / ODD_SCALE_TAIL: float32 powers of two but one scale times 1 + 2^-10, in a row of a whole
+ * 16-row block (row 40) or in the last row: B's scales then cannot be folded, which the AMX
+ * small-M path, assuming they can (dg_engine_gemm_small_assume_pow2), finds out mid-call. */
 /* EDGE_HIGH / EDGE_LOW: the largest and smallest folded E2M1 scales the AVX-512 BF16 decode
  * kernels take on their fast path (2^125 and 2^-100: the ends of their exponent arithmetic). */
-static const uint32_t kSpecialScaleByte[8] = {0, 0, 147u, 0, 253u, 20u, 252u, 27u};
+static const uint32_t kSpecialScaleByte[10] = {0, 0, 147u, 0, 253u, 20u, 252u, 27u, 0, 0};
 
 /* Every BF16 value of x times 2^-64 (exactly: the exponent field lowered; below the normal
  * range the value becomes a signed zero), so that products fall around 2^-128. */
@@ -117,6 +120,13 @@ static void put_big_scales(top *b, uint32_t byte) {
     }
 }
 
+/* The float32 scale of B row `row`'s last K block times 1 + 2^-10 (sf: the logical [rows, blocks] view):
+ * folded into E2M1 values it rounds in BF16, so a wrongly folded scale changes D. */
+static void put_odd_scale(top *b, int64_t row) {
+    const dg_tensor *sf = &b->sf;
+    ((float *)sf->data)[row * sf->strides[0] + (sf->shape[1] - 1) * sf->strides[1]] *= 1.0f + 0x1p-10f;
+}
+
 static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int special);
 
 static void check(const scase *c, int64_t n, int64_t k, tu_rng *r) { check_special(c, n, k, r, PLAIN); }
@@ -133,6 +143,8 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
         put_nans(&b);
     if (kSpecialScaleByte[special])
         put_big_scales(&b, kSpecialScaleByte[special]);
+    if (special == ODD_SCALE || special == ODD_SCALE_TAIL)
+        put_odd_scale(&b, special == ODD_SCALE ? 40 : n - 1);
     if (special == TINY_VALUES)
         make_tiny(&a), make_tiny(&b);
     dg_packed_b *pb = NULL;
@@ -260,6 +272,11 @@ static void run_level(dg_isa isa, int dpbf16) {
         if (special != TINY_VALUES) {
             check_special(&cases[4], 70, 640, &r, special);
             check_special(&cases[10], 70, 640, &r, special);
+        }
+    for (int special = ODD_SCALE; special <= ODD_SCALE_TAIL; ++special) /* float pow2 B, one scale not */
+        for (int64_t kk = 600; kk <= 640; kk += 40) {
+            check_special(&cases[10], 70, kk, &r, special);
+            check_special(&cases[11], 70, kk, &r, special);
         }
     check_special(&cases[0], 70, 600, &r, TINY_VALUES);
     check_special(&cases[1], 16, 600, &r, TINY_VALUES);

@@ -170,6 +170,17 @@ dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tens
         return dg_engine_gemm_fp4x4(a, b, d, c);
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
     dg_scale_plan plan;
+    if (cfg->amx && !c && b->data->dtype == DG_FP4_E2M1X2 && b->sf && !b->sf_packed && b->sf_pow2 == 0 &&
+        dg_engine_small_applies(cfg, a, b)) { /* FP4 weights' float scales checked by the kernel */
+        dg_operand assumed = *b;
+        assumed.sf_pow2 = 1;
+        bool refuted = true;
+        if (dg_engine_plan_scales(a, &assumed, &plan) && dg_engine_config_for(cfg, &plan) == cfg) {
+            const dg_status st = dg_engine_gemm_small_assume_pow2(cfg, a, &assumed, &plan, d, &refuted);
+            if (st != DG_OK || !refuted)
+                return st;
+        }
+    }
     if (!dg_engine_plan_scales(a, b, &plan)) {
         DG_PATH("reference [engine declined: a K block of %d/%d scales holds an odd number of k]", a->gran_k,
                 b->gran_k);

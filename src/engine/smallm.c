@@ -472,6 +472,7 @@ typedef struct amx_job {
     bool e4m3_fused; /* e4m3_kmajor, widened inside the tile loop (dg_amx_small_t_e4m3) */
     bool e2m1_fused; /* K-major FP4 codes widened inside the tile loop (dg_amx_small_t_e2m1) */
     bool e2m1_fold;  /* ... with B's folded power-of-two scales added to the exponents */
+    atomic_int *refuted; /* dg_engine_gemm_small_assume_pow2: set on a scale that is no power of two */
 } amx_job;
 
 /* B's codes read in place by the fused kernels (16 whole rows, whole k steps inside K): */
@@ -590,6 +591,25 @@ static bool amx_e2m1_adj(const amx_job *j, int64_t n0, int64_t k0, int64_t k1, u
     return true;
 }
 
+/* Whether every scale of B rows [n0, n1) over K [k0, k1) (inside K) is a power of two: the
+ * test dg_engine_plan_scales applies to all of B (normal, positive, no mantissa bits). */
+static bool rows_scales_pow2(const dg_operand *b, int64_t n0, int64_t n1, int64_t k0, int64_t k1) {
+    const int64_t gk = b->gran_k, q0 = k0 / gk, nq = dg_ceil_div(k1, gk) - q0;
+    float s[64];
+    for (int64_t r = n0; r < n1; ++r)
+        for (int64_t q = 0; q < nq; q += 64) {
+            const int64_t cnt = nq - q < 64 ? nq - q : 64;
+            dg_operand_block_scales(b, r, q0 + q, cnt, s, 1);
+            for (int64_t i = 0; i < cnt; ++i) {
+                uint32_t u;
+                memcpy(&u, s + i, 4);
+                if ((u & 0x807fffffu) != 0 || u - 0x00800000u >= 0x7f000000u)
+                    return false;
+            }
+        }
+    return true;
+}
+
 /* Blocks [g0, g0 + nblk) of 16 B rows into total [nblk][mt][16 n][16 m]. */
 static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scratch, float *acc, float *total,
                       float *sb, const float *ones, uint16_t *buf) {
@@ -617,6 +637,10 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
                     cd.e4m3 = rows;
                 else if (!j->e2m1_fold || amx_e2m1_adj(j, n0, k0, k1, scratch, &cd))
                     cd.e2m1 = rows;
+                else if (j->refuted && !rows_scales_pow2(j->b, n0, n0 + 16, k0, k1)) {
+                    atomic_store_explicit(j->refuted, 1, memory_order_relaxed);
+                    return;
+                }
             }
             if (!cd.e4m3 && !cd.e2m1)
                 src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
@@ -639,11 +663,11 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
 }
 
 static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
-                           const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c) {
+                           const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c, atomic_int *refuted) {
     if (a->mn == 0 || b->mn == 0)
         return DG_OK;
     const dg_tensor *bt = b->data;
-    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false, false, false, false};
+    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false, false, false, false, refuted};
     j.bf16_kmajor = bt->dtype == DG_BFLOAT16 && bt->strides[1] == 1;
     j.e4m3_kmajor = bt->dtype == DG_FLOAT8_E4M3 && bt->strides[1] == 1 && !(plan->fold_b && b->sf);
     j.scaled_b = !plan->fold_b && b->sf;
@@ -668,6 +692,14 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     j.e2m1_fold = j.e2m1_fused && fold;
     j.e2m1_kmajor = b->fp4_dim == 1 && bt->strides[1] == 1 && j.chunk <= AMX_KC_WIDE &&
                     (!(plan->fold_b && b->sf) || (b->gran_k % 32 == 0 && j.chunk % b->gran_k == 0));
+    /* An assumed fold holds only where every scale passes a check: the fused kernel's for whole
+     * 16-row blocks (amx_group), this one for the last rows. */
+    const int64_t whole = n / 16 * 16;
+    if (refuted && (!j.e2m1_fold || (whole < n && !rows_scales_pow2(b, whole, n, 0, b->k)))) {
+        atomic_store_explicit(refuted, 1, memory_order_relaxed);
+        dg_engine_packed_free(&pa);
+        return DG_OK;
+    }
     DG_PATH("%s small-M AMX kernel (D^T tiles; B %s%s) | first: m=%lld n=%lld k=%lld", cfg->name,
             dg_dtype_name(bt->dtype),
             j.e4m3_fused || j.e2m1_fused ? " codes widened in the tile loop"
@@ -701,6 +733,8 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
         for (int64_t it = 0; it < items; ++it) {
             const int64_t g0 = it * group, nblk = blocks - g0 < group ? blocks - g0 : group;
             const int64_t n0 = g0 * 16, cols = n - n0 < nblk * 16 ? n - n0 : nblk * 16;
+            if (refuted && atomic_load_explicit(refuted, memory_order_relaxed))
+                continue; /* the caller recomputes D */
             amx_group(&j, g0, nblk, scratch, acc, total, sb, ones, buf);
             for (int64_t i = 0; i < m; ++i) { /* D^T tiles -> row i */
                 for (int64_t s = 0; s < cols; ++s)
@@ -715,6 +749,22 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
 }
 #endif
 
+dg_status dg_engine_gemm_small_assume_pow2(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
+                                          const dg_scale_plan *plan, const dg_tensor *d, bool *refuted) {
+    *refuted = true;
+#if DG_X86 && defined(DG_HAVE_AMX)
+    if (cfg->amx && plan->fold_b && b->sf && !b->sf_packed) {
+        atomic_int r = 0;
+        const dg_status st = amx_small(cfg, a, b, plan, d, NULL, &r);
+        *refuted = atomic_load(&r) != 0;
+        return st;
+    }
+#else
+    (void)cfg, (void)a, (void)b, (void)plan, (void)d;
+#endif
+    return DG_OK;
+}
+
 dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c) {
     return dg_engine_gemm_small_panels(cfg, a, b, NULL, plan, d, c);
@@ -725,7 +775,7 @@ dg_status dg_engine_gemm_small_panels(const dg_engine_cfg *cfg, const dg_operand
                                       const dg_tensor *d, const dg_tensor *c) {
 #if DG_X86 && defined(DG_HAVE_AMX)
     if (cfg->amx)
-        return amx_small(cfg, a, b, plan, d, c);
+        return amx_small(cfg, a, b, plan, d, c, NULL);
 #endif
     int mr;
     const int which = dg_engine_small_kernel(cfg, a->mn, &mr);
