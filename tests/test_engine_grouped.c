@@ -317,6 +317,51 @@ static void chunk_scale_plan(tu_rng *rng) {
     tq_free(&B);
 }
 
+/*
+ * FP4 weights with float32 scales: on AMX the work items run on the scales being powers of two
+ * without scanning them first (grouped.c, may_assume); a group where one is not runs again on
+ * its scanned plan. One odd scale (times 1 + 2^-10: folding it would round) in a full 16-row
+ * block of group 0's second chunk and in group 2's last row; group 1 has powers of two only.
+ * Every group's rows must be bitwise one dense call's.
+ */
+static void fp4_assumed_scales(tu_rng *rng) {
+    enum { G = 3, MAXM = 5, N = 1100, K = 256, NQ = K / 32 };
+    static const int ms[G] = {5, 3, 4};
+    tq A = tq_make(rng, TQ_FP8_UE8M0, 1, G, MAXM, K, 1, 128);
+    tq B = tq_make(rng, TQ_FP4_UE8M0, 1, G, N, K, 1, 32);
+    dg_tensor sfb = tu_alloc3(DG_FLOAT32, G, N, NQ);
+    for (int64_t i = 0; i < G * N * NQ; ++i)
+        ((float *)sfb.data)[i] = ldexpf(1.0f, (int)(i % 7) - 3);
+    ((float *)sfb.data)[(0 * N + 1050) * NQ + NQ - 1] *= 1.0f + 0x1p-10f;
+    ((float *)sfb.data)[(2 * N + N - 1) * NQ + NQ - 1] *= 1.0f + 0x1p-10f;
+    dg_gemm_options o = dg_gemm_options_default();
+    o.recipe_a[0] = 1, o.recipe_a[1] = 128, o.recipe_b[0] = 1, o.recipe_b[1] = 32;
+    dg_tensor mm = tu_alloc(DG_INT32, 1, (int64_t[]){G}), d = tu_alloc3(DG_BFLOAT16, G, MAXM, N);
+    dg_tensor dd = tu_alloc2(DG_BFLOAT16, MAXM, N);
+    for (int g = 0; g < G; ++g)
+        ((int32_t *)mm.data)[g] = ms[g];
+    for (int threads = 1; threads <= 2; ++threads) {
+        TU_CHECK_OK(dg_set_num_sms(threads));
+        TU_CHECK_OK(dg_m_grouped_fp8_fp4_gemm_nt_masked(&A.data, &A.sf, &B.data, &sfb, &d, &mm, MAXM, &o));
+        for (int g = 0; g < G; ++g) {
+            dg_tensor a = group_rows(&A.data, g, ms[g]), sa = group_rows(&A.sf, g, ms[g]);
+            dg_tensor b = group_rows(&B.data, g, N), sb = group_rows(&sfb, g, N);
+            dg_tensor dv = dd;
+            dv.shape[0] = ms[g];
+            TU_CHECK_OK(dg_fp8_fp4_gemm_nt(&a, &sa, &b, &sb, &dv, NULL, &o));
+            TU_CHECK(memcmp((uint16_t *)d.data + (size_t)g * MAXM * N, dd.data, (size_t)ms[g] * N * 2) == 0,
+                     "masked fp8 x fp4, float scales, group %d, %d threads: rows differ from one dense call", g,
+                     threads);
+        }
+    }
+    tu_free(&dd);
+    tu_free(&d);
+    tu_free(&mm);
+    tu_free(&sfb);
+    tq_free(&A);
+    tq_free(&B);
+}
+
 /* ---- k-grouped -------------------------------------------------------------------------- */
 
 typedef enum kform { KF_BF16_TN, KF_FP8_TN_F32, KF_FP8_TN_PACKED, KF_FP8_NT } kform;
@@ -460,6 +505,7 @@ int main(void) {
     const int threads = dg_get_num_sms(), align = dg_get_mk_alignment_for_contiguous_layout();
     test_m_grouped(&rng);
     chunk_scale_plan(&rng);
+    fp4_assumed_scales(&rng);
     test_k_grouped(&rng);
     TU_CHECK_OK(dg_set_num_sms(threads));
     TU_CHECK_OK(dg_set_mk_alignment_for_contiguous_layout(align));

@@ -499,6 +499,10 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
  * are then unspecified and the caller runs the scanned plan (the same bits as ever). */
 dg_status dg_engine_gemm_small_assume_pow2(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                           const dg_scale_plan *plan, const dg_tensor *d, bool *refuted);
+/* dg_engine_gemm without C on that assumption, where it applies (B E2M1 with unscanned float32
+ * scales, b->sf_pow2 0, on the AMX small-M path); *refuted: it did not apply or did not hold,
+ * and D must be computed otherwise (dg_engine_gemm does so itself; grouped.c for a whole group). */
+dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b, const dg_tensor *d, bool *refuted);
 /* A K-major E2M1 B (fp4_dim 1) pre-packed for the decode kernels (prepack.c): its codes as
  * DG_DECODE_E2M1P panels and, when B's scales are folded (powers of two: UE8M0, the FP4 weight
  * recipes), the scales' biased exponents per panel of 16 rows, sfe [panel][q][16] for the K

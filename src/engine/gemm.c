@@ -166,22 +166,32 @@ dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, co
     return run_tiles(&j);
 }
 
+dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b, const dg_tensor *d, bool *refuted) {
+    *refuted = true;
+    if (b->data->dtype != DG_FP4_E2M1X2 || !b->sf || b->sf_packed || b->sf_pow2 != 0 || dg_engine_fp4x4_applies(a, b))
+        return DG_OK;
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    if (!cfg->amx || !dg_engine_small_applies(cfg, a, b))
+        return DG_OK;
+    dg_operand assumed = *b;
+    assumed.sf_pow2 = 1;
+    dg_scale_plan plan;
+    if (!dg_engine_plan_scales(a, &assumed, &plan) || dg_engine_config_for(cfg, &plan) != cfg)
+        return DG_OK;
+    return dg_engine_gemm_small_assume_pow2(cfg, a, &assumed, &plan, d, refuted);
+}
+
 dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c) {
     if (dg_engine_fp4x4_applies(a, b)) /* both E2M1: integer block dot products (fp4x4.h) */
         return dg_engine_gemm_fp4x4(a, b, d, c);
+    if (!c) { /* FP4 weights' float scales checked by the kernel that folds them (engine.h) */
+        bool refuted;
+        const dg_status st = dg_engine_gemm_assuming_pow2(a, b, d, &refuted);
+        if (st != DG_OK || !refuted)
+            return st;
+    }
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
     dg_scale_plan plan;
-    if (cfg->amx && !c && b->data->dtype == DG_FP4_E2M1X2 && b->sf && !b->sf_packed && b->sf_pow2 == 0 &&
-        dg_engine_small_applies(cfg, a, b)) { /* FP4 weights' float scales checked by the kernel */
-        dg_operand assumed = *b;
-        assumed.sf_pow2 = 1;
-        bool refuted = true;
-        if (dg_engine_plan_scales(a, &assumed, &plan) && dg_engine_config_for(cfg, &plan) == cfg) {
-            const dg_status st = dg_engine_gemm_small_assume_pow2(cfg, a, &assumed, &plan, d, &refuted);
-            if (st != DG_OK || !refuted)
-                return st;
-        }
-    }
     if (!dg_engine_plan_scales(a, b, &plan)) {
         DG_PATH("reference [engine declined: a K block of %d/%d scales holds an odd number of k]", a->gran_k,
                 b->gran_k);

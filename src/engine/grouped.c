@@ -8,12 +8,17 @@
 
 #include "../reference/ref_gemm.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 typedef struct gjob {
     dg_tensor av, asf, bv, bsf, dv, cv;
     dg_operand a, b;
     int has_c;
+    /* B's float scales not scanned: its work items run on their being powers of two
+     * (dg_engine_gemm_assuming_pow2); refuted: one was not, and the group runs again */
+    bool assumed;
+    atomic_int refuted;
 } gjob;
 
 /* One 2-D view [rows, cols] of dims (b, b + 1) of t starting at element offset off. */
@@ -57,6 +62,22 @@ bool dg_engine_operand_rows(const dg_operand *op, int64_t g, int64_t row0, int64
     return true;
 }
 
+/* Whether job j's FP4 B (float32 scales, never scanned) may run on its scales assumed powers of
+ * two: its items take the AMX small-M path, and the engine takes the job either way (so that a
+ * refuted group never fails after D was written). */
+static bool may_assume(const gjob *j) {
+    const dg_operand *b = &j->b;
+    if (b->data->dtype != DG_FP4_E2M1X2 || !b->sf || b->sf_packed || b->sf_pow2 != 0)
+        return false;
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    if (!cfg->amx || !dg_engine_small_applies(cfg, &j->a, b))
+        return false;
+    dg_operand yes = *b, no = *b;
+    yes.sf_pow2 = 1, no.sf_pow2 = -1;
+    dg_scale_plan p;
+    return dg_engine_plan_scales(&j->a, &yes, &p) && dg_engine_plan_scales(&j->a, &no, &p);
+}
+
 /* Job j: rows [a0, a0 + rows) of A's group ga times B's group gb into D rows starting at d0 of
  * group dgrp of D (-1: D is 2-D). False when the engine would decline it. */
 static bool make_job(gjob *j, const dg_operand *a, int64_t ga, int64_t a0, int64_t rows, const dg_operand *b,
@@ -67,6 +88,10 @@ static bool make_job(gjob *j, const dg_operand *a, int64_t ga, int64_t a0, int64
         return false;
     j->dv = dg_ref_view2d(d, dgrp, d0, rows, 0, b->mn);
     dg_scale_plan plan;
+    if (may_assume(j)) {
+        j->assumed = true;
+        return true;
+    }
     if (!dg_engine_plan_scales(&j->a, &j->b, &plan))
         return false;
     if (j->b.sf && !j->b.sf_packed) /* the job, its column chunks and the engine call: one scan */
@@ -85,12 +110,15 @@ static bool make_job(gjob *j, const dg_operand *a, int64_t ga, int64_t a0, int64
  * a column slice of B and D. The engine's per-element order does not depend on N tiling, so the
  * bits are those of one call per group. A chunk inherits its group's decision to fold B's
  * scales or not (dg_operand.sf_pow2, set by make_job), so its plan is the group's; a chunk
- * whose plan would still differ keeps its group on the one-call path.
+ * whose plan would still differ keeps its group on the one-call path. FP4 weights' float32
+ * scales are not scanned at all where the AMX kernel checks them as it folds them (may_assume):
+ * the items run on their being powers of two, and a group where one is not is scanned and run
+ * again, all its items, after the loop.
  */
 #define CHUNK 1024 /* columns per work item: a multiple of NR and of every scale block */
 
 typedef struct gitem {
-    const gjob *job;
+    gjob *job;
     dg_tensor bv, bsf, dv;
     dg_operand b;
 } gitem;
@@ -98,22 +126,25 @@ typedef struct gitem {
 static bool small_job(const gjob *j) { return dg_engine_small_applies(dg_engine_config(dg_get_isa()), &j->a, &j->b); }
 
 /* Items for job j into it[]; false when a chunk's scale plan differs from the job's. */
-static bool chunk_job(const gjob *j, gitem *it) {
+static bool chunk_job(gjob *j, gitem *it) {
     dg_scale_plan whole, part;
-    if (!dg_engine_plan_scales(&j->a, &j->b, &whole))
+    if (!j->assumed && !dg_engine_plan_scales(&j->a, &j->b, &whole))
         return false;
     for (int64_t n0 = 0, c = 0; n0 < j->b.mn; n0 += CHUNK, ++c) {
         const int64_t nc = j->b.mn - n0 < CHUNK ? j->b.mn - n0 : CHUNK;
         it[c].job = j;
-        if (!dg_engine_operand_rows(&j->b, 0, n0, nc, &it[c].bv, &it[c].bsf, &it[c].b) ||
-            !dg_engine_plan_scales(&j->a, &it[c].b, &part) || part.fold_b != whole.fold_b || part.gblk != whole.gblk)
+        if (!dg_engine_operand_rows(&j->b, 0, n0, nc, &it[c].bv, &it[c].bsf, &it[c].b))
+            return false;
+        if (!j->assumed &&
+            (!dg_engine_plan_scales(&j->a, &it[c].b, &part) || part.fold_b != whole.fold_b || part.gblk != whole.gblk))
             return false;
         it[c].dv = dg_ref_view2d(&j->dv, -1, 0, j->a.mn, n0, nc);
     }
     return true;
 }
 
-static dg_status run_items(const gitem *items, int64_t n) {
+/* The items (redo: only those of refuted groups, whose scales have been scanned since). */
+static dg_status run_items(const gitem *items, int64_t n, bool redo) {
     int failed = 0;
     dg_status first = DG_OK;
     const dg_api_context ctx = dg_api_save();
@@ -122,10 +153,20 @@ static dg_status run_items(const gitem *items, int64_t n) {
         int stop;
 #pragma omp atomic read
         stop = failed;
-        if (stop)
+        gjob *job = items[i].job;
+        const bool refuted = atomic_load_explicit(&job->refuted, memory_order_relaxed) != 0;
+        if (stop || (redo && !refuted) || (!redo && job->assumed && refuted))
             continue;
         dg_api_adopt(ctx); /* path lines and compiled_dims as the caller's */
-        const dg_status st = dg_engine_gemm(&items[i].job->a, &items[i].b, &items[i].dv, NULL);
+        dg_status st;
+        if (!redo && job->assumed) {
+            bool no;
+            st = dg_engine_gemm_assuming_pow2(&job->a, &items[i].b, &items[i].dv, &no);
+            if (st == DG_OK && no)
+                atomic_store_explicit(&job->refuted, 1, memory_order_relaxed);
+        } else {
+            st = dg_engine_gemm(&job->a, &items[i].b, &items[i].dv, NULL);
+        }
         if (st != DG_OK) {
 #pragma omp critical /* unnamed: a named one exports a global symbol */
             if (!failed)
@@ -160,7 +201,23 @@ static dg_status run_jobs(gjob *jobs, int64_t n) {
         if (whole[i])
             st = dg_engine_gemm(&jobs[i].a, &jobs[i].b, &jobs[i].dv, jobs[i].has_c ? &jobs[i].cv : NULL);
     if (st == DG_OK)
-        st = run_items(items, count);
+        st = run_items(items, count, false);
+    /* Groups whose scales were not all powers of two: scanned now, then run on that plan. */
+    bool redo = false;
+    for (int64_t i = 0; i < n && st == DG_OK; ++i)
+        if (!whole[i] && jobs[i].assumed && atomic_load(&jobs[i].refuted)) {
+            dg_scale_plan plan;
+            if (!dg_engine_plan_scales(&jobs[i].a, &jobs[i].b, &plan)) { /* make_job checked both plans */
+                st = dg_fail(DG_ERR_INTERNAL, "a grouped GEMM's scale plan changed");
+                break;
+            }
+            jobs[i].b.sf_pow2 = plan.fold_b ? 1 : -1;
+            redo = true;
+        }
+    for (int64_t i = 0; i < count && redo; ++i)
+        items[i].b.sf_pow2 = items[i].job->b.sf_pow2;
+    if (st == DG_OK && redo)
+        st = run_items(items, count, true);
     dg_free(whole);
     dg_free(items);
     return st;

@@ -64,7 +64,7 @@ void *dg_ws_get(size_t bytes) {
             s->busy = 1, p = s->ptr;
     }
     pthread_mutex_unlock(&g_mu);
-    if (!p) {
+    if (!p && best < 0) { /* every slot busy: a block outside the pool (a slot that failed to grow is out of memory) */
         size_t cap;
         p = big_alloc(bytes, &cap);
     }
