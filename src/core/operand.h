@@ -22,10 +22,11 @@ typedef struct dg_operand {
     int fp4_dim;           /* -1, or the data dimension along which FP4 pairs run */
     int gran_mn, gran_k;
     int sf_packed;         /* sf is INT32 holding four UE8M0 bytes */
-    /* Float32 sf only: 0 not yet known; 1 every scale is a power of two, -1 not every one.
-     * Set by the engine after its one scan (dg_engine_plan_scales) of a grouped call's B group
-     * and inherited by that group's row views, so that a large scale tensor (FP4's 1 x 32 float
-     * scales: a quarter of the weight bytes) is read once per call, not once per view. */
+    /* Float32 sf only: 0 not yet known; 1 every scale is a power of two (or, on the engine's
+     * own copies, assumed to be while a kernel checks them: dg_engine_gemm_assuming_pow2), -1
+     * not every one. Set by the engine after its one scan (dg_engine_plan_scales) of a grouped
+     * call's B group and inherited by that group's row views, so that a large scale tensor
+     * (FP4's 1 x 32 float scales: a quarter of the weight bytes) is read once per call. */
     int sf_pow2;
 } dg_operand;
 

@@ -499,9 +499,14 @@ dg_status dg_engine_gemm_small(const dg_engine_cfg *cfg, const dg_operand *a, co
  * are then unspecified and the caller runs the scanned plan (the same bits as ever). */
 dg_status dg_engine_gemm_small_assume_pow2(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                           const dg_scale_plan *plan, const dg_tensor *d, bool *refuted);
+/* Whether that kernel takes B under plan (fold_b assumed): no call is made where it would only
+ * be refuted at once (other scale blocks, K tails, MN-major codes). */
+bool dg_engine_small_assume_pow2_applies(const dg_engine_cfg *cfg, const dg_operand *b, const dg_scale_plan *plan);
 /* dg_engine_gemm without C on that assumption, where it applies (B E2M1 with unscanned float32
  * scales, b->sf_pow2 0, on the AMX small-M path); *refuted: it did not apply or did not hold,
- * and D must be computed otherwise (dg_engine_gemm does so itself; grouped.c for a whole group). */
+ * and D must be computed otherwise (dg_engine_gemm does so itself; grouped.c for a whole group).
+ * Running out of memory on that second run leaves D partly written (the one exception to
+ * "nothing written on failure": the first run already wrote it). */
 dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b, const dg_tensor *d, bool *refuted);
 /* A K-major E2M1 B (fp4_dim 1) pre-packed for the decode kernels (prepack.c): its codes as
  * DG_DECODE_E2M1P panels and, when B's scales are folded (powers of two: UE8M0, the FP4 weight

@@ -176,7 +176,8 @@ dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b,
     dg_operand assumed = *b;
     assumed.sf_pow2 = 1;
     dg_scale_plan plan;
-    if (!dg_engine_plan_scales(a, &assumed, &plan) || dg_engine_config_for(cfg, &plan) != cfg)
+    if (!dg_engine_plan_scales(a, &assumed, &plan) || dg_engine_config_for(cfg, &plan) != cfg ||
+        !dg_engine_small_assume_pow2_applies(cfg, &assumed, &plan))
         return DG_OK;
     return dg_engine_gemm_small_assume_pow2(cfg, a, &assumed, &plan, d, refuted);
 }

@@ -7,6 +7,7 @@
 #include "grouped.h"
 
 #include "../reference/ref_gemm.h"
+#include "fp4x4.h"
 
 #include <stdatomic.h>
 #include <string.h>
@@ -70,12 +71,13 @@ static bool may_assume(const gjob *j) {
     if (b->data->dtype != DG_FP4_E2M1X2 || !b->sf || b->sf_packed || b->sf_pow2 != 0)
         return false;
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
-    if (!cfg->amx || !dg_engine_small_applies(cfg, &j->a, b))
+    if (!cfg->amx || dg_engine_fp4x4_applies(&j->a, b) || !dg_engine_small_applies(cfg, &j->a, b))
         return false;
     dg_operand yes = *b, no = *b;
     yes.sf_pow2 = 1, no.sf_pow2 = -1;
-    dg_scale_plan p;
-    return dg_engine_plan_scales(&j->a, &yes, &p) && dg_engine_plan_scales(&j->a, &no, &p);
+    dg_scale_plan p, q;
+    return dg_engine_plan_scales(&j->a, &yes, &p) && dg_engine_config_for(cfg, &p) == cfg &&
+           dg_engine_small_assume_pow2_applies(cfg, &yes, &p) && dg_engine_plan_scales(&j->a, &no, &q);
 }
 
 /* Job j: rows [a0, a0 + rows) of A's group ga times B's group gb into D rows starting at d0 of
@@ -327,6 +329,8 @@ dg_status dg_engine_k_grouped(const dg_k_grouped_problem *p) {
         kjob *j = &jobs[g];
         dg_scale_plan plan;
         ok = dg_k_group_operands(p, g, j->views, &j->a, &j->b) == DG_OK && dg_engine_plan_scales(&j->a, &j->b, &plan);
+        if (ok && j->b.sf && !j->b.sf_packed) /* scanned: the engine call need not scan again */
+            j->b.sf_pow2 = plan.fold_b ? 1 : -1;
         j->dv = dg_ref_view2d(p->d, g, 0, p->m, 0, p->n);
         if (p->c)
             j->cv = dg_ref_view2d(p->c, g, 0, p->m, 0, p->n);

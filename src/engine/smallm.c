@@ -472,7 +472,8 @@ typedef struct amx_job {
     bool e4m3_fused; /* e4m3_kmajor, widened inside the tile loop (dg_amx_small_t_e4m3) */
     bool e2m1_fused; /* K-major FP4 codes widened inside the tile loop (dg_amx_small_t_e2m1) */
     bool e2m1_fold;  /* ... with B's folded power-of-two scales added to the exponents */
-    atomic_int *refuted; /* dg_engine_gemm_small_assume_pow2: set on a scale that is no power of two */
+    atomic_int *refuted; /* dg_engine_gemm_small_assume_pow2: set on a scale that is no power of two
+                          * (or, before any work, when the kernel that checks them does not apply) */
 } amx_job;
 
 /* B's codes read in place by the fused kernels (16 whole rows, whole k steps inside K): */
@@ -662,6 +663,27 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
     }
 }
 
+/*
+ * K per chunk of B (a multiple of 32 and of gblk) for a packed A of kp, and whether K-major FP4
+ * codes are widened in the tile loop (*e2m1_fused). B read in place (BF16, or E4M3 widened per
+ * k step: in_place) takes long chunks: few row streams at a time, which the hardware prefetcher
+ * follows (FP8 B in chunks of 256 held 128 short streams per thread: ~60% of DRAM); widened B a
+ * piece that stays in L1 between widening and the tile loads.
+ */
+static int64_t amx_chunk(const dg_operand *b, const dg_scale_plan *plan, int64_t kp, bool in_place,
+                         bool *e2m1_fused) {
+    const bool fold = plan->fold_b && b->sf;
+    /* K in whole k steps: a tail would stage its whole (long) chunk through the generic fetch */
+    bool fused = b->fp4_dim == 1 && b->data->strides[1] == 1 && !b->grouped && b->k % 32 == 0 &&
+                 (!fold || (b->gran_k % 32 == 0 && AMX_KC_MAX % b->gran_k == 0 && AMX_KC_MAX % plan->gblk == 0));
+    int64_t want = in_place || fused ? AMX_KC_MAX : AMX_KC_WIDE;
+    want = want < kp ? want : kp > 32 ? kp : 32;
+    const int64_t chunk = plan->gblk * (want / plan->gblk > 0 ? want / plan->gblk : 1);
+    /* folded scales: chunks start on scale blocks (dg_amx_small_t_e2m1 counts blocks from there) */
+    *e2m1_fused = fused && (!fold || chunk % b->gran_k == 0 || chunk >= kp);
+    return chunk;
+}
+
 static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                            const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c, atomic_int *refuted) {
     if (a->mn == 0 || b->mn == 0)
@@ -676,19 +698,8 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, DG_PACK_AMX_B, 16, cfg, &pa));
     j.pa = &pa;
     const int64_t n = b->mn, blocks = dg_ceil_div(n, 16), mt = pa.panels, m = a->mn;
-    /* K per chunk (a multiple of 32): B read in place (BF16, or E4M3 widened per k step) takes
-     * long chunks: few row streams at a time, which the hardware prefetcher follows (FP8 B in
-     * chunks of 256 held 128 short streams per thread: ~60% of DRAM); widened B a piece that
-     * stays in L1 between widening and the tile loads. */
     const bool fold = plan->fold_b && b->sf;
-    /* K in whole k steps: a tail would stage its whole (long) chunk through the generic fetch */
-    j.e2m1_fused = b->fp4_dim == 1 && bt->strides[1] == 1 && !b->grouped && b->k % 32 == 0 &&
-                   (!fold || (b->gran_k % 32 == 0 && AMX_KC_MAX % b->gran_k == 0 && AMX_KC_MAX % plan->gblk == 0));
-    int64_t want = j.bf16_kmajor || j.e4m3_fused || j.e2m1_fused ? AMX_KC_MAX : AMX_KC_WIDE;
-    want = want < pa.kp ? want : pa.kp > 32 ? pa.kp : 32;
-    j.chunk = plan->gblk * (want / plan->gblk > 0 ? want / plan->gblk : 1);
-    /* folded scales: chunks start on scale blocks (dg_amx_small_t_e2m1 counts blocks from there) */
-    j.e2m1_fused = j.e2m1_fused && (!fold || j.chunk % b->gran_k == 0 || j.chunk >= pa.kp);
+    j.chunk = amx_chunk(b, plan, pa.kp, j.bf16_kmajor || j.e4m3_fused, &j.e2m1_fused);
     j.e2m1_fold = j.e2m1_fused && fold;
     j.e2m1_kmajor = b->fp4_dim == 1 && bt->strides[1] == 1 && j.chunk <= AMX_KC_WIDE &&
                     (!(plan->fold_b && b->sf) || (b->gran_k % 32 == 0 && j.chunk % b->gran_k == 0));
@@ -748,6 +759,18 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     return DG_OK;
 }
 #endif
+
+bool dg_engine_small_assume_pow2_applies(const dg_engine_cfg *cfg, const dg_operand *b, const dg_scale_plan *plan) {
+#if DG_X86 && defined(DG_HAVE_AMX)
+    bool fused = false;
+    if (cfg->amx && plan->fold_b && b->sf && !b->sf_packed)
+        amx_chunk(b, plan, dg_pack_kp(DG_PACK_AMX_B, b->k), false, &fused);
+    return fused;
+#else
+    (void)cfg, (void)b, (void)plan;
+    return false;
+#endif
+}
 
 dg_status dg_engine_gemm_small_assume_pow2(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
                                           const dg_scale_plan *plan, const dg_tensor *d, bool *refuted) {

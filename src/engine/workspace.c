@@ -3,8 +3,9 @@
  * panels per call; fresh allocations would be zeroed by the kernel page by page on first
  * touch (measured: ~20% of a 4096 x 2112 x 7168 BF16 GEMM). A small process-wide pool keeps
  * released blocks for the next call. Blocks are huge-page aligned and advised (fewer TLB
- * misses on the panel streams). The pool holds at most DG_WS_SLOTS blocks; a call finding
- * every slot busy (concurrent GEMMs) allocates privately. Memory stays with the process.
+ * misses on the panel streams). The pool holds at most DG_WS_SLOTS blocks (a large GEMM takes
+ * three: A's panels, B's and its tile buffers; six let two run at once); a call finding every
+ * slot busy (more concurrent GEMMs) allocates privately. Memory stays with the process.
  */
 #include "engine.h"
 
@@ -12,7 +13,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
-#define DG_WS_SLOTS 4
+#define DG_WS_SLOTS 6
 #define DG_WS_HUGE ((size_t)2 << 20)
 
 typedef struct ws_slot {
@@ -39,6 +40,8 @@ static void *big_alloc(size_t bytes, size_t *cap) {
 }
 
 void *dg_ws_get(size_t bytes) {
+    if (bytes == 0) /* an empty free slot "fits" 0 bytes but has no block */
+        bytes = 1;
     pthread_mutex_lock(&g_mu);
     int best = -1;
     for (int i = 0; i < DG_WS_SLOTS; ++i) { /* the smallest free block that fits, else any free one */
