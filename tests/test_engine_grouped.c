@@ -267,6 +267,47 @@ static void test_m_grouped(tu_rng *rng) {
     contiguous(rng, &kFp8Fp4, 3, mixed, 1100, 256, 16, 0, 0, 0, DG_BFLOAT16);
 }
 
+/* Rows [0, rows) of group g of a contiguous [G, R, C] tensor, as a 2-D view. */
+static dg_tensor group_rows(const dg_tensor *t, int64_t g, int64_t rows) {
+    return dg_tensor_2d((char *)t->data + (size_t)(g * t->strides[0]) * dg_dtype_size(t->dtype), t->dtype, rows,
+                        t->shape[2]);
+}
+
+/* The operands of a masked grouped FP8 (fp4 0) or FP8 x FP4 (fp4 1) call, [G, rows, ...]. */
+typedef struct masked_ops {
+    const dg_tensor *a, *sfa, *b, *sfb;
+    const dg_gemm_options *o;
+    int fp4;
+} masked_ops;
+
+/* The masked grouped call on 1 and 2 threads: each group's rows bitwise those of one dense call
+ * on the group's views (`what` names the case in failures). */
+static void masked_vs_dense(const char *what, const masked_ops *x, int G, int maxm, const int *ms) {
+    const int64_t n = x->b->shape[1];
+    dg_tensor mm = tu_alloc(DG_INT32, 1, (int64_t[]){G}), d = tu_alloc3(DG_BFLOAT16, G, maxm, n);
+    dg_tensor dd = tu_alloc2(DG_BFLOAT16, maxm, n);
+    for (int g = 0; g < G; ++g)
+        ((int32_t *)mm.data)[g] = ms[g];
+    for (int threads = 1; threads <= 2; ++threads) {
+        TU_CHECK_OK(dg_set_num_sms(threads));
+        TU_CHECK_OK(x->fp4 ? dg_m_grouped_fp8_fp4_gemm_nt_masked(x->a, x->sfa, x->b, x->sfb, &d, &mm, maxm, x->o)
+                           : dg_m_grouped_fp8_gemm_nt_masked(x->a, x->sfa, x->b, x->sfb, &d, &mm, maxm, x->o));
+        for (int g = 0; g < G; ++g) {
+            dg_tensor a = group_rows(x->a, g, ms[g]), sa = group_rows(x->sfa, g, ms[g]);
+            dg_tensor b = group_rows(x->b, g, n), sb = group_rows(x->sfb, g, x->sfb->shape[1]);
+            dg_tensor dv = dd;
+            dv.shape[0] = ms[g];
+            TU_CHECK_OK(x->fp4 ? dg_fp8_fp4_gemm_nt(&a, &sa, &b, &sb, &dv, NULL, x->o)
+                               : dg_fp8_gemm_nt(&a, &sa, &b, &sb, &dv, NULL, x->o));
+            TU_CHECK(memcmp((uint16_t *)d.data + (size_t)g * maxm * n, dd.data, (size_t)ms[g] * n * 2) == 0,
+                     "%s, group %d, %d threads: rows differ from one dense call", what, g, threads);
+        }
+    }
+    tu_free(&dd);
+    tu_free(&d);
+    tu_free(&mm);
+}
+
 /*
  * Small groups run as column chunks of 1024 (grouped.c), and every chunk takes its group's
  * decision to fold B's float32 scales or not (one scan per group, dg_operand.sf_pow2). Here
@@ -274,12 +315,6 @@ static void test_m_grouped(tu_rng *rng) {
  * alone would fold and its group does not: the D rows must be bitwise those of one dense call
  * per group, on 1 and 2 threads.
  */
-/* Rows [0, rows) of group g of a contiguous [G, R, C] tensor, as a 2-D view. */
-static dg_tensor group_rows(const dg_tensor *t, int64_t g, int64_t rows) {
-    return dg_tensor_2d((char *)t->data + (size_t)(g * t->strides[0]) * dg_dtype_size(t->dtype), t->dtype, rows,
-                        t->shape[2]);
-}
-
 static void chunk_scale_plan(tu_rng *rng) {
     enum { G = 2, MAXM = 4, N = 1100, K = 256 };
     static const int ms[G] = {3, 4};
@@ -291,28 +326,8 @@ static void chunk_scale_plan(tu_rng *rng) {
             for (int64_t j = 0; j < kb; ++j)
                 ((float *)B.sf.data)[(g * nb + i) * kb + j] =
                     g == 0 && i == nb - 1 ? 0.3f : ldexpf(1.0f, (int)((i + j) % 3) - 1);
-    dg_tensor mm = tu_alloc(DG_INT32, 1, (int64_t[]){G}), d = tu_alloc3(DG_BFLOAT16, G, MAXM, N);
-    dg_tensor dd = tu_alloc2(DG_BFLOAT16, MAXM, N);
-    for (int g = 0; g < G; ++g)
-        ((int32_t *)mm.data)[g] = ms[g];
-    for (int threads = 1; threads <= 2; ++threads) {
-        TU_CHECK_OK(dg_set_num_sms(threads));
-        TU_CHECK_OK(dg_m_grouped_fp8_gemm_nt_masked(&A.data, &A.sf, &B.data, &B.sf, &d, &mm, MAXM, NULL));
-        for (int g = 0; g < G; ++g) {
-            dg_tensor a = group_rows(&A.data, g, ms[g]), sa = group_rows(&A.sf, g, ms[g]);
-            dg_tensor b = group_rows(&B.data, g, N), sb = group_rows(&B.sf, g, nb);
-            dg_tensor dv = dd;
-            dv.shape[0] = ms[g];
-            TU_CHECK_OK(dg_fp8_gemm_nt(&a, &sa, &b, &sb, &dv, NULL, NULL));
-            const size_t bytes = (size_t)ms[g] * N * 2;
-            TU_CHECK(memcmp((uint16_t *)d.data + (size_t)g * MAXM * N, dd.data, bytes) == 0,
-                     "masked fp8, group %d (%s scales), %d threads: chunked rows differ from one dense call", g,
-                     g == 0 ? "mixed" : "power-of-two", threads);
-        }
-    }
-    tu_free(&dd);
-    tu_free(&d);
-    tu_free(&mm);
+    const masked_ops x = {&A.data, &A.sf, &B.data, &B.sf, NULL, 0};
+    masked_vs_dense("masked fp8, group 0 scales mixed by chunk", &x, G, MAXM, ms);
     tq_free(&A);
     tq_free(&B);
 }
@@ -336,27 +351,8 @@ static void fp4_assumed_scales(tu_rng *rng) {
     ((float *)sfb.data)[(2 * N + N - 1) * NQ + NQ - 1] *= 1.0f + 0x1p-10f;
     dg_gemm_options o = dg_gemm_options_default();
     o.recipe_a[0] = 1, o.recipe_a[1] = 128, o.recipe_b[0] = 1, o.recipe_b[1] = 32;
-    dg_tensor mm = tu_alloc(DG_INT32, 1, (int64_t[]){G}), d = tu_alloc3(DG_BFLOAT16, G, MAXM, N);
-    dg_tensor dd = tu_alloc2(DG_BFLOAT16, MAXM, N);
-    for (int g = 0; g < G; ++g)
-        ((int32_t *)mm.data)[g] = ms[g];
-    for (int threads = 1; threads <= 2; ++threads) {
-        TU_CHECK_OK(dg_set_num_sms(threads));
-        TU_CHECK_OK(dg_m_grouped_fp8_fp4_gemm_nt_masked(&A.data, &A.sf, &B.data, &sfb, &d, &mm, MAXM, &o));
-        for (int g = 0; g < G; ++g) {
-            dg_tensor a = group_rows(&A.data, g, ms[g]), sa = group_rows(&A.sf, g, ms[g]);
-            dg_tensor b = group_rows(&B.data, g, N), sb = group_rows(&sfb, g, N);
-            dg_tensor dv = dd;
-            dv.shape[0] = ms[g];
-            TU_CHECK_OK(dg_fp8_fp4_gemm_nt(&a, &sa, &b, &sb, &dv, NULL, &o));
-            TU_CHECK(memcmp((uint16_t *)d.data + (size_t)g * MAXM * N, dd.data, (size_t)ms[g] * N * 2) == 0,
-                     "masked fp8 x fp4, float scales, group %d, %d threads: rows differ from one dense call", g,
-                     threads);
-        }
-    }
-    tu_free(&dd);
-    tu_free(&d);
-    tu_free(&mm);
+    const masked_ops x = {&A.data, &A.sf, &B.data, &sfb, &o, 1};
+    masked_vs_dense("masked fp8 x fp4, float scales", &x, G, MAXM, ms);
     tu_free(&sfb);
     tq_free(&A);
     tq_free(&B);

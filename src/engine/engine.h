@@ -88,6 +88,13 @@ static inline uint16_t dg_engine_f32_bf16(float x) {
     return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1)) >> 16);
 }
 
+/* A float32 scale the engine may fold: a power of two, normal and positive (no sign or
+ * mantissa bits, exponent field 1 .. 254). */
+static inline bool dg_engine_scale_pow2(float s) {
+    union { float f; uint32_t u; } v = {s};
+    return (v.u & 0x807fffffu) == 0 && v.u - 0x00800000u < 0x7f000000u;
+}
+
 static inline float dg_engine_bf16_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
     return v.f;
@@ -502,8 +509,10 @@ dg_status dg_engine_gemm_small_assume_pow2(const dg_engine_cfg *cfg, const dg_op
 /* Whether that kernel takes B under plan (fold_b assumed): no call is made where it would only
  * be refuted at once (other scale blocks, K tails, MN-major codes). */
 bool dg_engine_small_assume_pow2_applies(const dg_engine_cfg *cfg, const dg_operand *b, const dg_scale_plan *plan);
-/* dg_engine_gemm without C on that assumption, where it applies (B E2M1 with unscanned float32
- * scales, b->sf_pow2 0, on the AMX small-M path); *refuted: it did not apply or did not hold,
+/* Whether the pair takes that assumption: B E2M1 with unscanned float32 scales (b->sf_pow2 0)
+ * on the AMX small-M path with the checking kernel; *plan: the plan under it. */
+bool dg_engine_assume_pow2_applies(const dg_operand *a, const dg_operand *b, dg_scale_plan *plan);
+/* dg_engine_gemm without C on that assumption, where it applies; *refuted: it did not apply or did not hold,
  * and D must be computed otherwise (dg_engine_gemm does so itself; grouped.c for a whole group).
  * Running out of memory on that second run leaves D partly written (the one exception to
  * "nothing written on failure": the first run already wrote it). */

@@ -166,20 +166,26 @@ dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, co
     return run_tiles(&j);
 }
 
-dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b, const dg_tensor *d, bool *refuted) {
-    *refuted = true;
+bool dg_engine_assume_pow2_applies(const dg_operand *a, const dg_operand *b, dg_scale_plan *plan) {
     if (b->data->dtype != DG_FP4_E2M1X2 || !b->sf || b->sf_packed || b->sf_pow2 != 0 || dg_engine_fp4x4_applies(a, b))
-        return DG_OK;
+        return false;
     const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
     if (!cfg->amx || !dg_engine_small_applies(cfg, a, b))
+        return false;
+    dg_operand assumed = *b;
+    assumed.sf_pow2 = 1;
+    return dg_engine_plan_scales(a, &assumed, plan) && dg_engine_config_for(cfg, plan) == cfg &&
+           dg_engine_small_assume_pow2_applies(cfg, &assumed, plan);
+}
+
+dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b, const dg_tensor *d, bool *refuted) {
+    *refuted = true;
+    dg_scale_plan plan;
+    if (!dg_engine_assume_pow2_applies(a, b, &plan))
         return DG_OK;
     dg_operand assumed = *b;
     assumed.sf_pow2 = 1;
-    dg_scale_plan plan;
-    if (!dg_engine_plan_scales(a, &assumed, &plan) || dg_engine_config_for(cfg, &plan) != cfg ||
-        !dg_engine_small_assume_pow2_applies(cfg, &assumed, &plan))
-        return DG_OK;
-    return dg_engine_gemm_small_assume_pow2(cfg, a, &assumed, &plan, d, refuted);
+    return dg_engine_gemm_small_assume_pow2(dg_engine_config(dg_get_isa()), a, &assumed, &plan, d, refuted);
 }
 
 dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c) {

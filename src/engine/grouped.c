@@ -7,7 +7,6 @@
 #include "grouped.h"
 
 #include "../reference/ref_gemm.h"
-#include "fp4x4.h"
 
 #include <stdatomic.h>
 #include <string.h>
@@ -67,17 +66,12 @@ bool dg_engine_operand_rows(const dg_operand *op, int64_t g, int64_t row0, int64
  * two: its items take the AMX small-M path, and the engine takes the job either way (so that a
  * refuted group never fails after D was written). */
 static bool may_assume(const gjob *j) {
-    const dg_operand *b = &j->b;
-    if (b->data->dtype != DG_FP4_E2M1X2 || !b->sf || b->sf_packed || b->sf_pow2 != 0)
+    dg_scale_plan p;
+    if (!dg_engine_assume_pow2_applies(&j->a, &j->b, &p))
         return false;
-    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
-    if (!cfg->amx || dg_engine_fp4x4_applies(&j->a, b) || !dg_engine_small_applies(cfg, &j->a, b))
-        return false;
-    dg_operand yes = *b, no = *b;
-    yes.sf_pow2 = 1, no.sf_pow2 = -1;
-    dg_scale_plan p, q;
-    return dg_engine_plan_scales(&j->a, &yes, &p) && dg_engine_config_for(cfg, &p) == cfg &&
-           dg_engine_small_assume_pow2_applies(cfg, &yes, &p) && dg_engine_plan_scales(&j->a, &no, &q);
+    dg_operand no = j->b;
+    no.sf_pow2 = -1;
+    return dg_engine_plan_scales(&j->a, &no, &p);
 }
 
 /* Job j: rows [a0, a0 + rows) of A's group ga times B's group gb into D rows starting at d0 of

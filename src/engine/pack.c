@@ -25,12 +25,6 @@ static void init_tables(void) {
         g_e2m1_bf16[i] = dg_float_to_bf16(dg_e2m1_to_float((uint8_t)i));
 }
 
-static inline bool is_pow2(float s) {
-    union { float f; uint32_t u; } v = {s};
-    const uint32_t e = (v.u >> 23) & 0xff;
-    return (v.u & 0x807fffffu) == 0 && e != 0 && e != 0xff;
-}
-
 /* ---- scale plan ------------------------------------------------------------------------ */
 
 /* Every float32 scale of the operand is a positive power of two (UE8M0-valued). The row-major
@@ -59,7 +53,7 @@ static bool all_scales_pow2(const dg_operand *op) {
     }
     for (int64_t i = 0; i < op->mn; i += op->gran_mn)
         for (int64_t kk = 0; kk < op->k; kk += op->gran_k)
-            if (!is_pow2(dg_operand_scale(op, 0, i, kk)))
+            if (!dg_engine_scale_pow2(dg_operand_scale(op, 0, i, kk)))
                 return false;
     return true;
 }

@@ -593,7 +593,7 @@ static bool amx_e2m1_adj(const amx_job *j, int64_t n0, int64_t k0, int64_t k1, u
 }
 
 /* Whether every scale of B rows [n0, n1) over K [k0, k1) (inside K) is a power of two: the
- * test dg_engine_plan_scales applies to all of B (normal, positive, no mantissa bits). */
+ * test dg_engine_plan_scales applies to all of B. */
 static bool rows_scales_pow2(const dg_operand *b, int64_t n0, int64_t n1, int64_t k0, int64_t k1) {
     const int64_t gk = b->gran_k, q0 = k0 / gk, nq = dg_ceil_div(k1, gk) - q0;
     float s[64];
@@ -601,12 +601,9 @@ static bool rows_scales_pow2(const dg_operand *b, int64_t n0, int64_t n1, int64_
         for (int64_t q = 0; q < nq; q += 64) {
             const int64_t cnt = nq - q < 64 ? nq - q : 64;
             dg_operand_block_scales(b, r, q0 + q, cnt, s, 1);
-            for (int64_t i = 0; i < cnt; ++i) {
-                uint32_t u;
-                memcpy(&u, s + i, 4);
-                if ((u & 0x807fffffu) != 0 || u - 0x00800000u >= 0x7f000000u)
+            for (int64_t i = 0; i < cnt; ++i)
+                if (!dg_engine_scale_pow2(s[i]))
                     return false;
-            }
         }
     return true;
 }
