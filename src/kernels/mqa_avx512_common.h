@@ -8,6 +8,7 @@
 #include "mqa_kernels.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 /* dst[c * ldd + r] = src[r * lds + c] for r, c < 16. */
 static inline void dg_mqa_transpose16(const float *src, int64_t lds, float *dst, int64_t ldd) {
@@ -33,6 +34,26 @@ static inline void dg_mqa_transpose16(const float *src, int64_t lds, float *dst,
         _mm512_storeu_ps(dst + (c + 4) * ldd, _mm512_shuffle_f32x4(v1, w1, 0x88));
         _mm512_storeu_ps(dst + (c + 12) * ldd, _mm512_shuffle_f32x4(v1, w1, 0xdd));
     }
+}
+
+/* 16 packed E2M1 bytes (32 elements) -> 32 bytes through a 16-entry table, element order kept
+ * (element 2i is the low nibble of byte i): *e0 elements 0-15, *e1 16-31. */
+static inline void dg_mqa_e2m1_decode32(const uint8_t *src, __m128i table, __m128i *e0, __m128i *e1) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)src), m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m));
+    const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    *e0 = _mm_unpacklo_epi8(lo, hi);
+    *e1 = _mm_unpackhi_epi8(lo, hi);
+}
+
+/* 2^(e - 128) for byte g of a packed UE8M0 word: the scale of E2M1 codes taken times 2 (exact;
+ * e < 2 gives float32 subnormals; 255 gives inf, like dg_ue8m0_to_float). */
+static inline float dg_mqa_half_ue8m0(uint32_t word, int64_t g) {
+    const uint32_t e = (word >> (8 * g)) & 0xffu;
+    const uint32_t bits = e == 255 ? 0x7f800000u : e >= 2 ? (e - 1) << 23 : (uint32_t)0x200000 << e;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 /*

@@ -34,8 +34,10 @@
  * zero-padded to a multiple of 32, steps in increasing k) adds its 32 products to the float32
  * sum in the hardware's fixed order (not the FMA chain's bits, nor one rounding of the exact
  * sum). The head/relu/weight chain above is unchanged. A logit still depends only on its inputs:
- * not on the thread count, the panel, the lane or the query's position. FP4 keeps the VNNI
- * integer kernel at the AMX level (it is exact), MXFP8 the AVX-512 BF16 level's pair tiles.
+ * not on the thread count, the panel, the lane or the query's position. FP4 x FP4 at the AMX
+ * level takes TDPBSSD for the exact integer group sums (amx/mqa_fp4_amx.c) and otherwise the
+ * VNNI kernel's steps, so its logits are bitwise the AVX-512 BF16 level's; MXFP8 keeps that
+ * level's pair tiles.
  *
  * Layouts (float32): q as prep_q leaves it (default: [h][d] row-major, row stride d; at most
  * align(h, 16) * align(d, 32) floats); panel as pack leaves it (default: [d][nw], kv row c,
@@ -171,6 +173,12 @@ void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n, int6
                      float *panel);
 void dg_mqa_tile_amx(const float *q, int64_t h, int64_t d, const float *w, const float *panel, float *sum,
                      const uint8_t *const *pf, int npf);
+/* FP4 x FP4 on AMX INT8 tiles (amx/mqa_fp4_amx.c): the VNNI kernel's bits. */
+void dg_mqa_amx_fp4_begin(void);
+void dg_mqa_q4_prep_amx(const uint8_t *const *rows, const uint32_t *sf, int64_t h, int64_t d, void *out);
+void dg_mqa_kv4_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n, int64_t d, void *panel);
+void dg_mqa_tile4_amx(const void *q, int64_t h, int64_t d, const float *w, const void *panel, float *sum,
+                      const uint8_t *const *pf, int npf);
 #else
 #define DG_MQA_HAVE_AMX 0
 #endif

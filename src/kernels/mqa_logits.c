@@ -48,14 +48,23 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range) {
                                        .q4_prep = dg_mqa_q4_prep_vnni, .kv4_pack = dg_mqa_kv4_pack_vnni,
                                        .tile4 = dg_mqa_tile4_vnni};
 #if DG_MQA_HAVE_AMX
-    /* FP8 only; FP4 keeps the exact VNNI integer kernel, MXFP8 the AVX-512 BF16 level's pair
-     * tiles (the tile pack here applies no per-32 scales). The pack uses VBMI byte permutes
+    /* FP8 only; MXFP8 takes the AVX-512 BF16 level's pair tiles (the tile pack here applies no
+     * per-32 scales). The pack uses VBMI byte permutes
      * (every AMX CPU so far has them; checked anyway). */
     static const dg_mqa_kernel amx = {.name = "amx", .nw = DG_MQA_NW_AMX, .convert = dg_mqa_convert_avx512,
                                       .pack = dg_mqa_pack_amx, .prep_q = dg_mqa_prep_q_amx,
                                       .tile = dg_mqa_tile_amx, .begin = dg_mqa_amx_begin, .qb = DG_MQA_QB_AMX};
     if (isa >= DG_ISA_AMX && fmt == DG_MQA_FP8 && dg_cpu_has_avx512_vbmi())
         return &amx;
+    /* FP4 x FP4: the VNNI kernel's exact integer group sums from TDPBSSD, the same bits */
+    static const dg_mqa_kernel amx_fp4 = {.name = "amx (int8)", .nw = DG_MQA_NW_AMX,
+                                          .convert = dg_mqa_convert_avx512, .pack = dg_mqa_pack_avx512,
+                                          .prep_q = dg_mqa_prep_q_avx512, .tile = dg_mqa_tile_avx512,
+                                          .q4_prep = dg_mqa_q4_prep_amx, .kv4_pack = dg_mqa_kv4_pack_amx,
+                                          .tile4 = dg_mqa_tile4_amx, .begin = dg_mqa_amx_fp4_begin,
+                                          .qb = DG_MQA_QB_AMX};
+    if (isa >= DG_ISA_AMX && fmt == DG_MQA_FP4)
+        return &amx_fp4;
 #endif
     /* FP8 and MXFP8: the k-pair tiles, VDPBF16PS or FMA as the engine prefers (the same bits) */
     static const dg_mqa_kernel pairs_dp = {.name = "avx512_bf16 (VDPBF16PS)", .nw = DG_MQA_NW_AVX512,

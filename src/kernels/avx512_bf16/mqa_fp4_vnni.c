@@ -18,24 +18,6 @@
 #define NW DG_MQA_NW_AVX512
 #define NR 6
 
-/* 16 packed bytes (32 elements) -> 32 bytes through a 16-entry table, element order kept. */
-static inline void decode32(const uint8_t *src, __m128i table, __m128i *e0, __m128i *e1) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)src), m = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(b, m));
-    const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    *e0 = _mm_unpacklo_epi8(lo, hi);
-    *e1 = _mm_unpackhi_epi8(lo, hi);
-}
-
-/* 2^(e - 128) for byte g of a packed UE8M0 word (exact; e < 2 gives float32 subnormals; 255 gives inf, like dg_ue8m0_to_float). */
-static inline float half_ue8m0(uint32_t word, int64_t g) {
-    const uint32_t e = (word >> (8 * g)) & 0xffu;
-    const uint32_t bits = e == 255 ? 0x7f800000u : e >= 2 ? (e - 1) << 23 : (uint32_t)0x200000 << e; /* 255: inf */
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 void dg_mqa_q4_prep_vnni(const uint8_t *const *rows, const uint32_t *sf, int64_t h, int64_t d, void *out) {
     const int64_t hp = dg_align(h, 16), groups = d / 32;
     uint8_t *qp = out;
@@ -46,13 +28,13 @@ void dg_mqa_q4_prep_vnni(const uint8_t *const *rows, const uint32_t *sf, int64_t
         for (int64_t g = 0; g < groups; ++g) {
             if (hh < h) {
                 __m128i e0, e1;
-                decode32(rows[hh] + 16 * g, table, &e0, &e1);
+                dg_mqa_e2m1_decode32(rows[hh] + 16 * g, table, &e0, &e1);
                 _mm_storeu_si128((__m128i *)(void *)(tmp + 8 * g), e0);
                 _mm_storeu_si128((__m128i *)(void *)(tmp + 8 * g + 4), e1);
             } else {
                 memset(tmp + 8 * g, 12, 32);
             }
-            sq[g * hp + hh] = hh < h ? half_ue8m0(sf[hh], g) : 0.0f;
+            sq[g * hp + hh] = hh < h ? dg_mqa_half_ue8m0(sf[hh], g) : 0.0f;
         }
         for (int64_t kq = 0; kq < d / 4; ++kq)
             memcpy(qp + (kq * hp + hh) * 4, tmp + kq, 4);
@@ -69,14 +51,14 @@ void dg_mqa_kv4_pack_vnni(const uint8_t *const *rows, const uint32_t *sf, int n,
     for (int r = 0; r < n; ++r)
         for (int64_t g = 0; g < groups; ++g) {
             __m128i e0, e1;
-            decode32(rows[r] + 16 * g, table, &e0, &e1);
+            dg_mqa_e2m1_decode32(rows[r] + 16 * g, table, &e0, &e1);
             _mm_storeu_si128((__m128i *)(void *)(kv + r * d + 32 * g), e0);
             _mm_storeu_si128((__m128i *)(void *)(kv + r * d + 32 * g + 16), e1);
             /* sum of 32 signed bytes: sums of (x + 128) over 8-byte halves, minus 32 * 128 */
             const __m128i s = _mm_add_epi64(_mm_sad_epu8(_mm_xor_si128(e0, bias), zero),
                                             _mm_sad_epu8(_mm_xor_si128(e1, bias), zero));
             u[r * groups + g] = (int32_t)(_mm_cvtsi128_si64(s) + _mm_extract_epi64(s, 1)) - 32 * 128;
-            sk[r * groups + g] = half_ue8m0(sf[r], g);
+            sk[r * groups + g] = dg_mqa_half_ue8m0(sf[r], g);
         }
     if (n < NW) {
         memset(kv + (int64_t)n * d, 0, (size_t)((NW - n) * d));
