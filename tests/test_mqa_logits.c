@@ -746,6 +746,68 @@ static void test_pair_tiles(void) {
     }
 }
 
+/* FP4 x FP4 at the AMX level (kernels/amx/mqa_fp4_amx.c: TDPBSSD group sums, then the VNNI
+ * kernel's float steps) gives bitwise the AVX-512 BF16 level's logits (VPDPBUSD), on head counts
+ * that are not multiples of 16, every head dim, kv lengths that leave the last panel partly
+ * filled (the tile skips empty kv tiles), causal and random ranges, compressed rows and BF16
+ * logits. Scale bytes span 1..254, so some groups' scales are float32 subnormals. */
+static void test_fp4_amx_matches_vnni(void) {
+    const dg_isa saved = dg_get_isa();
+    if (dg_set_isa(DG_ISA_AMX) != DG_OK || dg_set_isa(DG_ISA_AVX512_BF16) != DG_OK) {
+        dg_set_isa(saved);
+        return; /* not on this CPU */
+    }
+    static const struct { int64_t s, sk, h, d; int causal, compressed, bf16; } cases[] = {
+        {9, 130, 17, 32, 0, 0, 0}, {7, 70, 1, 64, 1, 0, 1},   {20, 300, 70, 128, 0, 1, 0},
+        {5, 17, 33, 96, 0, 0, 0},  {33, 800, 64, 128, 1, 0, 0}, {3, 200, 16, 64, 0, 1, 1},
+    };
+    const int saved_paths = dg_get_print_paths();
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        tu_rng rng = {k + 1701};
+        mqa_case c;
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, 1, cases[k].bf16);
+        if (cases[k].causal)
+            causal_ranges(&c);
+        else
+            random_ranges(&c, &rng);
+        uint32_t *qsf = c.tqsf.data, *kvsf = c.tkvsf.data;
+        for (int64_t i = 0; i < c.s * c.h; i += 5) /* odd scales: tiny, huge, mixed per group */
+            qsf[i] = 0x01fe7f80u ^ (uint32_t)(i & 0x0f0f);
+        for (int64_t i = 0; i < c.sk; i += 7)
+            kvsf[i] = 0x7f02fd81u ^ (uint32_t)(i & 0x0f00);
+        int max_k = 0;
+        for (int64_t i = 0; i < c.s; ++i) {
+            const int len = ((int32_t *)c.tke.data)[i] - ((int32_t *)c.tks.data)[i];
+            max_k = len > max_k ? len : max_k;
+        }
+        max_k = cases[k].compressed ? (max_k > 0 ? max_k : 1) : 0;
+        const int64_t width = max_k ? max_k : c.sk;
+        const dg_dtype dt = cases[k].bf16 ? DG_BFLOAT16 : DG_FLOAT32;
+        const dg_isa isas[2] = {DG_ISA_AVX512_BF16, DG_ISA_AMX};
+        dg_tensor out[2];
+        for (int v = 0; v < 2; ++v) {
+            TU_CHECK_OK(dg_set_isa(isas[v]));
+            out[v] = tu_alloc2(dt, c.s, width);
+            tu_fill_bytes(&out[v], 0x5a);
+            dg_set_print_paths(2);
+            dg_clear_path_report();
+            TU_CHECK_OK(run(&c, 1, max_k, &out[v]));
+            char report[1024];
+            dg_get_path_report(report, sizeof report);
+            TU_CHECK(strstr(report, v ? "amx (int8)" : "avx512_vnni") != NULL, "FP4 at %s: took %s",
+                     dg_isa_name(isas[v]), report);
+        }
+        TU_CHECK(memcmp(out[0].data, out[1].data, dg_tensor_nbytes(&out[0])) == 0,
+                 "FP4 S=%lld SK=%lld H=%lld D=%lld: AMX tiles == VNNI bitwise", (long long)c.s, (long long)c.sk,
+                 (long long)c.h, (long long)c.d);
+        tu_free(&out[0]), tu_free(&out[1]);
+        free_case(&c);
+    }
+    dg_clear_path_report();
+    dg_set_print_paths(saved_paths);
+    dg_set_isa(saved);
+}
+
 int main(void) {
     static const struct { int64_t s, sk, h, d; int fmt, bf16; dg_dtype out; } cases[] = {
         {24, 100, 4, 32, 0, 0, DG_FLOAT32},  {17, 130, 8, 64, 0, 0, DG_FLOAT32},
@@ -779,5 +841,6 @@ int main(void) {
     test_position_invariance();
     test_f16_weights();
     test_pair_tiles();
+    test_fp4_amx_matches_vnni();
     return tu_finish();
 }

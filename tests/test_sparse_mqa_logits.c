@@ -122,7 +122,8 @@ static double masked_diff(const dg_tensor *a, const dg_tensor *b, int *masks_agr
     return d;
 }
 
-static const dg_isa kIsas[] = {DG_ISA_GENERIC, DG_ISA_AVX2};
+/* Every level (those the CPU lacks are skipped): each has its own sparse tiles and panels. */
+static const dg_isa kIsas[] = {DG_ISA_GENERIC, DG_ISA_AVX2, DG_ISA_AVX512, DG_ISA_AVX512_BF16, DG_ISA_AMX};
 
 /* ---- contiguous ------------------------------------------------------------------------------ */
 
