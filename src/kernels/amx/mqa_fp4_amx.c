@@ -110,11 +110,14 @@ static inline void next_item(item *t, int64_t groups, int64_t nj) {
     ++t->i;
 }
 
-/* Tile numbers must be literals (they are assembled into the instructions). */
+/* Item t's product into C tile c, with its kv tile loaded into tile b and q's in tile a (loaded
+ * by the first item of its (head tile, group): the next three reuse it). Tile numbers must be
+ * literals (they are assembled into the instructions). */
 #define PRODUCT(c, a, b, t)                                                                                     \
     do {                                                                                                        \
         _tile_zero(c);                                                                                          \
-        _tile_loadd(a, q2 + 16 * (t).i * d + 32 * (t).g, d);                                                    \
+        if ((t).j == 0)                                                                                         \
+            _tile_loadd(a, q2 + 16 * (t).i * d + 32 * (t).g, d);                                                \
         _tile_loadd(b, kv + ((t).g * NJ + (t).j) * 512, 64);                                                    \
         _tile_dpbssd(c, a, b);                                                                                  \
     } while (0)
@@ -148,10 +151,18 @@ void dg_mqa_tile4_amx(const void *qv, int64_t h, int64_t d, const float *w, cons
         if (n < items) {
             for (const int64_t end = npf * (n + 1) / items; pfi < end; ++pfi)
                 _mm_prefetch((const char *)pf[pfi], _MM_HINT_T0);
-            if (n & 1)
-                PRODUCT(1, 5, 7, in);
-            else
-                PRODUCT(0, 4, 6, in);
+            const int qt = (int)((in.i * groups + in.g) & 1); /* q's tile: 4 or 5 */
+            if (n & 1) {
+                if (qt)
+                    PRODUCT(1, 5, 7, in);
+                else
+                    PRODUCT(1, 4, 7, in);
+            } else {
+                if (qt)
+                    PRODUCT(0, 5, 6, in);
+                else
+                    PRODUCT(0, 4, 6, in);
+            }
             next_item(&in, groups, nj);
         }
         if (n >= 1 && n <= items) { /* store item n - 1 */
