@@ -3,6 +3,7 @@ from PyTorch operations, in one process, on the same inputs and thread count.
 
     PYTHONPATH=build/python python -m deep_gemm_cpu.layer_bench [--quick] [--full]
         [--config v3.2|v4-flash|all] [--phase prefill|decode|prefill512|decode8 ...] [--json FILE]
+        [--moe mega|grouped]
 
 The layer (random weights of the real dimensions; the expert count (16, top-k and per-expert
 shapes kept) and the attention head count (32) reduced by default so that a run stays short,
@@ -20,10 +21,13 @@ shapes kept) and the attention head count (32) reduced by default so that a run 
   (FlashMLA's, not DeepGEMM's) is not run: the absorbed query stands in for its output;
 - MoE: the router and its top-k as ``bf16_mega_gate`` (sigmoid scores, weights normalised over
   the top-k and scaled; with ``--experts`` outside its limits, ``bf16_gemm_nt`` logits then
-  sigmoid + ``torch.topk``), the shared
-  expert and the routed experts as FP8 x FP4 grouped GEMMs (``m_grouped_fp8_fp4_gemm_nt_contiguous``
-  for prefill, ``_masked`` for decoding; activations FP8 1x128 UE8M0, weights FP4 with 1x32
-  UE8M0 scales) with SwiGLU in torch between gate/up and down.
+  sigmoid + ``torch.topk``); the routed experts as one ``fp8_fp4_mega_moe`` call on one rank
+  (``--moe mega``, the default: a symmetric buffer with group None, the weights through
+  ``transform_weights_for_mega_moe`` at setup, tokens FP8 1x32 UE8M0) or, with ``--moe
+  grouped``, as FP8 x FP4 grouped GEMMs (``m_grouped_fp8_fp4_gemm_nt_contiguous`` for prefill,
+  ``_masked`` for decoding; activations FP8 1x128 UE8M0, weights FP4 with 1x32 UE8M0 scales)
+  with dispatch, SwiGLU and combine in torch between them; the shared expert on those grouped
+  GEMMs either way.
 Activations are quantized between GEMMs with ``per_token_cast_to_fp8`` (and the indexer's q
 and k with ``per_custom_dims_cast_to_fp8``).
 
@@ -397,6 +401,7 @@ def hc_post(X, y, post, res):
 
 
 ROUTER = 'router + top-k (bf16_mega_gate)'
+MEGA = 'routed experts (fp8_fp4_mega_moe)'
 
 
 def gate_fits(c):
@@ -457,9 +462,31 @@ class DecodeCache:
 # ---- the layer on deep_gemm_cpu ---------------------------------------------------------------------
 
 class OursLayer:
-    def __init__(self, cfg, W):
+    def __init__(self, cfg, W, moe='mega', max_tokens=0):
         self.c, self.W = cfg, W
         self.al = dg.get_mk_alignment_for_contiguous_layout()
+        self.moe_kind = moe
+        self._mega = None      # (l1, l2) after transform_weights_for_mega_moe, packed once
+        self._buffer = None    # the single-rank symmetric buffer, grown to the largest T seen
+        if moe == 'mega' and max_tokens > 0:
+            self.mega_buffer(max_tokens)   # at setup, not in the first timed call
+
+    def close(self):
+        if self._buffer is not None:
+            self._buffer.destroy()
+            self._buffer = None
+
+    def mega_buffer(self, T):
+        """The routed experts' weights transformed once (outside the timed calls, as an engine
+        loads them) and a symmetric buffer of one rank (group None) for at least T tokens."""
+        c = self.c
+        if self._mega is None:
+            self._mega = dg.transform_weights_for_mega_moe(self.W.w13, self.W.w2)
+        if self._buffer is None or self._buffer.num_max_tokens_per_rank < T:
+            self.close()
+            self._buffer = dg.get_symm_buffer_for_mega_moe(None, c['experts'], T, c['topk'], c['hidden'],
+                                                           c['inter'])
+        return self._buffer
 
     # kernels
     def quant(self, rec, x, ue8m0=False):
@@ -579,7 +606,10 @@ class OursLayer:
             with rec('router top-k (torch)'):
                 idx, wts = routing(r_logits, c['topk'], c['route_scale'])
         x4 = self.quant(rec, x, ue8m0=True)
-        y_moe = self.moe(rec, x4, idx, wts, decode)
+        if self.moe_kind == 'mega':
+            y_moe = self.moe_mega(rec, x, x4, idx, wts, decode)
+        else:
+            y_moe = self.moe(rec, x4, idx, wts, decode)
         with rec('glue (torch: norms, mHC mixing)'):
             X = hc_post(X, y_moe, post, res)
         return dict(out=X, y_attn=y_attn, y_moe=y_moe, idx_logits=logits, idx_top=top, router_logits=r_logits,
@@ -617,6 +647,65 @@ class OursLayer:
         with rec('indexer top-k (torch)'):
             top = logits.topk(kk, dim=-1).indices
         return logits, top
+
+    def moe_mega(self, rec, x, x4, idx, wts, decode):
+        """The routed experts as one fp8_fp4_mega_moe call on one rank (dispatch, L1, SwiGLU with
+        the top-k weight, FP8 cast, L2 and combine fused, the weights pre-packed), the shared
+        expert on the grouped GEMMs as in moe(); y = routed + shared in float32."""
+        c = self.c
+        T, k = idx.shape
+        E, I, H = c['experts'], c['inter'], c['hidden']
+        buf = self.mega_buffer(T)
+        with rec('act quant (per_token_cast_to_fp8)', nbytes=T * H * 3 + T * H // 32, kind='mem'):
+            xq = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+        with rec('dispatch/combine (torch)'):   # what the layer's previous op would write in place
+            buf.x[:T].copy_(xq[0])
+            buf.x_sf[:T].copy_(xq[1])
+            buf.topk_idx[:T].copy_(idx)
+            buf.topk_weights[:T].copy_(wts)
+        active = int(torch.unique(idx).numel())
+        per_expert = wbytes((self.W.w13[0][0], self.W.w13[1][0])) + wbytes((self.W.w2[0][0], self.W.w2[1][0]))
+        wb = per_expert * active
+        with rec(MEGA, flops=2.0 * T * k * 3 * H * I, nbytes=wb + T * (H + H // 32 + 2 * H), weight_bytes=wb,
+                 kind='bf16'):
+            y = torch.empty(T, H, dtype=BF16)
+            dg.fp8_fp4_mega_moe(y, self._mega[0], self._mega[1], buf)
+        return self.shared_expert(rec, x4, decode, y)
+
+    def shared_expert(self, rec, x4, decode, y_routed):
+        """The shared expert (one group over all tokens) added to y_routed [T, H] BF16."""
+        c, W = self.c, self.W
+        T, I = x4[0].shape[0], c['inter']
+        if not decode:
+            Ms = (T + self.al - 1) // self.al * self.al
+            with rec('dispatch/combine (torch)'):
+                if Ms != T:
+                    ls = torch.full((Ms,), -1, dtype=torch.int32)
+                    ls[:T] = 0
+                    src = torch.zeros(Ms, dtype=torch.long)
+                    src[:T] = torch.arange(T)
+                    a = (x4[0].view(torch.uint8)[src].view(FP8), x4[1][src])
+                else:
+                    ls = torch.zeros(T, dtype=torch.int32)
+                    a = x4
+            gu = self.grouped(rec, 'shared expert gate/up (m_grouped_fp8_fp4 contiguous)', a, W.s13, layout=ls,
+                              rows=T, active=1)
+            h = self.swiglu(rec, gu, I * c['shared'])
+            hq = self.quant(rec, h, ue8m0=True)
+            dn = self.grouped(rec, 'shared expert down (m_grouped_fp8_fp4 contiguous)', hq, W.s2, layout=ls,
+                              rows=T, active=1)[:T]
+        else:
+            ones = torch.tensor([T], dtype=torch.int32)
+            a = (x4[0].view(1, T, -1), x4[1].view(1, T, -1))
+            gu = self.grouped(rec, 'shared expert gate/up (m_grouped_fp8_fp4 masked)', a, W.s13, masked_m=ones,
+                              expected_m=T, rows=T, active=1)
+            h = self.swiglu(rec, gu.view(T, -1), I * c['shared'])
+            hq = self.quant(rec, h, ue8m0=True)
+            dn = self.grouped(rec, 'shared expert down (m_grouped_fp8_fp4 masked)', (hq[0].view(1, T, -1),
+                              hq[1].view(1, T, -1)), W.s2, masked_m=ones, expected_m=T, rows=T, active=1)
+            dn = dn.view(T, -1)
+        with rec('dispatch/combine (torch)'):
+            return (y_routed.float() + dn.float()).to(BF16)
 
     def moe(self, rec, x4, idx, wts, decode):
         c, W = self.c, self.W
@@ -1131,6 +1220,9 @@ def parse_args(argv):
     p.add_argument('--torch-tokens', type=int, default=None,
                    help='prefill query tokens the torch layer runs, scaled to the sequence (default 64; 0: all)')
     p.add_argument('--no-torch', action='store_true', help='skip the PyTorch-built layer')
+    p.add_argument('--moe', choices=('mega', 'grouped'), default='mega',
+                   help='routed experts: one fp8_fp4_mega_moe call on one rank (default), or the grouped '
+                        'GEMMs with torch dispatch, SwiGLU and combine between them')
     p.add_argument('--reps', type=int, default=None, help='timed calls after the first (default 3; quick 1)')
     p.add_argument('--limits', default='auto', help="machine limits: auto (dgbench if found, else a Python "
                    "estimate), dgbench, python, or a dgbench --json FILE")
@@ -1184,7 +1276,7 @@ def main(argv=None):
         cfg = make_config(key, args.quick, args.full, args.experts, args.heads)
         t0 = time.perf_counter()
         W = Weights(cfg, args.seed)
-        ours = OursLayer(cfg, W)
+        ours = OursLayer(cfg, W, args.moe, max(n for _, n in args.phases))
         tl = None if args.no_torch else TorchLayer(cfg, W)
         setup = time.perf_counter() - t0
         print(f'\n### {cfg["name"]}: {describe(cfg)} (setup {setup:.1f} s'
@@ -1198,6 +1290,7 @@ def main(argv=None):
             sys.stdout.flush()
             entry['phases'].append(res)
         results['configs'].append(entry)
+        ours.close()
         del W, ours, tl
     results['load_average_end'] = list(os.getloadavg())
     results['seconds'] = time.perf_counter() - t_start

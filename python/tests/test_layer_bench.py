@@ -22,21 +22,24 @@ import pytest
 from conftest import calc_diff, fp4_dequant, fp8_dequant_blocks
 
 LIMITS = dict(out=1e-2, y_moe=1e-2, y_attn=3e-3, route_weights=3e-3, indexer_logits=1e-2)
+SHARED_ROWS = {'prefill': ['shared expert gate/up (m_grouped_fp8_fp4 contiguous)',
+                           'shared expert down (m_grouped_fp8_fp4 contiguous)'],
+               'decode': ['shared expert gate/up (m_grouped_fp8_fp4 masked)',
+                          'shared expert down (m_grouped_fp8_fp4 masked)']}
+ROUTED_ROWS = {  # --moe grouped: the routed experts on the grouped GEMMs; --moe mega (default): one call
+    'grouped': {'prefill': ['routed experts gate/up (m_grouped_fp8_fp4 contiguous)',
+                            'routed experts down (m_grouped_fp8_fp4 contiguous)'],
+                'decode': ['routed experts gate/up (m_grouped_fp8_fp4 masked)',
+                           'routed experts down (m_grouped_fp8_fp4 masked)']},
+    'mega': {'prefill': [lb.MEGA], 'decode': [lb.MEGA]},
+}
 DG_ROWS = {  # rows served by deep_gemm_cpu calls that report a path
     'prefill': ['q_a+kv_a proj (fp8_gemm_nt)', 'q_b proj (fp8_gemm_nt)', 'o proj (fp8_gemm_nt)',
                 'indexer q proj (fp8_gemm_nt)', 'indexer k proj (fp8_gemm_nt)',
                 'indexer weights proj (bf16_gemm_nt)', lb.ROUTER,
                 'mhc prenorm (tf32_hc_prenorm_gemm)', 'indexer logits (fp8_mqa_logits)',
-                'act quant (per_token_cast_to_fp8)',
-                'routed experts gate/up (m_grouped_fp8_fp4 contiguous)',
-                'routed experts down (m_grouped_fp8_fp4 contiguous)',
-                'shared expert gate/up (m_grouped_fp8_fp4 contiguous)',
-                'shared expert down (m_grouped_fp8_fp4 contiguous)'],
-    'decode': ['indexer logits (fp8_paged_mqa_logits)',
-               'routed experts gate/up (m_grouped_fp8_fp4 masked)',
-               'routed experts down (m_grouped_fp8_fp4 masked)',
-               'shared expert gate/up (m_grouped_fp8_fp4 masked)',
-               'shared expert down (m_grouped_fp8_fp4 masked)'],
+                'act quant (per_token_cast_to_fp8)'] + SHARED_ROWS['prefill'],
+    'decode': ['indexer logits (fp8_paged_mqa_logits)'] + SHARED_ROWS['decode'],
 }
 ENTRY = {'fp8_gemm_nt': 'dg_fp8_fp4_gemm_nt', 'bf16_gemm_nt': 'dg_bf16_gemm_nt', 'bf16_mega_gate': 'dg_bf16_mega_gate',
          'tf32_hc_prenorm_gemm': 'dg_tf32_hc_prenorm_gemm', 'fp8_mqa_logits': 'dg_fp8_mqa_logits',
@@ -45,12 +48,13 @@ ENTRY = {'fp8_gemm_nt': 'dg_fp8_fp4_gemm_nt', 'bf16_gemm_nt': 'dg_bf16_gemm_nt',
          'm_grouped_fp8_fp4 masked': 'dg_m_grouped_fp8_fp4_gemm_nt_masked'}
 
 
-def test_quick_run(tmp_path, capsys):
+@pytest.mark.parametrize('moe', ['mega', 'grouped'])
+def test_quick_run(tmp_path, capsys, moe):
     out = tmp_path / 'layer.json'
     mode = dg.get_print_paths()
     # torch runs 32 of the prefill's 64 query tokens (scaled x2, compared on those rows)
     assert lb.main(['--quick', '--phase', 'prefill64,decode4', '--reps', '0', '--limits', 'python',
-                    '--torch-tokens', '32', '--json', str(out)]) == 0
+                    '--torch-tokens', '32', '--json', str(out), '--moe', moe]) == 0
     assert dg.get_print_paths() == mode   # the capture restores the caller's mode
     printed = capsys.readouterr().out
     assert 'tokens/s' in printed and 'ours/torch' in printed and 'summary' in printed
@@ -73,11 +77,17 @@ def test_quick_run(tmp_path, capsys):
             rows = {r['name']: r for r in o['kernels']}
             assert 0.5 < sum(r['share'] for r in rows.values()) <= 1.0 + 1e-9
             assert 0 < o['weighted_lim_pct'] and o['weight_bytes'] > 0
-            for name in DG_ROWS['prefill' if p['phase'] == 'prefill' else 'decode'] + \
-                    ['q_b proj (fp8_gemm_nt)', lb.ROUTER]:
+            ph = 'prefill' if p['phase'] == 'prefill' else 'decode'
+            other = ROUTED_ROWS['grouped' if moe == 'mega' else 'mega'][ph]
+            assert not any(name in rows for name in other), (moe, sorted(rows))
+            for name in DG_ROWS[ph] + ROUTED_ROWS[moe][ph] + ['q_b proj (fp8_gemm_nt)', lb.ROUTER]:
                 r = rows[name]
                 assert r['seconds'] > 0 and r['calls'] >= 1, name
                 assert r['paths'], name   # the library named the path it took
+                if name == lb.MEGA:   # the fused call's own line, and those of the kernels it runs
+                    assert any(line.startswith('dg_fp8_fp4_mega_moe_packed: ') for line in r['paths']), r['paths']
+                    assert any(line.startswith('dg_fp8_fp4_gemm_nt_packed: ') for line in r['paths']), r['paths']
+                    continue
                 entry = ENTRY[name[name.index('(') + 1:-1]]
                 assert all(line.startswith(entry + ': ') for line in r['paths']), (name, r['paths'])
                 if r['flops']:
@@ -95,7 +105,7 @@ def test_torch_dequantizes_in_the_call_when_bf16_experts_do_not_fit(tmp_path, mo
     monkeypatch.setattr(lb, 'BF16_EXPERT_BUDGET', 0)
     out = tmp_path / 'layer.json'
     assert lb.main(['--quick', '--config', 'v4-flash', '--phase', 'decode2', '--reps', '0', '--limits', 'python',
-                    '--json', str(out)]) == 0
+                    '--json', str(out), '--moe', 'grouped']) == 0
     p = json.loads(out.read_text())['configs'][0]['phases'][0]
     t = p['torch']
     assert not t['experts_bf16_in_memory'] and t['dequant_seconds'] > 0

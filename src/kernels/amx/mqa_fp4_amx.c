@@ -149,7 +149,7 @@ void dg_mqa_tile4_amx(const void *qv, int64_t h, int64_t d, const float *w, cons
     item in = {0, 0, 0}, out = {0, 0, 0};
     for (int64_t n = 0; n < items + LAG; ++n) {
         if (n < items) {
-            for (const int64_t end = npf * (n + 1) / items; pfi < end; ++pfi)
+            for (const int64_t end = npf ? npf * (n + 1) / items : 0; pfi < end; ++pfi)
                 _mm_prefetch((const char *)pf[pfi], _MM_HINT_T0);
             const int qt = (int)((in.i * groups + in.g) & 1); /* q's tile: 4 or 5 */
             if (n & 1) {
