@@ -1239,7 +1239,12 @@ DG_API dg_status dg_bf16_mega_moe_reference(
  *   2./5. per local expert (in waves of rows), its rows gathered and multiplied by dg_fp8_fp4_gemm_nt
  *      (recipe (1, 1, 32)) or dg_bf16_gemm_nt, so both GEMMs give bitwise the rows of the
  *      m-grouped contiguous GEMMs on the gathered layout (batch invariance);
- *   3./4. SwiGLU, clamp, top-k weight and the activation quantisation as the reference states;
+ *   3./4. SwiGLU, clamp, top-k weight and the activation quantisation as the reference states,
+ *      the activations' UE8M0 scales handed to the L2 GEMM packed four per INT32 word (as
+ *      per_token_cast_to_fp8(..., use_ue8m0 = 1, gran_k = 32, use_packed_ue8m0 = 1) gives them:
+ *      the GEMMs fold packed power-of-two scales into A, one accumulation chain over K, where
+ *      float32 scales keep a per-block epilogue; the unfused chain that y equals bitwise passes
+ *      them packed too);
  *   6. the expert output rows are written into the source rank's combine area and summed there
  *      in slot order (the reference's combine, the one order).
  * So y is bitwise the same for any R, any thread count and any split of the tokens, and equal

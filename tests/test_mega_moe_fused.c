@@ -314,6 +314,26 @@ static int run(int R, mode m, int threads) {
 
 /* The unfused chain on public kernels: per rank, gather its experts' pairs into the m-grouped
  * contiguous layout, L1 GEMM, SwiGLU + quantisation (the reference's steps), L2 GEMM, combine. */
+/* The reference quantizer's power-of-two float scales of n elements as packed UE8M0 words
+ * (byte g of word q: block 4q + g's exponent; a partial word padded with 1.0), the form in which
+ * the fused call hands its activations' scales to the L2 GEMM (deepgemm.h). */
+static void pack_ue8m0(const float *sf, int64_t n, int32_t *words) {
+    const int64_t blocks = (n + 31) / 32;
+    for (int64_t q = 0; q < (blocks + 3) / 4; ++q) {
+        uint32_t w = 0;
+        for (int g = 0; g < 4; ++g) {
+            uint32_t e = 127; /* 1.0 */
+            if (4 * q + g < blocks) {
+                uint32_t bits;
+                memcpy(&bits, &sf[4 * q + g], 4);
+                e = (bits >> 23) & 0xffu;
+            }
+            w |= e << (8 * g);
+        }
+        words[q] = (int32_t)w;
+    }
+}
+
 static void unfused(int R, int fp8, int shared, uint16_t (*y)[H]) {
     static uint16_t sh_h[N][2 * S * I], sh_o[N][H];
     static uint8_t sh_act[N][S * I];
@@ -326,6 +346,7 @@ static void unfused(int R, int fp8, int shared, uint16_t (*y)[H]) {
     static uint8_t act[N * K][I];
     static uint16_t actb[N * K][I];
     static float act_sf[N * K][(I + 31) / 32];
+    static int32_t act_w[N * K][(I + 127) / 128], sh_w[N][(S * I + 127) / 128];
     static int src[N * K][2];
     const int64_t epr = E / R;
     memset(o, 0, sizeof o);
@@ -365,15 +386,16 @@ static void unfused(int R, int fp8, int shared, uint16_t (*y)[H]) {
                 dg_ref_mega_moe_situ(hf, I, SITU_BETA, SITU_LINEAR_BETA, g_w[src[i][0]][src[i][1]], af);
             else
                 dg_ref_mega_moe_swiglu(hf, I, dg_bf16_to_float(dg_float_to_bf16(10.0f)), g_w[src[i][0]][src[i][1]], af);
-            if (fp8)
+            if (fp8) {
                 dg_ref_mega_moe_quantize_fp8(af, I, act[i], act_sf[i], NULL);
-            else
+                pack_ue8m0(act_sf[i], I, act_w[i]);
+            } else
                 for (int k = 0; k < I; ++k)
                     actb[i][k] = dg_float_to_bf16(af[k]);
         }
         if (fp8) {
             dg_tensor a = dg_tensor_2d(act, DG_FLOAT8_E4M3, rows, I);
-            dg_tensor sa = dg_tensor_2d(act_sf, DG_FLOAT32, rows, (I + 31) / 32);
+            dg_tensor sa = dg_tensor_2d(act_w, DG_INT32, rows, (I + 127) / 128);
             TU_CHECK_OK(dg_m_grouped_fp8_fp4_gemm_nt_contiguous(&a, &sa, &l2, &l2sf, &od, &gl, &opts));
         } else {
             dg_tensor a = dg_tensor_2d(actb, DG_BFLOAT16, rows, I);
@@ -397,9 +419,10 @@ static void unfused(int R, int fp8, int shared, uint16_t (*y)[H]) {
             else
                 dg_ref_mega_moe_swiglu(hf, S * I, dg_bf16_to_float(dg_float_to_bf16(10.0f)), 1.0f, af);
             dg_ref_mega_moe_quantize_fp8(af, S * I, sh_act[t], sh_sf[t], NULL);
+            pack_ue8m0(sh_sf[t], S * I, sh_w[t]);
         }
         dg_tensor a2 = dg_tensor_2d(sh_act, DG_FLOAT8_E4M3, N, S * I);
-        dg_tensor s2 = dg_tensor_2d(sh_sf, DG_FLOAT32, N, (S * I + 31) / 32);
+        dg_tensor s2 = dg_tensor_2d(sh_w, DG_INT32, N, (S * I + 127) / 128);
         TU_CHECK_OK(dg_fp8_fp4_gemm_nt(&a2, &s2, &g_sh2, &g_sh2sf, &od, NULL, &opts));
     }
     for (int t = 0; t < N; ++t) { /* combine: the shared row first, then the slots in order */

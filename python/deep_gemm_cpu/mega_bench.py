@@ -31,7 +31,7 @@ calls of
   the local expert index of every row); on the same weights as the fused call (the PackedB's
   that transform_weights_for_mega_moe attached), ``m_grouped_fp8_fp4_gemm_nt_contiguous`` (recipe
   (1, 1, 32)) or ``m_grouped_bf16_gemm_nt_contiguous``; SwiGLU with the clamp and the top-k
-  weight in torch, ``per_token_cast_to_fp8(use_ue8m0=True, gran_k=32)``; the second grouped
+  weight in torch, ``per_token_cast_to_fp8(use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)``; the second grouped
   GEMM; the output rows sent back to their source ranks (gloo isend / irecv: each receiver
   derives from the gathered top-k which rows every peer returns, in which order) and summed
   there per token in slot order.
@@ -213,8 +213,9 @@ class Unfused:
         act = gate / (1 + torch.exp(-gate.double()).float()) * up * wts.flatten()[pairs].unsqueeze(1)
         d2 = torch.empty(M, H, dtype=BF16)
         if self.mma == 'fp8xfp4':
-            # float32 scales, as per_token_cast_to_fp8's default and the fused kernel's activations
-            aq = dg.utils.per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=32)
+            # packed UE8M0 scales, as the fused kernel hands its activations' to the L2 GEMM
+            # (folded into A: one accumulation chain over K, deepgemm.h)
+            aq = dg.utils.per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
             dg.m_grouped_fp8_fp4_gemm_nt_contiguous(aq, self.l2, d2, layout, recipe=(1, 1, 32))
         else:
             dg.m_grouped_bf16_gemm_nt_contiguous(act.to(BF16), self.l2, d2, layout)

@@ -266,7 +266,7 @@ def test_shared_experts(mma):
     gate, up = hf[:, :si].clamp(max=10.0), hf[:, si:].clamp(-10.0, 10.0)
     a = gate / (1 + torch.exp(-gate)) * up
     if mma == 'fp8xfp4':
-        dg.fp8_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32), w2, o, recipe=(1, 1, 32))
+        dg.fp8_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True), w2, o, recipe=(1, 1, 32))
     else:
         dg.bf16_gemm_nt(a.bfloat16(), w2, o)
     assert not torch.equal(fused, routed)
@@ -394,7 +394,7 @@ def test_situ_activation():
         g, u = hf[:, :si], hf[:, si:]
         a = torch.sigmoid(g) * (beta * torch.tanh(g / beta)) * (lbeta * torch.tanh(u / lbeta)) * weight[:, None]
         o = torch.empty(xq[0].shape[0], w2[0].shape[0], dtype=torch.bfloat16)
-        dg.fp8_fp4_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32), w2, o, recipe=(1, 1, 32))
+        dg.fp8_fp4_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True), w2, o, recipe=(1, 1, 32))
         return o.float()
     want = expert(x, sh[0], sh[1], torch.ones(N))
     for e in range(E):
@@ -458,7 +458,7 @@ def test_fp8_routed_weights():
             gate, up = hf[:, :I].clamp(max=10.0), hf[:, I:].clamp(-10.0, 10.0)
             a = gate / (1 + torch.exp(-gate)) * up * topk_weights[rows, j][:, None]
             o = torch.empty(len(rows), H, dtype=torch.bfloat16)
-            dg.fp8_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32), (l2[0][e], l2[1][e]), o,
+            dg.fp8_gemm_nt(per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True), (l2[0][e], l2[1][e]), o,
                            recipe=(1, 1, 32))
             want[rows] += o.float()
     assert float(dg.calc_diff(y_raw.float(), want)) < 1e-3

@@ -102,7 +102,7 @@ typedef struct wave_mem {
     void *sf_in;     /* [W, ceil(H/128)] their packed scales (fp8), or [W, H/16] floats (nvfp4) */
     uint16_t *h;     /* [W, 2I] L1 output, BF16 */
     void *act;       /* [W, I] activations: E4M3 codes (fp8), BF16, or E2M1 pairs (nvfp4) */
-    float *act_sf;   /* [W, ceil(I/32)] (fp8) or [W, I/16] (nvfp4) */
+    float *act_sf;   /* fp8: [W, ceil(I/128)] packed UE8M0 words (int32); nvfp4: [W, I/16] floats */
     uint16_t *o;     /* [W, H] L2 output, BF16 */
     float *tmp;      /* [n, 2I] L1 output as float, then [n, I] activations (n <= W) */
     float *of;       /* [W, H] L2 output as float (nvfp4) */
@@ -173,10 +173,13 @@ static dg_status layer_gemm(const expert *x, int layer, void *a_data, void *a_sf
     }
     if (x->kind == KIND_FP8) {
         opts.recipe[2] = DG_MEGA_MOE_ACT_GRAN;
-        /* layer 1 reads the token's packed UE8M0 words, layer 2 the activations' float scales */
+        /* both layers read packed UE8M0 words (four 1x32 blocks per word): the tokens' and the
+         * activations' (run_wave casts them so). Power-of-two scales given packed are folded into
+         * A's values, one accumulation chain over K; given as float32 they would keep a
+         * per-block epilogue (a row's fold cannot depend on other rows' scales), 1.6-2x slower
+         * on AMX for the L2 GEMM. */
         dg_tensor a = dg_tensor_2d(a_data, DG_FLOAT8_E4M3, n, k);
-        dg_tensor sa = layer == 1 ? dg_tensor_2d(a_sf, DG_INT32, n, dg_ceil_div(k, 128))
-                                  : dg_tensor_2d(a_sf, DG_FLOAT32, n, dg_ceil_div(k, DG_MEGA_MOE_ACT_GRAN));
+        dg_tensor sa = dg_tensor_2d(a_sf, DG_INT32, n, dg_ceil_div(k, 128));
         return p ? dg_fp8_fp4_gemm_nt_packed(&a, &sa, p, d, NULL, &opts) : dg_fp8_fp4_gemm_nt(&a, &sa, w, ws, d, NULL, &opts);
     }
     opts.recipe[2] = 16;
@@ -234,14 +237,13 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
                                               m->act_sf + i * (I / DG_MEGA_MOE_SM90_ACT_GRAN));
     }
     if (!nv && !blk) {
-        const int64_t asfc = dg_ceil_div(I, DG_MEGA_MOE_ACT_GRAN);
         dg_tensor act = dg_tensor_2d(m->act, x->kind == KIND_FP8 ? DG_FLOAT8_E4M3 : DG_BFLOAT16, n, I);
-        dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_FLOAT32, n, asfc);
+        dg_tensor act_sf = dg_tensor_2d(m->act_sf, DG_INT32, n, dg_ceil_div(I, 128)); /* packed UE8M0 */
         /* (A NaN activation: per_token_cast_to_fp8's block amax propagates it where the reference's
          * skips it, so their codes and scales differ in that block; but any NaN in a row makes
          * that row's whole L2 output NaN, so y is the same either way; tests/test_mega_moe_fused.c,
          * test_nan_activations.) */
-        const dg_status st = x->kind == KIND_FP8 ? dg_per_token_cast_to_fp8(&af_t, 1, DG_MEGA_MOE_ACT_GRAN, 0, &act, &act_sf)
+        const dg_status st = x->kind == KIND_FP8 ? dg_per_token_cast_to_fp8(&af_t, 1, DG_MEGA_MOE_ACT_GRAN, 1, &act, &act_sf)
                                                  : dg_cast(&af_t, &act);
         if (st != DG_OK)
             return step_failed(api, "activation cast", x->who);
