@@ -673,7 +673,8 @@ class OursLayer:
         return self.shared_expert(rec, x4, decode, y)
 
     def shared_expert(self, rec, x4, decode, y_routed):
-        """The shared expert (one group over all tokens) added to y_routed [T, H] BF16."""
+        """The shared expert (one group over all tokens) added to y_routed [T, H] (BF16 from the
+        Mega MoE, float32 from moe()'s combine) in float32, rounded to BF16."""
         c, W = self.c, self.W
         T, I = x4[0].shape[0], c['inter']
         if not decode:
@@ -741,27 +742,7 @@ class OursLayer:
             with rec('dispatch/combine (torch)'):
                 y = torch.zeros(T, H, dtype=F32)
                 y.index_add_(0, tok, dn[pos].float() * w_sorted)
-            # shared expert: one group over all tokens
-            Ms = (T + self.al - 1) // self.al * self.al
-            with rec('dispatch/combine (torch)'):
-                if Ms != T:
-                    ls = torch.full((Ms,), -1, dtype=torch.int32)
-                    ls[:T] = 0
-                    src = torch.zeros(Ms, dtype=torch.long)
-                    src[:T] = torch.arange(T)
-                    a = (codes8[src].view(FP8), x4[1][src])
-                else:
-                    ls = torch.zeros(T, dtype=torch.int32)
-                    a = x4
-            gu = self.grouped(rec, 'shared expert gate/up (m_grouped_fp8_fp4 contiguous)', a, W.s13, layout=ls,
-                              rows=T, active=1)
-            h = self.swiglu(rec, gu, I * c['shared'])
-            hq = self.quant(rec, h, ue8m0=True)
-            dn = self.grouped(rec, 'shared expert down (m_grouped_fp8_fp4 contiguous)', hq, W.s2, layout=ls,
-                              rows=T, active=1)
-            with rec('dispatch/combine (torch)'):
-                y += dn[:T].float()
-                return y.to(BF16)
+            return self.shared_expert(rec, x4, decode, y)
         # decoding: masked layout [E, T, .]
         with rec('dispatch/combine (torch)'):
             slot = e_sorted * T + rank
@@ -790,17 +771,7 @@ class OursLayer:
         with rec('dispatch/combine (torch)'):
             y = torch.zeros(T, H, dtype=F32)
             y.index_add_(0, tok, dn.view(E * T, H)[slot].float() * w_sorted)
-        ones = torch.tensor([T], dtype=torch.int32)
-        a = (x4[0].view(1, T, H), x4[1].view(1, T, -1))
-        gu = self.grouped(rec, 'shared expert gate/up (m_grouped_fp8_fp4 masked)', a, W.s13, masked_m=ones,
-                          expected_m=T, rows=T, active=1)
-        h = self.swiglu(rec, gu.view(T, -1), I * c['shared'])
-        hq = self.quant(rec, h, ue8m0=True)
-        dn = self.grouped(rec, 'shared expert down (m_grouped_fp8_fp4 masked)', (hq[0].view(1, T, -1),
-                          hq[1].view(1, T, -1)), W.s2, masked_m=ones, expected_m=T, rows=T, active=1)
-        with rec('dispatch/combine (torch)'):
-            y += dn.view(T, H).float()
-            return y.to(BF16)
+        return self.shared_expert(rec, x4, decode, y)
 
 
 # ---- the layer on PyTorch ops -------------------------------------------------------------------------
