@@ -322,6 +322,16 @@ static void causal_ranges(mqa_case *c) {
     }
 }
 
+/* max_k for a call: 0 (full rows), or with `compressed` the longest query range (at least 1). */
+static int compressed_max_k(const mqa_case *c, int compressed) {
+    int max_len = 0;
+    for (int64_t i = 0; i < c->s; ++i) {
+        const int len = ((int32_t *)c->tke.data)[i] - ((int32_t *)c->tks.data)[i];
+        max_len = len > max_len ? len : max_len;
+    }
+    return compressed ? (max_len > 0 ? max_len : 1) : 0;
+}
+
 /*
  * Every ISA the CPU has (AMX included), 2 and 1 threads and a repeat: against the reference
  * backend (only float rounding differs: calc_diff < 5e-6, BF16 logits 3e-5), masks equal, and
@@ -350,12 +360,7 @@ static void test_fast_vs_reference(void) {
             causal_ranges(&c);
         else
             random_ranges(&c, &rng);
-        int max_len = 0;
-        for (int64_t i = 0; i < c.s; ++i) {
-            const int len = ((int32_t *)c.tke.data)[i] - ((int32_t *)c.tks.data)[i];
-            max_len = len > max_len ? len : max_len;
-        }
-        const int max_k = cases[k].compressed ? (max_len > 0 ? max_len : 1) : 0;
+        const int max_k = compressed_max_k(&c, cases[k].compressed);
         const int64_t width = max_k > 0 ? max_k : c.sk;
         dg_tensor ref = tu_alloc2(cases[k].out, c.s, width), out[3];
         dg_set_backend(DG_BACKEND_REFERENCE);
@@ -681,12 +686,7 @@ static void test_pair_tiles(void) {
         mqa_case c;
         make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, cases[k].fmt, 0);
         random_ranges(&c, &rng);
-        int max_k = 0;
-        for (int64_t i = 0; i < c.s; ++i) {
-            const int len = ((int32_t *)c.tke.data)[i] - ((int32_t *)c.tks.data)[i];
-            max_k = len > max_k ? len : max_k;
-        }
-        max_k = cases[k].compressed ? (max_k > 0 ? max_k : 1) : 0;
+        const int max_k = compressed_max_k(&c, cases[k].compressed);
         const int64_t width = max_k ? max_k : c.sk;
         dg_tensor out[2];
         TU_CHECK_OK(dg_set_isa(DG_ISA_AVX512_BF16));
@@ -775,12 +775,7 @@ static void test_fp4_amx_matches_vnni(void) {
             qsf[i] = 0x01fe7f80u ^ (uint32_t)(i & 0x0f0f);
         for (int64_t i = 0; i < c.sk; i += 7)
             kvsf[i] = 0x7f02fd81u ^ (uint32_t)(i & 0x0f00);
-        int max_k = 0;
-        for (int64_t i = 0; i < c.s; ++i) {
-            const int len = ((int32_t *)c.tke.data)[i] - ((int32_t *)c.tks.data)[i];
-            max_k = len > max_k ? len : max_k;
-        }
-        max_k = cases[k].compressed ? (max_k > 0 ? max_k : 1) : 0;
+        const int max_k = compressed_max_k(&c, cases[k].compressed);
         const int64_t width = max_k ? max_k : c.sk;
         const dg_dtype dt = cases[k].bf16 ? DG_BFLOAT16 : DG_FLOAT32;
         const dg_isa isas[2] = {DG_ISA_AVX512_BF16, DG_ISA_AMX};

@@ -654,7 +654,7 @@ class OursLayer:
         expert on the grouped GEMMs as in moe(); y = routed + shared in float32."""
         c = self.c
         T, k = idx.shape
-        E, I, H = c['experts'], c['inter'], c['hidden']
+        I, H = c['inter'], c['hidden']
         buf = self.mega_buffer(T)
         with rec('act quant (per_token_cast_to_fp8)', nbytes=T * H * 3 + T * H // 32, kind='mem'):
             xq = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)

@@ -672,7 +672,8 @@ static int64_t amx_chunk(const dg_operand *b, const dg_scale_plan *plan, int64_t
     const bool fold = plan->fold_b && b->sf;
     /* K in whole k steps: a tail would stage its whole (long) chunk through the generic fetch.
      * The tile-loop widening spreads nibbles with VBMI's multishift (every AMX CPU so far has it). */
-    bool fused = b->fp4_dim == 1 && b->data->strides[1] == 1 && !b->grouped && b->k % 32 == 0 && dg_cpu_has_avx512_vbmi() &&
+    bool fused = b->fp4_dim == 1 && b->data->strides[1] == 1 && !b->grouped && b->k % 32 == 0 &&
+                 dg_cpu_has_avx512_vbmi() &&
                  (!fold || (b->gran_k % 32 == 0 && AMX_KC_MAX % b->gran_k == 0 && AMX_KC_MAX % plan->gblk == 0));
     int64_t want = in_place || fused ? AMX_KC_MAX : AMX_KC_WIDE;
     want = want < kp ? want : kp > 32 ? kp : 32;

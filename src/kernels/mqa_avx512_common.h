@@ -36,6 +36,11 @@ static inline void dg_mqa_transpose16(const float *src, int64_t lds, float *dst,
     }
 }
 
+/* E2M1 codes times 2 as signed bytes, by code (the table of dg_mqa_e2m1_decode32 for the integer kernels). */
+static inline __m128i dg_mqa_e2m1x2_table(void) {
+    return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+}
+
 /* 16 packed E2M1 bytes (32 elements) -> 32 bytes through a 16-entry table, element order kept
  * (element 2i is the low nibble of byte i): *e0 elements 0-15, *e1 16-31. */
 static inline void dg_mqa_e2m1_decode32(const uint8_t *src, __m128i table, __m128i *e0, __m128i *e1) {

@@ -18,7 +18,8 @@
  * Layouts (bytes). q (per token): q2[hp][d] int8 (padded heads zero), then sq[d/32][hp] floats.
  * Panel: per group g and kv tile j (16 rows), 8 quad rows of 16 x 4 bytes, tile (g, j) at
  * (g * NW/16 + j) * 512; then sk[d/32][NW] floats; then n as an int32 (the tile skips kv tiles
- * past it: sparse and paged panels are often partly filled). Rows past n are zero.
+ * past it: sparse and paged panels are often partly filled). Rows past n in the last filled
+ * kv tile are zero; kv tiles past it are neither packed nor read.
  */
 #include "../mqa_avx512_common.h"
 #include "../transpose16_avx512.h"
@@ -40,13 +41,11 @@ static const dg_amx_tilecfg kCfg = {
 
 void dg_mqa_amx_fp4_begin(void) { _tile_loadconfig(&kCfg); }
 
-static const int8_t kE2m1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
 void dg_mqa_q4_prep_amx(const uint8_t *const *rows, const uint32_t *sf, int64_t h, int64_t d, void *out) {
     const int64_t hp = dg_align(h, 16), groups = d / 32;
     int8_t *q2 = out;
     float *sq = (float *)(void *)(q2 + hp * d);
-    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)kE2m1x2);
+    const __m128i table = dg_mqa_e2m1x2_table();
     for (int64_t hh = 0; hh < hp; ++hh)
         for (int64_t g = 0; g < groups; ++g) {
             __m128i e0 = _mm_setzero_si128(), e1 = _mm_setzero_si128();
@@ -75,8 +74,9 @@ void dg_mqa_kv4_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n, 
     const int64_t groups = d / 32;
     uint8_t *kv = panel;
     float *sk = (float *)(void *)(kv + (int64_t)NW * d);
-    const __m128i table = _mm_loadu_si128((const __m128i *)(const void *)kE2m1x2);
-    for (int j = 0; j < NJ; ++j)
+    const __m128i table = dg_mqa_e2m1x2_table();
+    const int nj = (n + 15) / 16; /* kv tiles past the rows are never loaded (dg_mqa_tile4_amx) */
+    for (int j = 0; j < nj; ++j)
         for (int64_t g = 0; g < groups; g += 2) {
             __m512i v[16], t[16];
             for (int r = 0; r < 16; ++r)

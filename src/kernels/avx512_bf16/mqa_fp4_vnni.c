@@ -46,7 +46,7 @@ void dg_mqa_kv4_pack_vnni(const uint8_t *const *rows, const uint32_t *sf, int n,
     int8_t *kv = panel;
     int32_t *u = (int32_t *)(void *)(kv + NW * d);
     float *sk = (float *)(u + NW * groups);
-    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i table = dg_mqa_e2m1x2_table();
     const __m128i bias = _mm_set1_epi8((char)0x80), zero = _mm_setzero_si128();
     for (int r = 0; r < n; ++r)
         for (int64_t g = 0; g < groups; ++g) {
