@@ -337,7 +337,8 @@ DG_API dg_status dg_calc_diff(const dg_tensor *x, const dg_tensor *y, double *ou
  * FP8 and FP4 widened to BF16): K is cut into blocks of 128 (or of the scale block when that is
  * shorter); each block is a float32 FMA chain from 0, the blocks' sums are added in order
  * (times the block's scales, if any), then D = round(C + sum); einsum 'bmk,bnk->mn', whose K
- * runs over the whole batch, first adds runs of 16 block sums into group sums. Short chains keep
+ * runs over the whole batch, first adds runs of 16 block sums into group sums (BF16 einsum on
+ * AMX adds its block sums in float64 instead: dg_einsum). Short chains keep
  * the rounding error several times below one chain over K (README, "Accuracy"); the block is a
  * constant, so a row's bits depend on neither M, the thread count nor the CPU within an ISA level.
  */
@@ -987,6 +988,12 @@ DG_API dg_status dg_mega_mhc(const dg_tensor *x, const dg_tensor *residual, cons
  *                   For these two, every tensor needs unit stride in its last dimension; other
  *                   strides are free (b may be a slice such as fy[:, :, :R]).
  * Any other expression gives DG_ERR_VALUE. (DeepGEMM's use_cublaslt flag has no CPU meaning.)
+ * Numerics: the dense GEMMs' blocks of 128 (above; 'bmk,bnk->mn' with its group sums). On AMX
+ * each block is one tile chain and the block sums are added in float64 (per 512 k of the
+ * contraction ((b0 + b1) + (b2 + b3)), absent blocks left out, then in order), rounded to
+ * float32 once, then D = round(c + sum): more accurate than the dense GEMMs' one tile chain
+ * there, and than PyTorch's BF16 einsum on upstream's cases (README, "Accuracy"), at some
+ * speed on long contractions. Deterministic and batch-invariant on every level.
  */
 DG_API dg_status dg_einsum(const char *expr, const dg_tensor *a, const dg_tensor *b, const dg_tensor *d,
                            const dg_tensor *c);

@@ -2,8 +2,10 @@
  * test_einsum_engine.c - dg_einsum / dg_fp8_einsum on the engine (src/engine/batched.c and
  * per-group dg_engine_gemm) against the reference backend: every form, odd shapes, strided
  * views, C accumulation, each ISA level and kernel, and bitwise determinism across thread
- * counts and calls; at every variant, each einsum equals the dense GEMM of the same views bit
- * for bit (the engine's one order per configuration: AMX has its own, engine.h).
+ * counts and calls; at every variant below AMX, each einsum equals the dense GEMM of the same
+ * views bit for bit (the engine's one order); on AMX, where BF16 einsum adds its blocks in
+ * float64 (batched.h), it equals that order built from dense GEMMs over its K blocks
+ * (common/amx_einsum_model.h). fp8_einsum equals the dense GEMMs on every variant.
  *
  * Tolerances. The reference sums exactly (double) and rounds once; the engine accumulates in
  * float32. Element-wise: |engine - reference| <= (T + 4) * 2^-24 * sum|a*b| + |C| * 2^-23
@@ -13,6 +15,7 @@
  * may round to the neighbouring BF16 value; DeepGEMM's own tests allow 1e-5 for bmk,bnk->mn).
  */
 #include "test_util.h"
+#include "common/amx_einsum_model.h"
 #include "engine/batched.h"
 #include "engine/engine.h"
 
@@ -125,7 +128,7 @@ static const variant kVariants[] = {
 /* A call on one output tensor, fixed inputs. */
 typedef dg_status (*call_fn)(const void *ctx, const dg_tensor *d, bool abs_inputs);
 /* Checks d (the call's result under the current variant) against the dense GEMMs of the same
- * views under that variant; NULL: no dense equivalent. */
+ * views under that variant (on AMX: the float64 order built from them); NULL: none. */
 typedef void (*dense_fn)(const void *ctx, const dg_tensor *d, const char *what);
 
 /*
@@ -200,7 +203,27 @@ static dg_status bmk_call(const void *p, const dg_tensor *d, bool abs_in) {
     return dg_einsum("bmk,bnk->mn", abs_in ? &x->aa : &x->a, abs_in ? &x->ab : &x->b, d, c);
 }
 
-/* One segment (S = 1): the dense engine GEMM with the same C, bit for bit. */
+/* The AMX order's D for A [M, K], B [N, K] views: the model's totals, then D = round(C + total)
+ * (C: FLOAT32 [M, N] or NULL) into g, g's dtype. */
+static void amx_model_d(const dg_tensor *a, const dg_tensor *b, const dg_tensor *c, dg_tensor *g) {
+    const int64_t m = a->shape[0], n = b->shape[0];
+    float *t = malloc((size_t)(m * n + 1) * sizeof(float));
+    TU_CHECK(t != NULL, "out of memory");
+    if (!t)
+        return;
+    tu_amx_einsum_model(a, b, t);
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            const float v = c ? ((const float *)c->data)[i * c->strides[0] + j] + t[i * n + j] : t[i * n + j];
+            if (g->dtype == DG_BFLOAT16)
+                ((uint16_t *)g->data)[i * g->strides[0] + j] = dg_float_to_bf16(v);
+            else
+                ((float *)g->data)[i * g->strides[0] + j] = v;
+        }
+    free(t);
+}
+
+/* One segment (S = 1): the dense engine GEMM with the same C, bit for bit (AMX: its model). */
 static void bmk_dense(const void *p, const dg_tensor *d, const char *what) {
     const bmk_ctx *x = p;
     const int64_t m = x->a.shape[1], n = x->b.shape[1], k = x->a.shape[2];
@@ -208,8 +231,11 @@ static void bmk_dense(const void *p, const dg_tensor *d, const char *what) {
         return;
     dg_tensor g = tu_alloc2(d->dtype, m, n);
     const dg_tensor a2 = dg_tensor_2d(x->a.data, DG_BFLOAT16, m, k), b2 = dg_tensor_2d(x->b.data, DG_BFLOAT16, n, k);
-    TU_CHECK_OK(dg_bf16_gemm_nt(&a2, &b2, &g, x->c || x->in_place ? x->c0 : NULL));
-    TU_CHECK(memcmp(g.data, d->data, (size_t)(m * n) * dg_dtype_size(d->dtype)) == 0, "%s: equals dg_bf16_gemm_nt",
+    if (dg_get_isa() == DG_ISA_AMX)
+        amx_model_d(&a2, &b2, x->c || x->in_place ? x->c0 : NULL, &g);
+    else
+        TU_CHECK_OK(dg_bf16_gemm_nt(&a2, &b2, &g, x->c || x->in_place ? x->c0 : NULL));
+    TU_CHECK(memcmp(g.data, d->data, (size_t)(m * n) * dg_dtype_size(d->dtype)) == 0, "%s: equals dg_bf16_gemm_nt (AMX: its float64 order)",
              what);
     tu_free(&g);
 }
@@ -258,7 +284,8 @@ static dg_status heads_call(const void *p, const dg_tensor *d, bool abs_in) {
     return dg_einsum(h->expr, abs_in ? &h->ax : &h->x, abs_in ? &h->ay : &h->y, d, NULL);
 }
 
-/* Each head is the dense engine GEMM of its 2-D views, bit for bit (the same order). */
+/* Each head is the dense engine GEMM of its 2-D views, bit for bit (the same order; on AMX
+ * the float64 order built from dense GEMMs over its K blocks). */
 static void heads_dense(const void *p, const dg_tensor *z, const char *what) {
     const heads_ctx *c = p;
     const bool bhd_out = strcmp(c->expr, "bhr,hdr->bhd") == 0;
@@ -275,12 +302,16 @@ static void heads_dense(const void *p, const dg_tensor *z, const char *what) {
             bh.strides[0] = c->y.strides[1];
         else
             bh.strides[0] = 1, bh.strides[1] = c->y.strides[1];
-        TU_CHECK_OK(dg_bf16_gemm_nt(&ah, &bh, &g, NULL));
+        if (dg_get_isa() == DG_ISA_AMX)
+            amx_model_d(&ah, &bh, NULL, &g);
+        else
+            TU_CHECK_OK(dg_bf16_gemm_nt(&ah, &bh, &g, NULL));
         for (int64_t i = 0; i < bb; ++i)
             head_bad += memcmp((uint16_t *)g.data + i * zn, (uint16_t *)z->data + i * z->strides[0] + hh * z->strides[1],
                                (size_t)zn * 2) != 0;
     }
-    TU_CHECK(head_bad == 0, "%s: every head equals dg_bf16_gemm_nt on its views (%d rows differ)", what, head_bad);
+    TU_CHECK(head_bad == 0, "%s: every head equals dg_bf16_gemm_nt on its views (AMX: the float64 order built "
+             "from it; %d rows differ)", what, head_bad);
     tu_free(&g);
 }
 

@@ -31,9 +31,10 @@
 #define ONES8 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f
 static const float kOnes[32] = {ONES8, ONES8, ONES8, ONES8};
 
-/* K block on AMX: longer than the configuration's KC (tuned for the dense loops) since each
- * unit re-packs its panels and re-loads its C tiles per block; a multiple of 32. */
-#define BATCHED_AMX_KC 512
+/* K chunk on AMX: longer than the configuration's KC (tuned for the dense loops) since each
+ * unit re-packs its panels per chunk; one float64 run of BF16 views (batched.h), so that runs
+ * start at multiples of DG_F64_RUN blocks of K' whatever the chunk loop does. */
+#define BATCHED_AMX_KC (DG_F64_RUN * DG_ACC_BLOCK)
 /* Outputs at least this large are written with non-temporal stores: the heads forms write
  * up to hundreds of MB once, and ordinary stores would first read every line (RFO). */
 #define BATCHED_STREAM_BYTES ((int64_t)8 << 20)
@@ -50,6 +51,7 @@ typedef struct bjob {
     int64_t ngroups;
     size_t abytes, bbytes, cbytes, sbytes, fbytes; /* per-thread memory: panels, C, staging, scales */
     size_t gbytes;              /* per-thread group sums (segments: batched.h, DG_ACC_GROUP), or 0 */
+    size_t dbytes;              /* per-thread float64 sums (AMX, BF16 views: cfg->ukr_f64), or 0 */
     int stream;                 /* D written with non-temporal stores */
     int tile_major;             /* units ordered tile by tile (all groups of a tile together) */
     int64_t pf_bytes;           /* the most operand bytes of a chunk that pf_plan prefetches */
@@ -506,15 +508,18 @@ static void add_tile(float *ct, const float *gt, int64_t ldc, int mr, int nr) {
 }
 
 /* One unit; next: the unit this thread runs after it (prefetched), or NULL. gbuf: the group
- * sums' buffer (like cbuf) when K runs over segments, else NULL. */
+ * sums' buffer (like cbuf) when K runs over segments, else NULL. dbuf: the float64 totals (like
+ * cbuf, in doubles) between the chunks of the AMX order for BF16 views (batched.h), or NULL
+ * (no such order, or K' in one chunk). */
 static void run_unit(const bjob *j, const bunit *u, const bunit *next, char *apack, char *bpack, float *cbuf,
-                     uint16_t *stage, float *scales, float *gbuf) {
+                     uint16_t *stage, float *scales, float *gbuf, double *dbuf) {
     const dg_bgemm *p = j->p;
     const int64_t g = u->g, m0 = u->m0, rows = u->rows, n0 = u->n0, cols = u->cols;
     const dg_engine_cfg *cfg = j->cfg;
     const int mr = cfg->mr, nr = cfg->nr;
     const int64_t mpan = dg_ceil_div(rows, mr), npan = dg_ceil_div(cols, nr), ldc = j->nc;
     const int64_t ktot = p->ops ? 0 : p->segs * j->kp;
+    const bool f64 = !p->ops && cfg->ukr_f64; /* the AMX order of BF16 views (batched.h) */
     dg_tensor dv = *p->d, cv;
     dv.data = (char *)p->d->data + (size_t)(g * p->dg) * dg_dtype_size(p->d->dtype);
     if (p->c) {
@@ -525,7 +530,7 @@ static void run_unit(const bjob *j, const bunit *u, const bunit *next, char *apa
         cfg->ukr_begin();
     if (p->ops)
         run_unit_ops(j, u, next, apack, bpack, cbuf, stage, scales);
-    else
+    else if (!f64 || ktot == 0) /* the float64 order writes cbuf on its last chunk */
         memset(cbuf, 0, (size_t)(mpan * mr * ldc) * sizeof(float));
     int rt; /* the last A panel's rows and kernel (dg_engine_tail_kernel) */
     const dg_ukr_fn tail = dg_engine_tail_kernel(cfg, rows - (mpan - 1) * mr, &rt);
@@ -544,9 +549,10 @@ static void run_unit(const bjob *j, const bunit *u, const bunit *next, char *apa
                 float *ct = cbuf + ir * mr * ldc + jr * nr, *gt = gbuf ? gbuf + ir * mr * ldc + jr * nr : NULL;
                 const int r = ir == mpan - 1 ? rt : mr;
                 const dg_ukr_fn ukr = ir == mpan - 1 ? tail : cfg->ukr;
-                if (cfg->amx && !gt) { /* one tile chain over K (engine.h); K over segments keeps its groups */
-                    ukr(kc, apack + (size_t)(ir * kc * mr) * j->es, bp0 + (size_t)(jr * kc * nr) * j->es, ct, ldc,
-                        DG_UKR_ACC, kOnes, kOnes);
+                if (f64) { /* AMX: the chunk is one run of blocks, added in float64 (batched.h) */
+                    const int flags = (q0 == 0 ? DG_F64_FIRST : 0) | (q0 + kc == ktot ? DG_F64_LAST : 0);
+                    cfg->ukr_f64(kc, apack + (size_t)(ir * kc * mr) * j->es, bp0 + (size_t)(jr * kc * nr) * j->es,
+                                 dbuf ? dbuf + ir * mr * ldc + jr * nr : NULL, ct, ldc, flags);
                     continue;
                 }
                 for (int64_t b0 = 0; b0 < kc; b0 += DG_ACC_BLOCK) { /* kcb is a multiple of the block */
@@ -639,7 +645,9 @@ static void job_init(bjob *j, const dg_bgemm *p, const dg_engine_cfg *cfg, const
     j->cbytes = (size_t)dg_align(j->mc * j->nc * (int64_t)sizeof(float), 64);
     j->sbytes = p->ops ? (size_t)dg_align(32 * kc * 2, 64) : 0; /* staging rows */
     j->fbytes = (size_t)dg_align((j->mc + j->nc) * nb * (int64_t)sizeof(float), 64);
-    j->gbytes = !p->ops && p->segs > 1 ? j->cbytes : 0;
+    /* float64 totals between chunks: none when K' is one chunk */
+    j->dbytes = !p->ops && cfg->ukr_f64 && p->segs * j->kp > j->kcb ? 2 * j->cbytes : 0;
+    j->gbytes = !p->ops && p->segs > 1 && !cfg->ukr_f64 ? j->cbytes : 0;
 #ifdef BATCHED_NT
     j->stream = ngroups * p->m * p->n * (int64_t)dg_dtype_size(p->d->dtype) >= BATCHED_STREAM_BYTES;
 #endif
@@ -658,7 +666,7 @@ static void job_init(bjob *j, const dg_bgemm *p, const dg_engine_cfg *cfg, const
 }
 
 static size_t job_per_thread(const bjob *j) {
-    return j->abytes + j->bbytes + j->cbytes + j->sbytes + j->fbytes + j->gbytes;
+    return j->abytes + j->bbytes + j->cbytes + j->sbytes + j->fbytes + j->gbytes + j->dbytes;
 }
 
 /* Unit u in the job's order (tile_major: all groups of a tile together). */
@@ -694,13 +702,14 @@ static void job_run(const bjob *j, char *mem, size_t per) {
         }
         char *base = mem + per * (size_t)tid;
         char *cb = base + j->abytes + j->bbytes, *sb = cb + j->cbytes, *gb = sb + j->sbytes + j->fbytes;
+        char *db = gb + j->gbytes; /* 64-byte aligned, as every part */
         int64_t cur = tid, next;
         while (cur < units) {
 #pragma omp atomic capture
             next = counter++;
             const bunit u = unit_at(j, cur), nu = next < units ? unit_at(j, next) : u;
             run_unit(j, &u, next < units ? &nu : NULL, base, base + j->abytes, (float *)cb, (uint16_t *)sb,
-                     (float *)(sb + j->sbytes), j->gbytes ? (float *)gb : NULL);
+                     (float *)(sb + j->sbytes), j->gbytes ? (float *)gb : NULL, j->dbytes ? (double *)db : NULL);
             cur = next;
         }
     }

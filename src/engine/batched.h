@@ -20,14 +20,25 @@
  * into a group sum (from the run's first block), and the group sums in order into the total;
  * a single chain of block sums lets rounding error grow with the number of blocks (measured
  * with upstream's S = 129, K = 384, BF16 outputs: about half as many outputs one BF16 step
- * from the exactly rounded result). Then D = round(C + total). On an AMX configuration the same with the tile kernel's steps: each
- * segment's K padded to 32 with zeros, one TDPBF16PS accumulation per k step of 32 within a
- * block (engine.h); with S = 1 and no unfolded scales one tile chain over all of K' instead of
- * blocks, as engine.h has it (S > 1 keeps blocks and groups). With S = 1 this is exactly the order of
- * dg_engine_gemm on the same configuration (dg_engine_config_for: the fallback's order for
- * groups whose scale blocks are not whole tile steps). Threads take whole output tiles of
- * whole groups and never split K, so the bits depend on neither the tiling nor the
- * thread count.
+ * from the exactly rounded result). Then D = round(C + total). With S = 1 this is exactly
+ * the order of dg_engine_gemm on the same configuration.
+ * On an AMX configuration, BF16 views (ops NULL) have an order of their own, more accurate
+ * than dg_engine_gemm's one tile chain over K: each segment's K padded to 32 with zeros, K'
+ * cut into blocks of DG_ACC_BLOCK as above, each block a tile chain from zero (one TDPBF16PS
+ * per k step of 32, engine.h) rounded to float32; consecutive runs of DG_F64_RUN = 4 blocks
+ * (K' positions [512 r, 512 r + 512)) summed in float64 as ((b0 + b1) + (b2 + b3)), blocks
+ * past K' left out; the run sums added in order into a float64 total (the first run starts
+ * it); the total rounded to float32 once, then D = round(C + total). No groups. Measured on
+ * upstream's einsum cases (python -m deep_gemm_cpu.accuracy, Sapphire Rapids, 2^24 outputs per
+ * case): at most 0.0077% of outputs one BF16 step from the exactly rounded result, against up
+ * to 0.0175% with one tile chain over K and 0.0258% for PyTorch 2.13. The float64 adds cost: the long
+ * contractions (K' of several chunks) take up to 40% longer than one tile chain did (AMX
+ * products and AVX-512 work do not overlap, kernels/amx/ukr_bf16_amx.c; and the totals kept
+ * between chunks), K' of one chunk 0-10%, K' of one block nothing (stored from the tiles).
+ * Operands with scales (ops) follow dg_engine_gemm per group on AMX as everywhere
+ * (dg_engine_config_for: the fallback's order for groups whose scale blocks are not whole tile
+ * steps). Threads take whole output tiles of whole groups and never split K, so the bits
+ * depend on neither the tiling nor the thread count.
  * Parallelism covers groups and tiles together: many small per-group GEMMs keep every thread
  * busy (each thread packs the panels of its own tiles).
  */

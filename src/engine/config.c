@@ -99,7 +99,8 @@ static const dg_engine_cfg kCfg[] = {
                     dg_pack_bf16_kmajor_avx512, dg_pack_bf16_mnmajor_avx512,
                     dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, {NULL},
                     .amx = 1, .fallback = DG_ISA_AVX512_BF16, .ukr_begin = dg_ukr_bf16_amx_begin,
-                    .pack_amx_a_mn = dg_pack_bf16_mn_amx_a_avx512, .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512},
+                    .pack_amx_a_mn = dg_pack_bf16_mn_amx_a_avx512, .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512,
+                    .ukr_f64 = dg_ukr_bf16_amx_f64},
 #endif
 #else
     [DG_ISA_AVX2] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},

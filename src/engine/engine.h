@@ -61,10 +61,12 @@
  * Rapids, 2 threads, M = 4096: N 2112 K 7168 98-111 -> 88-91 ms); a step adds 32 products, so
  * the chain is K/32 roundings long, and outputs one BF16 step off the exactly rounded result
  * measured 0.024% against the blocks' 0.012% at K = 4096 and 7168 (PyTorch's BF16 matmul
- * 0.020-0.028%). Einsum whose K runs over segments keeps its groups (batched.h). Every path of
- * an AMX configuration (large M, small M, pre-packed, grouped, einsum) follows this, so a row
- * has the same bits whatever M, the tiling or the thread count; bits differ from the other ISA
- * levels. Scale blocks that are not whole k steps (gblk % 32 != 0) run on the fallback.
+ * 0.020-0.028%). Every path of an AMX configuration (large M, small M, pre-packed, grouped)
+ * follows this, so a row has the same bits whatever M, the tiling or the thread count; bits
+ * differ from the other ISA levels. The BF16 einsum is the exception: it keeps blocks of
+ * DG_ACC_BLOCK, each a tile chain from zero, and adds their sums in float64 (batched.h), to be
+ * at least as accurate as PyTorch's einsum on upstream's cases. Scale blocks that are not
+ * whole k steps (gblk % 32 != 0) run on the fallback.
  *
  * ---- Microkernel contract ---------------------------------------------------------------
  * One MR x NR tile of a float32 buffer c (row stride ldc), over kc (even) k of packed panels:
@@ -117,6 +119,10 @@ typedef enum dg_ukr_mode { DG_UKR_ZERO = 0, DG_UKR_ACC = 1, DG_UKR_SCALE = 2 } d
  * caches; every cache block (KC, slices, AMX chunks) is a multiple of it. DeepGEMM's FP8
  * kernels promote their tensor-core sums to float32 every 128 k as well. */
 #define DG_ACC_BLOCK 128
+/* Blocks per run of the BF16 einsum's float64 order on AMX (batched.h); the kernel
+ * (dg_engine_cfg.ukr_f64) adds them as ((b0 + b1) + (b2 + b3)), so this is 4. */
+#define DG_F64_RUN 4
+enum { DG_F64_FIRST = 1, DG_F64_LAST = 2 }; /* flags of dg_engine_cfg.ukr_f64 */
 /* The K block of an operand pair with K = k: DG_ACC_BLOCK cut down to a divisor of each
  * unfolded scale block shorter than K (gran 0: that operand has none; a block covering all of
  * K constrains nothing); odd when such a scale block is odd (the engine declines). */
@@ -309,6 +315,11 @@ typedef struct dg_engine_cfg {
      * row's scale blocks in one call, the same bits (NULL: one widen_e2m1 call per block). */
     void (*widen_e2m1_blocks)(const uint8_t *src, int64_t n, int64_t first, int64_t blk, const float *scales,
                               uint16_t *out);
+    /* AMX: one run of the BF16 einsum's float64 order (batched.h) over kc <= DG_F64_RUN *
+     * DG_ACC_BLOCK k on an MR x NR tile: the float64 total in c (DG_F64_FIRST: from +0, c not
+     * read), or with DG_F64_LAST rounded to float32 into out instead (c not written); both of
+     * row stride ldc. NULL elsewhere. */
+    void (*ukr_f64)(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags);
 } dg_engine_cfg;
 
 /* The packed format of A (the MR-row operand) under configuration cfg. */
@@ -382,6 +393,7 @@ void dg_ukr_f32_avx512(int64_t kc, const void *a, const void *b, float *c, int64
 void dg_ukr_bf16_amx_begin(void);
 void dg_ukr_bf16_amx(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode, const float *sa,
                      const float *sb);
+void dg_ukr_bf16_amx_f64(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags);
 void dg_ukr_bf16_avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                             const float *sa, const float *sb);
 /* AMX small-M kernels (src/kernels/amx/smallm_amx.c; x86-64 only), after dg_amx_small_begin.

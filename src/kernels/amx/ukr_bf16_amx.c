@@ -90,3 +90,50 @@ void dg_ukr_bf16_amx(int64_t kc, const void *a, const void *b, float *c, int64_t
                      const float *sb) {
     ukr_body(kc, a, b, c, ldc, mode, sa, sb);
 }
+
+static inline __m512d lo_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+static inline __m512d hi_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
+
+/* One run of the BF16 einsum's float64 order (engine/batched.h): up to DG_F64_RUN blocks of
+ * DG_ACC_BLOCK k (kc <= DG_F64_RUN * DG_ACC_BLOCK, a multiple of 32), each a tile chain from
+ * zero stored as float32 (a tile store costs next to nothing here: measured); then per element
+ * run = ((b0 + b1) + (b2 + b3)) in float64 and total = first ? run : c + run, kept in c, or on
+ * the last run rounded to float32 into out. Absent blocks and the first run's missing total
+ * are -0, the exact identity of IEEE addition (+0 would turn a -0 sum into +0), so they are
+ * not added at all: a call of one block and of both flags is that block's chain itself, stored
+ * straight from the tiles. The vector work is what costs (tile products
+ * and AVX-512 work do not overlap on Sapphire Rapids: interleaving them was measured), so the
+ * run shares one float64 read-modify-write among its blocks; two floats add exactly in
+ * float64, so only (b01 + b23) and the add into the total round, 2^29 times finer than a
+ * float32 add. */
+void dg_ukr_bf16_amx_f64(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags) {
+    const int nb = (int)((kc + DG_ACC_BLOCK - 1) / DG_ACC_BLOCK);
+    if (nb == 1 && flags == (DG_F64_FIRST | DG_F64_LAST)) {
+        ukr_body(kc, a, b, out, ldc, DG_UKR_ZERO, NULL, NULL);
+        return;
+    }
+    float acc[DG_F64_RUN][32 * 32] __attribute__((aligned(64)));
+    for (int q = 0; q < nb; ++q) {
+        const int64_t k0 = (int64_t)q * DG_ACC_BLOCK, len = kc - k0 < DG_ACC_BLOCK ? kc - k0 : DG_ACC_BLOCK;
+        ukr_body(len, (const uint16_t *)a + k0 * 32, (const uint16_t *)b + k0 * 32, acc[q], 32, DG_UKR_ZERO, NULL,
+                 NULL);
+    }
+    for (int r = 0; r < 32; ++r)
+        for (int h = 0; h < 32; h += 16) {
+            __m512 v[DG_F64_RUN];
+            for (int q = 0; q < DG_F64_RUN; ++q)
+                v[q] = q < nb ? _mm512_load_ps(acc[q] + 32 * r + h) : _mm512_set1_ps(-0.0f);
+            __m512d lo = _mm512_add_pd(_mm512_add_pd(lo_pd(v[0]), lo_pd(v[1])), _mm512_add_pd(lo_pd(v[2]), lo_pd(v[3])));
+            __m512d hi = _mm512_add_pd(_mm512_add_pd(hi_pd(v[0]), hi_pd(v[1])), _mm512_add_pd(hi_pd(v[2]), hi_pd(v[3])));
+            double *cr = c + r * ldc + h;
+            if (!(flags & DG_F64_FIRST))
+                lo = _mm512_add_pd(_mm512_loadu_pd(cr), lo), hi = _mm512_add_pd(_mm512_loadu_pd(cr + 8), hi);
+            if (flags & DG_F64_LAST) {
+                _mm256_storeu_ps(out + r * ldc + h, _mm512_cvtpd_ps(lo));
+                _mm256_storeu_ps(out + r * ldc + h + 8, _mm512_cvtpd_ps(hi));
+            } else {
+                _mm512_storeu_pd(cr, lo);
+                _mm512_storeu_pd(cr + 8, hi);
+            }
+        }
+}
