@@ -125,15 +125,16 @@ void dg_ukr_bf16_amx_f64(int64_t kc, const void *a, const void *b, double *c, fl
                 v[q] = q < nb ? _mm512_load_ps(acc[q] + 32 * r + h) : _mm512_set1_ps(-0.0f);
             __m512d lo = _mm512_add_pd(_mm512_add_pd(lo_pd(v[0]), lo_pd(v[1])), _mm512_add_pd(lo_pd(v[2]), lo_pd(v[3])));
             __m512d hi = _mm512_add_pd(_mm512_add_pd(hi_pd(v[0]), hi_pd(v[1])), _mm512_add_pd(hi_pd(v[2]), hi_pd(v[3])));
-            double *cr = c + r * ldc + h;
-            if (!(flags & DG_F64_FIRST))
+            if (!(flags & DG_F64_FIRST)) { /* c is NULL when the call is the only run: not touched */
+                const double *cr = c + r * ldc + h;
                 lo = _mm512_add_pd(_mm512_loadu_pd(cr), lo), hi = _mm512_add_pd(_mm512_loadu_pd(cr + 8), hi);
+            }
             if (flags & DG_F64_LAST) {
                 _mm256_storeu_ps(out + r * ldc + h, _mm512_cvtpd_ps(lo));
                 _mm256_storeu_ps(out + r * ldc + h + 8, _mm512_cvtpd_ps(hi));
             } else {
-                _mm512_storeu_pd(cr, lo);
-                _mm512_storeu_pd(cr + 8, hi);
+                _mm512_storeu_pd(c + r * ldc + h, lo);
+                _mm512_storeu_pd(c + r * ldc + h + 8, hi);
             }
         }
 }
