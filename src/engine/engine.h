@@ -316,9 +316,9 @@ typedef struct dg_engine_cfg {
     void (*widen_e2m1_blocks)(const uint8_t *src, int64_t n, int64_t first, int64_t blk, const float *scales,
                               uint16_t *out);
     /* AMX: one run of the BF16 einsum's float64 order (batched.h) over kc <= DG_F64_RUN *
-     * DG_ACC_BLOCK k on an MR x NR tile: the float64 total in c (DG_F64_FIRST: from +0, c not
-     * read), or with DG_F64_LAST rounded to float32 into out instead (c not written); both of
-     * row stride ldc. NULL elsewhere. */
+     * DG_ACC_BLOCK k on an MR x NR tile: the float64 total in c (DG_F64_FIRST: the run starts
+     * it, c not read), or with DG_F64_LAST rounded to float32 into out instead (c not written;
+     * NULL when the call is the only run); both of row stride ldc. NULL elsewhere. */
     void (*ukr_f64)(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags);
 } dg_engine_cfg;
 

@@ -101,11 +101,10 @@ static inline __m512d hi_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32
  * the last run rounded to float32 into out. Absent blocks and the first run's missing total
  * are -0, the exact identity of IEEE addition (+0 would turn a -0 sum into +0), so they are
  * not added at all: a call of one block and of both flags is that block's chain itself, stored
- * straight from the tiles. The vector work is what costs (tile products
- * and AVX-512 work do not overlap on Sapphire Rapids: interleaving them was measured), so the
- * run shares one float64 read-modify-write among its blocks; two floats add exactly in
- * float64, so only (b01 + b23) and the add into the total round, 2^29 times finer than a
- * float32 add. */
+ * straight from the tiles. The vector work is what costs (tile products and AVX-512 work do not
+ * overlap on Sapphire Rapids: interleaving them was measured), so the run shares one float64
+ * read-modify-write among its blocks; two floats add exactly in float64, so only (b01 + b23)
+ * and the add into the total round, 2^29 times finer than a float32 add. */
 void dg_ukr_bf16_amx_f64(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags) {
     const int nb = (int)((kc + DG_ACC_BLOCK - 1) / DG_ACC_BLOCK);
     if (nb == 1 && flags == (DG_F64_FIRST | DG_F64_LAST)) {
