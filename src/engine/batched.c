@@ -12,7 +12,8 @@
  * so there is little to share, and no barrier is needed between groups.
  * Configurations: the current ISA level's (dg_engine_config_for per group), so on AMX the
  * panels are DG_PACK_AMX_A / DG_PACK_AMX_B with K padded to 32 and the tile kernel runs, as
- * in dg_engine_gemm (each group's bits are those of the dense GEMM of its views).
+ * in dg_engine_gemm. Each group's bits are those of the dense GEMM of its views, except BF16
+ * views on AMX: there each K chunk is one run of the float64 order (cfg->ukr_f64, batched.h).
  */
 #include "batched.h"
 
