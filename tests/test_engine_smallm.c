@@ -83,13 +83,13 @@ static double diff_vs_exact(const top *a, int64_t r0, const top *b, const dg_ten
 /* Special contents: B for the decode kernels' fallbacks; tiny BF16 A and B whose products and
  * partial sums are float32 denormals (flushed by VDPBF16PS: the small-M path must flush the same). */
 enum { PLAIN = 0, NAN_CODES = 1, BIG_SCALES = 2, TINY_VALUES = 3, HUGE_SCALES = 4, TINY_SCALES = 5, EDGE_HIGH = 6,
-       EDGE_LOW = 7, ODD_SCALE = 8, ODD_SCALE_TAIL = 9 };
+       EDGE_LOW = 7, ODD_SCALE = 8, ODD_SCALE_TAIL = 9, SUBNORMAL_CODES = 10 };
 /* ODD_SCALE / ODD_SCALE_TAIL: float32 powers of two but one scale times 1 + 2^-10, in a row of a whole
  * 16-row block (row 40) or in the last row: B's scales then cannot be folded, which the AMX
  * small-M path, assuming they can (dg_engine_gemm_small_assume_pow2), finds out mid-call. */
 /* EDGE_HIGH / EDGE_LOW: the largest and smallest folded E2M1 scales the AVX-512 BF16 decode
  * kernels take on their fast path (2^125 and 2^-100: the ends of their exponent arithmetic). */
-static const uint32_t kSpecialScaleByte[10] = {0, 0, 147u, 0, 253u, 20u, 252u, 27u, 0, 0};
+static const uint32_t kSpecialScaleByte[11] = {0, 0, 147u, 0, 253u, 20u, 252u, 27u, 0, 0, 0};
 
 /* Every BF16 value of x times 2^-64 (exactly: the exponent field lowered; below the normal
  * range the value becomes a signed zero), so that products fall around 2^-128. */
@@ -106,6 +106,15 @@ static void make_tiny(top *x) {
 static void put_nans(top *b) {
     for (int64_t i = 0; i < b->mn; i += 3)
         ((uint8_t *)b->mem)[i * b->t.strides[0] + (i * 7) % b->k] = (uint8_t)(i & 1 ? 0xff : 0x7f);
+}
+
+/* SUBNORMAL_CODES: E4M3 zeros and subnormals (S.0000.mmm, both signs) at every other k of the
+ * first half of K, none in the second: the AVX2 / AVX-512 staging converts steps holding one
+ * without multiplying a subnormal float (decode_avx512.c), the others by the product. */
+static void put_subnormals(top *b) {
+    for (int64_t i = 0; i < b->mn; ++i)
+        for (int64_t kk = 0; kk < b->k / 2; kk += 2)
+            ((uint8_t *)b->mem)[i * b->t.strides[0] + kk] = (uint8_t)(((i + kk) % 8) | ((i + kk / 2) % 2 ? 0x80 : 0));
 }
 
 /* A packed UE8M0 scale (byte: 147 = 2^20, 253 = 2^126, 20 = 2^-107) for the first K block of
@@ -141,6 +150,8 @@ static void check_special(const scase *c, int64_t n, int64_t k, tu_rng *r, int s
     top b = top_make(r, c->db, n, k, c->b_mn_major, c->gran_b[0], c->gran_b[1], c->packed, c->sf_mn_major);
     if (special == NAN_CODES)
         put_nans(&b);
+    if (special == SUBNORMAL_CODES)
+        put_subnormals(&b);
     if (kSpecialScaleByte[special])
         put_big_scales(&b, kSpecialScaleByte[special]);
     if (special == ODD_SCALE || special == ODD_SCALE_TAIL)
@@ -253,6 +264,8 @@ static void run_level(dg_isa isa, int dpbf16) {
             for (size_t ki = 0; ki < sizeof kK / sizeof kK[0]; ++ki)
                 check(&cases[c], kN[ni], kK[ki], &r);
     check_special(&cases[2], 70, 600, &r, NAN_CODES);
+    check_special(&cases[2], 70, 600, &r, SUBNORMAL_CODES);
+    check_special(&cases[3], 90, 700, &r, SUBNORMAL_CODES);
     check_special(&cases[3], 70, 600, &r, NAN_CODES);
     check_special(&cases[3], 70, 600, &r, BIG_SCALES);
     check_special(&cases[4], 70, 600, &r, BIG_SCALES);

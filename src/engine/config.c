@@ -117,6 +117,8 @@ static const dg_engine_cfg kCfg[] = {
 static const dg_engine_cfg kAvx512Bf16OnFma = AVX512_F32_CFG("avx512_bf16/f32");
 #endif
 
+bool dg_engine_subnormal_guard(void) { return strcmp(dg_cpu()->vendor, "GenuineIntel") == 0; }
+
 static atomic_int g_dpbf16 = -1; /* -1: by CPU vendor */
 
 void dg_engine_set_dpbf16(int use) { atomic_store(&g_dpbf16, use < 0 ? -1 : use > 0); }

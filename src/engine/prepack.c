@@ -443,7 +443,7 @@ static dg_status pp_decode(const dg_engine_cfg *cfg, const dg_operand *a, int fo
             const size_t panel_bytes = (size_t)(pb->kp * 16) * 2;
             const dg_decode_job job = {(const uint8_t *)pb->data + p0 * panel_bytes, (int64_t)panel_bytes, (int)cols,
                                        pb->kp, da.rows, da.lda, (int)a->mn, gblk, da.sa, sb, nkb, 0, NULL, out, NULL, NULL, 32,
-                                       NULL, 0, NULL, 0, 0, 0, false, false};
+                                       NULL, 0, NULL, 0, 0, 0, false, false, false};
             cfg->decode[DG_DECODE_PAIRS](&job);
             for (int64_t i = 0; i < a->mn; ++i)
                 dg_engine_store_row(d, c, i, n0, cols, out + i * 32);

@@ -65,6 +65,7 @@ typedef struct small_job {
     int mr;
     int64_t slice;   /* K slice: SMALL_KC rounded down to whole accumulation blocks (gblk) */
     const float *ones;
+    bool subnormal_guard; /* dg_engine_subnormal_guard, for the E4M3 staging */
 } small_job;
 
 /* B row n at k in memory (K-major layouts; NULL otherwise), to prefetch rows ahead of widening. */
@@ -107,7 +108,7 @@ static void stage_b(const small_job *j, int64_t n0, int64_t cols, int64_t k0, in
         dg_decode_job job;
         memset(&job, 0, sizeof job);
         job.b = (const uint8_t *)t->data + n0 * t->strides[0], job.ldb = t->strides[0];
-        job.rows = (int)cols, job.k = b->k;
+        job.rows = (int)cols, job.k = b->k, job.subnormal_guard = j->subnormal_guard;
         if (j->cfg->stage_e4m3(&job, k0, kc, bbuf))
             return;
     }
@@ -444,7 +445,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
                                plan->gblk, dp->a.sa, sb, dp->a.nkb, dp->fblk, dp->nkbf && !fme && !fs ? fm : NULL, out,
                                dp->a.pairs, next_n0 < b->mn ? base + next_n0 / per * ld : NULL, lanes, fme,
                                dp->nkbf * 16, fs, fs ? b->sf->strides[0] : 0, fs ? b->sf->strides[1] : 0,
-                               b->sf_packed, dp->byte_tables, dp->stage_rows && !dp->panels};
+                               b->sf_packed, dp->byte_tables, dp->stage_rows && !dp->panels, false};
     return dp->fn(&job);
 }
 
@@ -801,7 +802,7 @@ dg_status dg_engine_gemm_small_panels(const dg_engine_cfg *cfg, const dg_operand
 #endif
     int mr;
     const int which = dg_engine_small_kernel(cfg, a->mn, &mr);
-    small_job j = {cfg, b, plan, NULL, cfg->ukr_small[which], mr, SMALL_KC, NULL};
+    small_job j = {cfg, b, plan, NULL, cfg->ukr_small[which], mr, SMALL_KC, NULL, dg_engine_subnormal_guard()};
     j.slice = plan->gblk * (SMALL_KC / plan->gblk > 0 ? SMALL_KC / plan->gblk : 1);
     dg_packed pa;
     DG_TRY(dg_engine_pack(a, plan->fold_a, plan->gblk, cfg->small_fmt, j.mr, cfg, &pa));

@@ -185,26 +185,51 @@ DG_INLINE __m256i e2m1_subs(const float *f, __m256i *big) {
     return _mm256_or_si256(h, _mm256_slli_epi32(h, 16));
 }
 
+/* An E4M3 value from expand's float32 (value * 2^-120), exactly, without arithmetic on a
+ * subnormal float: decode_avx512.c's e4m3_f32_exact (exponent + 120; for exponent bits 0,
+ * 2y -+ 2^-6 and the sign put back for -0). */
+DG_INLINE __m256 e4m3_f32_exact(__m256i t) {
+    const __m256i s = _mm256_and_si256(t, _mm256_set1_epi32((int)0x80000000u));
+    const __m256i e0 = _mm256_cmpeq_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    const __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(t, _mm256_set1_epi32(120 << 23)));
+    const __m256 f = _mm256_fmsub_ps(y, _mm256_set1_ps(2.0f),
+                                     _mm256_castsi256_ps(_mm256_or_si256(s, _mm256_set1_epi32(0x3c800000))));
+    return _mm256_or_ps(_mm256_blendv_ps(y, f, _mm256_castsi256_ps(e0)), _mm256_castsi256_ps(s));
+}
+
 /* One step of an 8-row group into the float32 panel slice dst [k][W] at lane offset 8g (dst
  * points at lane 8g of the step's first k): rows at p (row stride ld bytes), values times mul
- * (codes only). */
+ * (codes only). unit: mul is E4M3's unit 2^120; then a step with a subnormal code converts its
+ * values by e4m3_f32_exact instead (a multiply with a subnormal operand takes a microcode
+ * assist on Intel cores: decode_avx512.c, stage_step_e4m3_f32). */
 DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, __m256i *nanmax, const int fmt,
-                           const int W) {
+                           const int W, const bool unit) {
     const int epw = 2; /* elements per word: BF16 values or E4M3 codes (E2M1: stage_step_e2m1) */
     __m256i y[4], w[4];
+    /* the least magnitude - 1 (wrapping: zero codes and the words' high bytes 255): below 7 when
+     * a subnormal code (magnitude 1 .. 7) is in the step */
+    __m256i least = _mm256_set1_epi8(-1);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
         y[j] = load_pair(p, ld, j, fmt);
-        if (fmt == FMT_E4M3)
-            *nanmax = _mm256_max_epu8(*nanmax, _mm256_and_si256(y[j], _mm256_set1_epi16(0x7f)));
+        if (fmt == FMT_E4M3) {
+            const __m256i mag = _mm256_and_si256(y[j], _mm256_set1_epi16(0x7f));
+            *nanmax = _mm256_max_epu8(*nanmax, mag);
+            if (unit)
+                least = _mm256_min_epu8(least, _mm256_sub_epi8(mag, _mm256_set1_epi8(1)));
+        }
     }
+    const bool exact = fmt == FMT_E4M3 && unit &&
+                       _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_min_epu8(least, _mm256_set1_epi8(6)), least));
     transpose4(y, w);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q)
 #pragma GCC unroll 4
         for (int t = 0; t < epw; ++t) {
             __m256 v = expand(w[q], fmt, t);
-            if (fmt != FMT_BF16)
+            if (exact)
+                v = e4m3_f32_exact(_mm256_castps_si256(v));
+            else if (fmt != FMT_BF16)
                 v = _mm256_mul_ps(v, mul);
             _mm256_storeu_ps(dst + (epw * q + t) * W, v);
         }
@@ -301,7 +326,7 @@ DG_INLINE __m256 group_mul(const float *const *fm, int64_t s, int g, float unit)
  * as subtrahends), the other formats by stage_step (times group_mul). */
 DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const *fm, int64_t s, int g, float unit,
                                 float *dst, __m256i *nanmax, __m256i *big, const int fmt, const bool pairs,
-                                const int W) {
+                                const int W, const bool guard) {
     if (fmt == FMT_E2M1) /* dst: the step's first pair (pairs W lanes apart) */
         stage_step_e2m1(p, ld, fm ? e2m1_subs(fm[s] + 8 * g, big) : _mm256_setzero_si256(), fm != NULL,
                         (uint32_t *)dst, pairs, W);
@@ -310,7 +335,7 @@ DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const
     else if (pairs) /* E4M3: its multiplier applied by fma_pairs */
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
     else
-        stage_step(p, ld, group_mul(fm, s, g, unit), dst, nanmax, fmt, W);
+        stage_step(p, ld, group_mul(fm, s, g, unit), dst, nanmax, fmt, W, guard && fm == NULL);
 }
 
 /* Chunk [kk, kk + kc) of the 8 G rows as float32 [kc][8 G] in buf (pairs: BF16 pairs [kc / 2][8 G];
@@ -337,7 +362,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
         for (int g = 0; g < G; ++g) /* 8 rows' lines at a time */
             for (int64_t s = 0; s < kc; s += kstep)
                 stage_group_step(j->b + (int64_t)(8 * g) * ld + off + s / kstep * pb, ld, fm, s / kstep, g, unit,
-                                 buf + s / vpk * 8 * G + 8 * g, nanmax, big, fmt, pairs, 8 * G);
+                                 buf + s / vpk * 8 * G + 8 * g, nanmax, big, fmt, pairs, 8 * G, j->subnormal_guard);
         return;
     }
     for (int64_t s = 0; s < kc; s += kstep) { /* partial steps: pieces copied into a zeroed block */
@@ -347,7 +372,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
             memcpy(tail + r * pb, j->b + r * ld + off, (size_t)valid);
         for (int g = 0; g < G; ++g)
             stage_group_step(tail + 8 * g * pb, pb, fm, s / kstep, g, unit, buf + s / vpk * 8 * G + 8 * g, nanmax, big,
-                             fmt, pairs, 8 * G);
+                             fmt, pairs, 8 * G, j->subnormal_guard);
     }
 }
 

@@ -108,13 +108,18 @@ DG_INLINE void stage_step_e2m1(const uint8_t *p, int64_t ld, __m512i sub, const 
 /* One step of a 16-row E4M3 group (8 k) into dst as 4 registers of BF16 pairs (pair q at
  * dst + q * W; lane r: row r), each code's sign and 7 other bits in BF16 position (value *
  * 2^-120), for the FMA loop to widen and multiply: decode_avx2.c's stage_step_e4m3_pairs. */
-DG_INLINE void e4m3_step_pairs(const uint8_t *p, int64_t ld, __m512i *nanmax, __m512i out[4]) {
+DG_INLINE void e4m3_step_pairs(const uint8_t *p, int64_t ld, __m512i *nanmax, __m512i out[4], __mmask64 *tiny) {
     __m512i y[4];
     load_rows16(p, ld, y);
     /* u[h], lane l: code pairs 2h, 2h + 1 of rows 4l .. 4l + 3, pair-major */
     const __m512i t01 = _mm512_unpacklo_epi16(y[0], y[1]), t23 = _mm512_unpacklo_epi16(y[2], y[3]);
     const __m512i u[2] = {_mm512_unpacklo_epi32(t01, t23), _mm512_unpackhi_epi32(t01, t23)};
     const __m512i zero = _mm512_setzero_si512(), m7f = _mm512_set1_epi8(0x7f);
+    if (tiny) /* subnormal codes: exponent bits 0, mantissa bits not */
+        *tiny = _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(u[0], _mm512_set1_epi8(0x78)), u[0],
+                                           _mm512_set1_epi8(0x07)) |
+                _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(u[1], _mm512_set1_epi8(0x78)), u[1],
+                                           _mm512_set1_epi8(0x07));
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
         *nanmax = _mm512_max_epu8(*nanmax, _mm512_and_si512(u[h], m7f));
@@ -129,25 +134,49 @@ DG_INLINE void e4m3_step_pairs(const uint8_t *p, int64_t ld, __m512i *nanmax, __
 
 DG_INLINE void stage_step_e4m3_pairs(const uint8_t *p, int64_t ld, uint32_t *dst, __m512i *nanmax, const int W) {
     __m512i v[4];
-    e4m3_step_pairs(p, ld, nanmax, v);
+    e4m3_step_pairs(p, ld, nanmax, v, NULL);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q)
         _mm512_store_si512(dst + q * W, v[q]);
 }
 
+/* An E4M3 value from its code's sign and 7 other bits in float32 position (t: value * 2^-120),
+ * exactly, for codes with exponent bits 0 (zero and subnormals) as well, without arithmetic on
+ * a subnormal float: exponent + 120 for the others; for those, y = +-2^-7 (1 + m / 8) and the
+ * value +-m 2^-9 = 2y -+ 2^-6 (exact), the sign put back for -0. */
+DG_INLINE __m512 e4m3_f32_exact(__m512i t) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    const __mmask16 e0 = _mm512_testn_epi32_mask(t, _mm512_set1_epi32(0x7f800000));
+    const __m512 y = _mm512_castsi512_ps(_mm512_add_epi32(t, _mm512_set1_epi32(120 << 23)));
+    const __m512 c = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(t, sign, _mm512_set1_epi32(0x3c800000), 0xea));
+    const __m512 v = _mm512_mask_fmsub_ps(y, e0, _mm512_set1_ps(2.0f), c); /* (t & sign) | 2^-6 */
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(v), t, sign, 0xf8)); /* v | (t & sign) */
+}
+
 /* The same step as float32 values [k][W] (value * 2^-120 times 2^120: exact), for the small-M
- * kernels: one pass from codes to their B slice, where widening rows to BF16 and transposing
- * those took two (and a third of an FP8 M = 16 call on Zen 4). */
+ * kernels' B slice. A step with a subnormal code converts every value by e4m3_f32_exact instead
+ * of the product: on Intel cores a multiply with a subnormal operand takes a microcode assist
+ * (N(0, 1) weights cast to E4M3 without scales, about 1% subnormal codes, staged at half speed
+ * on a Sapphire Rapids VM); zeros are not subnormal, and the test costs a few mask operations
+ * per 128 codes. */
 DG_INLINE void stage_step_e4m3_f32(const uint8_t *p, int64_t ld, float *dst, __m512i *nanmax, const int W) {
     __m512i v[4];
-    e4m3_step_pairs(p, ld, nanmax, v);
+    __mmask64 tiny;
+    e4m3_step_pairs(p, ld, nanmax, v, &tiny);
+    const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
+    if (tiny) {
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+            _mm512_storeu_ps(dst + 2 * q * W, e4m3_f32_exact(_mm512_slli_epi32(v[q], 16)));
+            _mm512_storeu_ps(dst + (2 * q + 1) * W, e4m3_f32_exact(_mm512_and_si512(v[q], hi16)));
+        }
+        return;
+    }
     const __m512 unit = _mm512_set1_ps(0x1p120f);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) {
         _mm512_storeu_ps(dst + 2 * q * W, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v[q], 16)), unit));
-        _mm512_storeu_ps(dst + (2 * q + 1) * W,
-                         _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v[q], _mm512_set1_epi32((int)0xffff0000u))),
-                                       unit));
+        _mm512_storeu_ps(dst + (2 * q + 1) * W, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v[q], hi16)), unit));
     }
 }
 
