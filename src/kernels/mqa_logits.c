@@ -133,6 +133,7 @@ typedef struct mqa_scratch {
     struct sparse_block *blocks; /* sparse: its distinct blocks, refs_cap at most */
     struct sparse_block *blocks_tmp; /* sparse: sort_blocks' buffer (refs_cap) */
     int32_t *tok_blk, *tok_o;    /* sparse: per panel row, its block and its token in the block */
+    int32_t *tok_ref;            /* sparse: per panel row, its block's first ref of the query at hand */
 } mqa_scratch;
 
 /* A query's block in a sparse item: the block's first token in the cache (the key: queries
@@ -209,6 +210,7 @@ static size_t scratch_layout(const mqa_ctx *c, char *base, mqa_scratch *s) {
     TAKE(blocks_tmp, struct sparse_block, c->refs_cap);
     TAKE(tok_blk, int32_t, nw);
     TAKE(tok_o, int32_t, nw);
+    TAKE(tok_ref, int32_t, nw);
 #undef TAKE
     if (base)
         s->unit = -1;
@@ -655,6 +657,8 @@ static void flush_group(const mqa_ctx *c, mqa_scratch *s, int64_t i0, uint32_t m
     const dg_tensor *t = p->logits;
     pack(c->kern, s, n, c->d, c->fmt);
     const float post = mqa_post(c);
+    for (int k = 0; k < n; ++k)
+        s->tok_ref[k] = s->blocks[s->tok_blk[k]].r0;
     for (int q = 0; mask >> q; ++q) {
         if (!((mask >> q) & 1u))
             continue;
@@ -671,9 +675,16 @@ static void flush_group(const mqa_ctx *c, mqa_scratch *s, int64_t i0, uint32_t m
                     ((uint16_t *)t->data)[at] = dg_round_bf16(v);
                 continue;
             }
-            for (int32_t r = b->r0; r < b->r1; ++r) { /* a query may select a block twice */
+            /* A block's refs are in slot order (appended by query, sorted stably by key): this
+             * query's follow those of the earlier ones, which are passed for good. A query may
+             * select a block twice. */
+            int32_t r = s->tok_ref[k];
+            while (r < b->r1 && s->refs[r].slot < q)
+                ++r;
+            s->tok_ref[k] = r;
+            for (; r < b->r1 && s->refs[r].slot == q; ++r) {
                 const sparse_ref *ref = &s->refs[r];
-                if (ref->slot != q || !ref_sees(p, i0, ref, s->tok_o[k]))
+                if (!ref_sees(p, i0, ref, s->tok_o[k]))
                     continue;
                 const float v = c->fmt != DG_MQA_FP8 ? s->sum[k] * post : s->sum[k] * post * s->kscale[k];
                 const int64_t at = (i0 + q) * t->strides[0] + (int64_t)ref->j * p->sbkv + s->tok_o[k];
