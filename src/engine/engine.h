@@ -206,8 +206,8 @@ typedef struct dg_decode_job {
      * time into an L1 buffer and read from there, because their stride maps them onto few L1
      * sets (dg_engine_rows_crowd_l1); false: read in place. The same values either way. */
     bool stage_rows;
-    /* E4M3 staging for the small-M kernels (AVX2; the decode kernels take false): steps holding a
-     * subnormal code are converted without multiplying a subnormal float
+    /* E4M3 staging for the small-M kernels (AVX2, AVX-512; the decode kernels take false):
+     * steps holding a subnormal code are converted without multiplying a subnormal float
      * (dg_engine_subnormal_guard); the same values either way. */
     bool subnormal_guard;
 } dg_decode_job;

@@ -157,12 +157,13 @@ DG_INLINE __m512 e4m3_f32_exact(__m512i t) {
  * kernels' B slice. A step with a subnormal code converts every value by e4m3_f32_exact instead
  * of the product: on Intel cores a multiply with a subnormal operand takes a microcode assist
  * (N(0, 1) weights cast to E4M3 without scales, about 1% subnormal codes, staged at half speed
- * on a Sapphire Rapids VM); zeros are not subnormal, and the test costs a few mask operations
- * per 128 codes. */
-DG_INLINE void stage_step_e4m3_f32(const uint8_t *p, int64_t ld, float *dst, __m512i *nanmax, const int W) {
+ * on a Sapphire Rapids VM); zeros are not subnormal. The test (a few mask operations per 128
+ * codes) runs where such multiplies are slow (guard: dg_decode_job.subnormal_guard). */
+DG_INLINE void stage_step_e4m3_f32(const uint8_t *p, int64_t ld, float *dst, __m512i *nanmax, const int W,
+                                    const bool guard) {
     __m512i v[4];
-    __mmask64 tiny;
-    e4m3_step_pairs(p, ld, nanmax, v, &tiny);
+    __mmask64 tiny = 0;
+    e4m3_step_pairs(p, ld, nanmax, v, guard ? &tiny : NULL);
     const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
     if (tiny) {
 #pragma GCC unroll 4
@@ -264,14 +265,15 @@ DG_INLINE void fma_pairs(const dg_decode_job *j, const uint32_t *buf, int64_t sl
 /* One step of group g (rows at p, stride ld) into dst as BF16 pairs: E2M1 by stage_step_e2m1
  * (scales fm[s] as subtrahends), E4M3 with fma_pairs to scale them, BF16 transposed. */
 DG_INLINE void stage_group_step(const uint8_t *p, int64_t ld, const float *const *fm, int64_t s, int g, float *dst,
-                                __m512i *nanmax, __mmask16 *big, const int fmt, const int W) { /* all as pairs */
+                                __m512i *nanmax, __mmask16 *big, const int fmt, const int W,
+                                const bool guard) { /* all as pairs */
     if (IS_E2M1(fmt))
         stage_step_e2m1(p, ld, fm ? e2m1_subs(fm[s] + 16 * g, big) : _mm512_setzero_si512(), fm != NULL,
                         (uint32_t *)dst, W, fmt == FMT_E2M1F);
     else if (fmt == FMT_E4M3)
         stage_step_e4m3_pairs(p, ld, (uint32_t *)dst, nanmax, W);
     else if (fmt == FMT_E4M3F)
-        stage_step_e4m3_f32(p, ld, dst, nanmax, W);
+        stage_step_e4m3_f32(p, ld, dst, nanmax, W, guard);
     else
         stage_step_bf16(p, ld, (uint32_t *)dst, W);
 }
@@ -297,7 +299,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
         for (int g = 0; g < G; ++g) /* 16 rows' lines at a time */
             for (int64_t s = 0; s < kc; s += kstep)
                 stage_group_step(j->b + (int64_t)(16 * g) * ld + off + s / kstep * pb, ld, fm, s / kstep, g,
-                                 buf + s / vpk * 16 * G + 16 * g, nanmax, big, fmt, 16 * G);
+                                 buf + s / vpk * 16 * G + 16 * g, nanmax, big, fmt, 16 * G, j->subnormal_guard);
         return;
     }
     for (int64_t s = 0; s < kc; s += kstep) {
@@ -307,7 +309,7 @@ DG_INLINE void stage_chunk(const dg_decode_job *j, int64_t kk, int64_t kc, int64
             memcpy(tail + r * pb, j->b + r * ld + off, (size_t)valid);
         for (int g = 0; g < G; ++g)
             stage_group_step(tail + 16 * g * pb, pb, fm, s / kstep, g, buf + s / vpk * 16 * G + 16 * g, nanmax, big,
-                             fmt, 16 * G);
+                             fmt, 16 * G, j->subnormal_guard);
     }
 }
 
