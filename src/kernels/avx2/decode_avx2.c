@@ -199,11 +199,12 @@ DG_INLINE __m256 e4m3_f32_exact(__m256i t) {
 
 /* One step of an 8-row group into the float32 panel slice dst [k][W] at lane offset 8g (dst
  * points at lane 8g of the step's first k): rows at p (row stride ld bytes), values times mul
- * (codes only). unit: mul is E4M3's unit 2^120; then a step with a subnormal code converts its
- * values by e4m3_f32_exact instead (a multiply with a subnormal operand takes a microcode
- * assist on Intel cores: decode_avx512.c, stage_step_e4m3_f32). */
+ * (codes only). guard: mul is E4M3's unit 2^120 and such multiplies are slow on this CPU
+ * (dg_decode_job.subnormal_guard); then a step with a subnormal code converts its values by
+ * e4m3_f32_exact instead (a multiply with a subnormal operand takes a microcode assist on
+ * Intel cores: decode_avx512.c, stage_step_e4m3_f32). */
 DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, __m256i *nanmax, const int fmt,
-                           const int W, const bool unit) {
+                           const int W, const bool guard) {
     const int epw = 2; /* elements per word: BF16 values or E4M3 codes (E2M1: stage_step_e2m1) */
     __m256i y[4], w[4];
     /* the least magnitude - 1 (wrapping: zero codes and the words' high bytes 255): below 7 when
@@ -215,11 +216,11 @@ DG_INLINE void stage_step(const uint8_t *p, int64_t ld, __m256 mul, float *dst, 
         if (fmt == FMT_E4M3) {
             const __m256i mag = _mm256_and_si256(y[j], _mm256_set1_epi16(0x7f));
             *nanmax = _mm256_max_epu8(*nanmax, mag);
-            if (unit)
+            if (guard)
                 least = _mm256_min_epu8(least, _mm256_sub_epi8(mag, _mm256_set1_epi8(1)));
         }
     }
-    const bool exact = fmt == FMT_E4M3 && unit &&
+    const bool exact = fmt == FMT_E4M3 && guard &&
                        _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_min_epu8(least, _mm256_set1_epi8(6)), least));
     transpose4(y, w);
 #pragma GCC unroll 4

@@ -148,8 +148,9 @@ DG_INLINE __m512 e4m3_f32_exact(__m512i t) {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     const __mmask16 e0 = _mm512_testn_epi32_mask(t, _mm512_set1_epi32(0x7f800000));
     const __m512 y = _mm512_castsi512_ps(_mm512_add_epi32(t, _mm512_set1_epi32(120 << 23)));
-    const __m512 c = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(t, sign, _mm512_set1_epi32(0x3c800000), 0xea));
-    const __m512 v = _mm512_mask_fmsub_ps(y, e0, _mm512_set1_ps(2.0f), c); /* (t & sign) | 2^-6 */
+    const __m512 c = _mm512_castsi512_ps(
+        _mm512_ternarylogic_epi32(t, sign, _mm512_set1_epi32(0x3c800000), 0xea)); /* (t & sign) | 2^-6 */
+    const __m512 v = _mm512_mask_fmsub_ps(y, e0, _mm512_set1_ps(2.0f), c);
     return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(v), t, sign, 0xf8)); /* v | (t & sign) */
 }
 
