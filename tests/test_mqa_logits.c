@@ -803,6 +803,88 @@ static void test_fp4_amx_matches_vnni(void) {
     dg_set_isa(saved);
 }
 
+/* MXFP8 at the AMX level (kernels/amx/mqa_amx.c: each group's scale folded into the BF16
+ * exponents, TDPBF16PS): against the reference on scale bytes far from a quantizer's (every
+ * delta from -47 to +48, mixed per group and row, still inside the normal range), odd head
+ * counts, every head dim, causal and random ranges, compressed rows and BF16 logits. A call
+ * with one scale byte out of that range (a kv row no query sees) takes the AVX-512 BF16 level's
+ * FMA pair tile, bitwise that level's logits; the in-range logits then change bits (the one
+ * place where a logit depends on the rest of its call at this level; see mqa_kernels.h). */
+static void test_mxfp8_amx(void) {
+    const dg_isa saved = dg_get_isa();
+    if (dg_set_isa(DG_ISA_AMX) != DG_OK || dg_set_isa(DG_ISA_AVX512_BF16) != DG_OK) {
+        dg_set_isa(saved);
+        return; /* not on this CPU */
+    }
+    static const struct { int64_t s, sk, h, d; int causal, compressed, bf16; } cases[] = {
+        {9, 130, 17, 32, 0, 0, 0}, {7, 70, 1, 64, 1, 0, 1},     {20, 300, 70, 128, 0, 1, 0},
+        {5, 17, 33, 96, 0, 0, 0},  {33, 800, 64, 128, 1, 0, 0}, {3, 200, 16, 64, 0, 1, 1},
+    };
+    const int saved_paths = dg_get_print_paths();
+    dg_set_print_paths(2);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        tu_rng rng = {k + 1901};
+        mqa_case c;
+        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, 2, cases[k].bf16);
+        if (cases[k].causal)
+            causal_ranges(&c);
+        else
+            random_ranges(&c, &rng);
+        uint32_t *qsf = c.tqsf.data, *kvsf = c.tkvsf.data;
+        for (int64_t i = 0; i < c.s * c.h; i += 3) /* q bytes 80..175, kv 96..175: in range */
+            qsf[i] = 0x5060a070u ^ (uint32_t)(i & 0x0f0f0f0f);
+        for (int64_t i = 1; i < c.sk; i += 4)
+            kvsf[i] = 0x907060a0u ^ (uint32_t)(i & 0x0f0f0f0f);
+        const int max_k = compressed_max_k(&c, cases[k].compressed);
+        const int64_t width = max_k ? max_k : c.sk;
+        const dg_dtype dt = cases[k].bf16 ? DG_BFLOAT16 : DG_FLOAT32;
+        char tag[128];
+        snprintf(tag, sizeof tag, "MXFP8 at amx: S=%lld SK=%lld H=%lld D=%lld causal=%d max_k=%d", (long long)c.s,
+                 (long long)c.sk, (long long)c.h, (long long)c.d, cases[k].causal, max_k);
+        dg_tensor ref = tu_alloc2(dt, c.s, width), out = tu_alloc2(dt, c.s, width);
+        const dg_backend be = dg_get_backend();
+        dg_set_backend(DG_BACKEND_REFERENCE);
+        TU_CHECK_OK(run(&c, 1, max_k, &ref));
+        dg_set_backend(DG_BACKEND_AUTO);
+        TU_CHECK_OK(dg_set_isa(DG_ISA_AMX));
+        tu_fill_bytes(&out, 0x5a);
+        dg_clear_path_report();
+        TU_CHECK_OK(run(&c, 1, max_k, &out));
+        char report[1024];
+        dg_get_path_report(report, sizeof report);
+        TU_CHECK(strstr(report, "amx kernel (MXFP8") != NULL, "%s: took %s", tag, report);
+        compare_outputs(&out, &ref, c.s, width, cases[k].bf16 ? 3e-5 : 5e-6, tag);
+
+        /* one more kv row, unseen, scaled by 2^-117: the call leaves TDPBF16PS's range */
+        dg_tensor kv = tu_alloc2(DG_FLOAT8_E4M3, c.sk + 1, c.d), sf = tu_alloc(DG_INT32, 1, (int64_t[]){c.sk + 1});
+        memcpy(kv.data, c.tkv.data, (size_t)(c.sk * c.d));
+        memset((uint8_t *)kv.data + c.sk * c.d, 0x38, (size_t)c.d);
+        memcpy(sf.data, c.tkvsf.data, (size_t)c.sk * 4);
+        ((uint32_t *)sf.data)[c.sk] = 0x7f7f7f0au;
+        const int64_t w2 = max_k ? max_k : c.sk + 1;
+        dg_tensor wide[2];
+        const dg_isa isas[2] = {DG_ISA_AMX, DG_ISA_AVX512_BF16};
+        for (int v = 0; v < 2; ++v) {
+            TU_CHECK_OK(dg_set_isa(isas[v]));
+            wide[v] = tu_alloc2(dt, c.s, w2);
+            dg_clear_path_report();
+            TU_CHECK_OK(dg_fp8_fp4_mqa_logits(&c.tq, &c.tqsf, &kv, &sf, &c.tw, &c.tks, &c.tke, 1, max_k, &wide[v]));
+            dg_get_path_report(report, sizeof report);
+            TU_CHECK(v || strstr(report, "(FMA, k pairs)") != NULL, "%s, out of range: took %s", tag, report);
+        }
+        TU_CHECK(memcmp(wide[0].data, wide[1].data, dg_tensor_nbytes(&wide[0])) == 0,
+                 "%s, out of range: the AVX-512 BF16 level's logits bitwise", tag);
+        compare_outputs(&wide[0], &ref, c.s, width, cases[k].bf16 ? 3e-5 : 5e-6, tag);
+        tu_free(&kv), tu_free(&sf), tu_free(&wide[0]), tu_free(&wide[1]);
+        tu_free(&ref), tu_free(&out);
+        free_case(&c);
+        dg_set_backend(be);
+    }
+    dg_clear_path_report();
+    dg_set_print_paths(saved_paths);
+    dg_set_isa(saved);
+}
+
 int main(void) {
     static const struct { int64_t s, sk, h, d; int fmt, bf16; dg_dtype out; } cases[] = {
         {24, 100, 4, 32, 0, 0, DG_FLOAT32},  {17, 130, 8, 64, 0, 0, DG_FLOAT32},
@@ -837,5 +919,6 @@ int main(void) {
     test_f16_weights();
     test_pair_tiles();
     test_fp4_amx_matches_vnni();
+    test_mxfp8_amx();
     return tu_finish();
 }

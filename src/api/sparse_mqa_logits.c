@@ -377,7 +377,8 @@ dg_status dg_fp8_fp4_paged_sparse_mqa_logits(const dg_tensor *q, const dg_tensor
              (long long)dense.block_kv, sparse_block_kv);
     dg_sparse_mqa_problem p = {.s = dense.batch, .h = dense.h, .d = dense.d, .nmsb = num_max_sparse_blocks,
                                .sbkv = sparse_block_kv, .fp4 = dense.fp4, .mx = dense.mx, .paged = 1, .q = q, .q_sf = q_sf,
-                               .cache = dense.cache, .page_kv = dense.block_kv, .page_stride = dense.block_stride};
+                               .cache = dense.cache, .page_kv = dense.block_kv, .page_stride = dense.block_stride,
+                               .num_pages = dense.num_blocks};
     DG_TRY(check_weights(&p, weights));
     DG_TRY(check_metadata(&p, metadata, 0, 0, dense.num_blocks));
     const dg_tensor *ins[] = {q, q_sf, kv_cache, weights, metadata};

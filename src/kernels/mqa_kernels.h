@@ -36,8 +36,10 @@
  * sum). The head/relu/weight chain above is unchanged. A logit still depends only on its inputs:
  * not on the thread count, the panel, the lane or the query's position. FP4 x FP4 at the AMX
  * level takes TDPBSSD for the exact integer group sums (amx/mqa_fp4_amx.c) and otherwise the
- * VNNI kernel's steps, so its logits are bitwise the AVX-512 BF16 level's; MXFP8 keeps that
- * level's pair tiles.
+ * VNNI kernel's steps, so its logits are bitwise the AVX-512 BF16 level's. MXFP8 takes the
+ * FP8 AMX tiles when the call's scales are in the VDPBF16PS range above (each group's scale is
+ * then an exact add to the BF16 exponents of the packed values) and the FMA pair tile
+ * otherwise: at this level alone, a call's scale range can change a logit's bits.
  *
  * Layouts (float32): q as prep_q leaves it (default: [h][d] row-major, row stride d; at most
  * align(h, 16) * align(d, 32) floats); panel as pack leaves it (default: [d][nw], kv row c,

@@ -48,13 +48,14 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range) {
                                        .q4_prep = dg_mqa_q4_prep_vnni, .kv4_pack = dg_mqa_kv4_pack_vnni,
                                        .tile4 = dg_mqa_tile4_vnni};
 #if DG_MQA_HAVE_AMX
-    /* FP8 only; MXFP8 takes the AVX-512 BF16 level's pair tiles (the tile pack here applies no
-     * per-32 scales). The pack uses VBMI byte permutes
-     * (every AMX CPU so far has them; checked anyway). */
+    /* FP8, and MXFP8 whose scales keep every value, product and sum normal (TDPBF16PS flushes
+     * denormals; other MXFP8 calls take the AVX-512 BF16 level's FMA pair tile, exact there).
+     * The pack uses VBMI byte permutes (every AMX CPU so far has them; checked anyway). */
     static const dg_mqa_kernel amx = {.name = "amx", .nw = DG_MQA_NW_AMX, .convert = dg_mqa_convert_avx512,
                                       .pack = dg_mqa_pack_amx, .prep_q = dg_mqa_prep_q_amx,
                                       .tile = dg_mqa_tile_amx, .begin = dg_mqa_amx_begin, .qb = DG_MQA_QB_AMX};
-    if (isa >= DG_ISA_AMX && fmt == DG_MQA_FP8 && dg_cpu_has_avx512_vbmi())
+    if (isa >= DG_ISA_AMX && (fmt == DG_MQA_FP8 || (fmt == DG_MQA_MXFP8 && mx_in_range)) &&
+        dg_cpu_has_avx512_vbmi())
         return &amx;
     /* FP4 x FP4: the VNNI kernel's exact integer group sums from TDPBSSD, the same bits */
     static const dg_mqa_kernel amx_fp4 = {.name = "amx (int8)", .nw = DG_MQA_NW_AMX,
@@ -777,10 +778,14 @@ static void run_sparse_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it
 dg_status dg_sparse_mqa_logits_fast(const dg_sparse_mqa_problem *p) {
     const int fmt = dg_mqa_format(p->fp4, p->mx);
     bool in_range = false;
-    if (fmt == DG_MQA_MXFP8 && !p->paged) { /* paged: the FMA tile (its pages are not counted here) */
+    if (fmt == DG_MQA_MXFP8) { /* as the dense calls scan them: all of q and the whole cache */
         mx_range q = {255, 0}, k = {255, 0};
         mx_scan(&q, p->q_sf->data, p->s * p->h, 4, mx_groups(p->d));
-        mx_scan(&k, p->kv_sf->data, p->kv_sf->shape[0], 4, mx_groups(p->d));
+        if (p->paged)
+            for (int64_t b = 0; b < p->num_pages; ++b)
+                mx_scan(&k, p->cache + b * p->page_stride + p->page_kv * p->d, p->page_kv, 4, mx_groups(p->d));
+        else
+            mx_scan(&k, p->kv_sf->data, p->kv_sf->shape[0], 4, mx_groups(p->d));
         in_range = mx_ok(&q, &k);
     }
     mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt, in_range), .h = p->h, .d = p->d,

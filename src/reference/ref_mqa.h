@@ -73,6 +73,7 @@ typedef struct dg_sparse_mqa_problem {
     const dg_tensor *kv, *kv_sf;   /* contiguous KV */
     const uint8_t *cache;          /* paged: fused cache, pages of page_kv tokens */
     int64_t page_kv, page_stride;  /* page_stride in bytes */
+    int64_t num_pages;             /* paged: pages in the cache */
     const int32_t *rows;           /* [S][2] */
     const int32_t *slots;          /* [S][N][2] */
     const dg_tensor *logits;       /* [S, N * sbkv] */

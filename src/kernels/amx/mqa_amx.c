@@ -82,7 +82,8 @@ __attribute__((target("avx512vbmi"))) static inline void e4m3_rows(const uint8_t
     *v1 = _mm512_permutex2var_epi8(lo, _mm512_load_si512(kMixB), hi);
 }
 
-/* q [h][d] float32 (value * 2^-8, exact in BF16) -> BF16 [hp][dp], zero-padded heads and k. */
+/* q [h][d] float32 (value * 2^-8, MXFP8: times its group's scale; exact in BF16 while normal,
+ * see mx_scale) -> BF16 [hp][dp], zero-padded heads and k. */
 void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out) {
     const int64_t hp = dg_align(h, 16), dp = dg_align(d, 32);
     uint16_t *o = (uint16_t *)(void *)out;
@@ -96,12 +97,27 @@ void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out) {
         }
 }
 
+/* MXFP8: 32 BF16 values of one k step (one scale group) times 2^(b - 127) for the group's scale
+ * byte b of `word`, as an add to the exponent field of every finite nonzero value (zeros, the
+ * padding and NaN codes keep their bits). Exact only while the results stay normal BF16, which
+ * the driver guarantees by taking this kernel for MXFP8 only when dg_mqa_kernel_for's
+ * mx_in_range holds (every value then lies in [2^-126, 2^127)). */
+static inline __m512i mx_scale(__m512i v, uint32_t word, int64_t k) {
+    const int delta = (int)((word >> (8 * (k / 32))) & 0xffu) - 127;
+    const __m512i expo = _mm512_set1_epi16(0x7f80);
+    const __mmask32 finite_nonzero = _mm512_test_epi16_mask(v, expo) &
+                                     _mm512_cmpneq_epi16_mask(_mm512_and_si512(v, expo), expo);
+    return _mm512_mask_add_epi16(v, finite_nonzero, v, _mm512_set1_epi16((short)(delta * 128)));
+}
+
 /* The panel as the VNNI B operand: per k step s of 32, 16 pair rows of NW columns, 32-bit word
- * [(16 s + p) * NW + c] = BF16 (kv[c][32 s + 2p], kv[c][32 s + 2p + 1]); zero past n and d. */
+ * [(16 s + p) * NW + c] = BF16 (kv[c][32 s + 2p], kv[c][32 s + 2p + 1]); zero past n and d.
+ * FP8 and MXFP8 (the scale of row c's group s folded in, see mx_scale); FP4 takes the integer
+ * kernel (mqa_fp4_amx.c). */
 __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n,
                                                           int64_t d, int fmt, float *tmp, float *panel) {
-    (void)sf, (void)fmt, (void)tmp; /* FP8 only (dg_mqa_kernel_for): FP4 takes the VNNI integer kernel,
-                                     * MXFP8 the avx512_bf16 level's pair tiles */
+    (void)tmp;
+    const int mx = fmt == DG_MQA_MXFP8;
     uint32_t *o = (uint32_t *)(void *)panel;
     const int64_t dp = dg_align(d, 32);
     for (int g = 0; g < NW; g += 16)
@@ -111,8 +127,13 @@ __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const 
             for (int r = 0; r < 16; r += 2) {
                 if (g + r + 1 < n) {
                     e4m3_rows(rows[g + r] + k, rows[g + r + 1] + k, cnt, &v[r], &v[r + 1]);
+                    if (mx) {
+                        v[r] = mx_scale(v[r], sf[g + r], k);
+                        v[r + 1] = mx_scale(v[r + 1], sf[g + r + 1], k);
+                    }
                 } else if (g + r < n) {
                     e4m3_rows(rows[g + r] + k, rows[g + r] + k, cnt, &v[r], &v[r + 1]);
+                    v[r] = mx ? mx_scale(v[r], sf[g + r], k) : v[r];
                     v[r + 1] = _mm512_setzero_si512();
                 } else {
                     v[r] = v[r + 1] = _mm512_setzero_si512();
