@@ -10,6 +10,17 @@ init_dist`` over gloo on a free port); each rank runs ``threads`` threads (torch
 and ``set_num_sms``; default max(1, cores // R), so that the ranks do not oversubscribe the
 cores) and owns E/R experts.
 
+Under MPI the launcher starts the ranks instead, and the symmetric buffer is made over
+``mpi4py.MPI.COMM_WORLD`` (the library's MPI bootstrap; the unfused chain and the timing
+barriers still use a gloo group):
+
+    mpirun -n R python -m deep_gemm_cpu.mega_bench --mpi [--network] [options]
+
+``--network`` sets ``DG_COMM_FORCE_NETWORK=1`` in every rank before the buffer is made, so the
+fused call exchanges its tokens and outputs through MPI (``MPI_Allgatherv`` / ``MPI_Alltoallv``)
+as ranks on different machines would, instead of the shared-memory segment; the rows' header
+line says which path ran.
+
 Configurations:
 
 - default: V4-Flash-like, hidden 4096, intermediate 2048, top-6, with 16 experts (of 256) so
@@ -297,6 +308,8 @@ def _rank_figures(cfg, mma, T, pairs, active, t_fused, t_unfused, diff, bitwise,
 
 def _rank_main(local_rank, opts):
     os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'] = '127.0.0.1', str(opts['port'])
+    if opts['network']:
+        os.environ['DG_COMM_FORCE_NETWORK'] = '1'
     threads, R, mma, cfg = opts['threads'], opts['ranks'], opts['mma'], opts['cfg']
     torch.set_num_threads(threads)
     dg.set_num_sms(threads)
@@ -309,7 +322,12 @@ def _rank_main(local_rank, opts):
     l1, l2 = make_weights(cfg, mma, rank, R, opts['seed'])
     if opts['transform']:
         l1, l2 = dg.transform_weights_for_mega_moe(l1, l2)
-    buffer = dg.get_symm_buffer_for_mega_moe(group, E, max(opts['tokens']), K, H, I, mma_type=mma)
+    if opts['mpi']:
+        from mpi4py import MPI
+        buffer_group = MPI.COMM_WORLD  # the library's MPI bootstrap: shared memory, or the network path
+    else:
+        buffer_group = group
+    buffer = dg.get_symm_buffer_for_mega_moe(buffer_group, E, max(opts['tokens']), K, H, I, mma_type=mma)
     setup = _max_over_ranks(time.perf_counter() - t0, group)
     fused_fn = dg.fp8_fp4_mega_moe if mma == 'fp8xfp4' else dg.bf16_mega_moe
     unfused = Unfused(cfg, mma, rank, R, group, l1, l2, opts['clamp'])
@@ -339,9 +357,17 @@ def _rank_main(local_rank, opts):
             fused_fn(y, l1, l2, buffer, cumulative_local_expert_recv_stats=stats, activation_clamp=opts['clamp'])
             return time.perf_counter() - t
 
-        # warm-up (with the recv stats, checked against the unfused chain's count)
+        # warm-up (with the recv stats, checked against the unfused chain's count); its path
+        # report says how the tokens travelled (shared memory or the MPI network path)
         stats = torch.zeros(epr, dtype=torch.int32)
+        saved_paths = dg.get_print_paths()
+        dg.set_print_paths(2)
+        dg.clear_path_report()
         tw = fused(stats)
+        path = next((ln for ln in dg.get_path_report() if 'mega_moe' in ln), '?')
+        dg.set_print_paths(saved_paths)
+        if rank == 0 and T == opts['tokens'][0]:
+            print(f'path (rank 0): {path.strip()}', flush=True)
         y_unf, pairs, active = unfused(xq, idx, w)
         _barrier(group)
         t = time.perf_counter()
@@ -427,7 +453,8 @@ def _cores():
 def parse_args(argv):
     p = argparse.ArgumentParser(prog='python -m deep_gemm_cpu.mega_bench',
                                 description='the fused Mega MoE across rank processes against the unfused chain')
-    p.add_argument('--ranks', type=int, default=1, help='rank processes (expert-parallel; default 1)')
+    p.add_argument('--ranks', type=int, help='rank processes (expert-parallel; default 1, or with --mpi the '
+                   'processes mpirun started)')
     p.add_argument('--tokens', type=int, nargs='+', help='tokens per rank (default 1 8 64 512; --full 1 8 64 2048)')
     p.add_argument('--mma', choices=('fp8xfp4', 'bf16xbf16'), default='fp8xfp4')
     p.add_argument('--full', action='store_true', help="DeepGEMM's reference configuration: 384 experts, top-6, "
@@ -442,10 +469,16 @@ def parse_args(argv):
                    'estimate), dgbench, python, or a dgbench --json FILE')
     p.add_argument('--json', metavar='FILE', help='also write every figure as JSON to FILE')
     p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--mpi', action='store_true', help='the ranks are the processes mpirun started (the buffer over '
+                   'mpi4py.MPI.COMM_WORLD; --ranks must be absent or equal to their number)')
+    p.add_argument('--network', action='store_true', help='with --mpi: DG_COMM_FORCE_NETWORK=1, the fused call '
+                   'exchanges through MPI as across machines')
     a = p.parse_args(argv)
+    if a.network and not a.mpi:
+        p.error('--network needs --mpi (the network path is MPI: mpirun -n R python -m ... --mpi --network)')
     if a.full and a.quick:
         p.error('--full and --quick exclude each other')
-    if a.ranks < 1:
+    if a.ranks is not None and a.ranks < 1:
         p.error('--ranks must be at least 1')
     if a.tokens and min(a.tokens) < 1:
         p.error('--tokens must be >= 1')
@@ -459,17 +492,63 @@ def main(argv=None):
     cfg = dict(CONFIGS[key])
     if args.experts:
         cfg['experts'] = args.experts
-    R = args.ranks
+    comm, me = None, 0
+    if args.mpi:
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            print('error: --mpi needs mpi4py (pip install mpi4py) and an mpirun launch', file=sys.stderr)
+            return 1
+        comm = MPI.COMM_WORLD
+        me = comm.Get_rank()
+        if args.ranks is not None and args.ranks != comm.Get_size():
+            if me == 0:
+                print(f'error: --ranks {args.ranks} but mpirun started {comm.Get_size()} processes', file=sys.stderr)
+            return 1
+        R = comm.Get_size()
+    else:
+        R = args.ranks or 1
+    if me != 0:  # rank 0 checks, measures and prints; the others take its settings
+        _idle_barrier(comm)
+        opts = comm.bcast(None, root=0)
+        if opts is None:
+            return 1
+        _rank_main(me, opts)
+        return 0 if not comm.bcast(None, root=0) else 2
+    ran, code = _main_rank0(args, cfg, R, comm, t_start)
+    if comm is not None and not ran:  # refused before the run: release the other ranks
+        _idle_barrier(comm)
+        comm.bcast(None, root=0)
+    return code
+
+
+def _idle_barrier(comm):
+    """A barrier that sleeps while it waits: MPI's blocking calls spin, and a rank spinning while
+    rank 0 measures the machine's limits would halve them."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.005)
+
+
+def _main_rank0(args, cfg, R, comm, t_start):
+    """Checks, limits and the header; then the run: spawned ranks, or (comm) this process as
+    rank 0 of mpirun's. Returns (whether the ranks ran, the exit status)."""
     if cfg['experts'] % R:
         print(f'error: {cfg["experts"]} experts do not split over {R} ranks (--experts N, a multiple of --ranks)',
               file=sys.stderr)
-        return 1
+        return False, 1
     if cfg['topk'] > cfg['experts']:
         print(f'error: top-{cfg["topk"]} needs at least {cfg["topk"]} experts', file=sys.stderr)
-        return 1
+        return False, 1
     tokens = list(args.tokens or cfg['tokens'])
-    cores = _cores()
-    threads = args.threads or max(1, cores // R)
+    if comm is not None:
+        # mpirun binds each rank (Open MPI: to one core when R <= 2): the machine's cores, and per
+        # rank what the binding leaves it
+        cores = os.cpu_count() or 1
+        threads = args.threads or max(1, min(_cores(), cores // R))
+    else:
+        cores = _cores()
+        threads = args.threads or max(1, cores // R)
     if R * threads > cores:
         print(f'note: {R} ranks x {threads} threads oversubscribe the {cores} cores', flush=True)
 
@@ -485,11 +564,21 @@ def main(argv=None):
                   f'symmetric buffers, activations, {R} processes) but MemAvailable is {avail / 2 ** 30:.1f} GiB: '
                   f'not run. Fewer experts (--experts N) or fp8xfp4 weights fit.',
                   file=sys.stderr)
-            return 1
+            return False, 1
         transform = with_copy <= 0.9 * avail
 
-    lim_threads = dg.get_num_sms()
-    lim = measure_limits(args.limits, args.quick)
+    if comm is not None and hasattr(os, 'sched_setaffinity'):
+        # the limits of the whole machine, not of the core mpirun bound this rank to
+        bound = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, range(cores))
+        try:
+            lim = measure_limits(args.limits, args.quick)
+        finally:
+            os.sched_setaffinity(0, bound)
+        lim_threads = cores
+    else:
+        lim_threads = dg.get_num_sms()
+        lim = measure_limits(args.limits, args.quick)
     peak, pname = compute_peak(lim, 'bf16')
     load0 = os.getloadavg()
     print(f'deep_gemm_cpu {dg.__version__} isa {dg.get_isa()} | torch {torch.__version__} | {cpu_name()} | '
@@ -512,6 +601,11 @@ def main(argv=None):
           f'{3 if args.mma == "fp8xfp4" else 4} bytes (dispatched x + returned BF16 rows); fused/unf = unfused '
           'time over fused time', flush=True)
 
+    if args.mpi:
+        print(f'ranks started by mpirun; symmetric buffer over mpi4py.MPI.COMM_WORLD, '
+              + ('DG_COMM_FORCE_NETWORK=1: the MPI network path' if args.network else
+                 'the shared-memory path where the ranks share a machine'), flush=True)
+
     import tempfile
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as d:
@@ -519,10 +613,18 @@ def main(argv=None):
         opts = dict(port=_free_port(), threads=threads, ranks=R, mma=args.mma, cfg=cfg, tokens=tokens,
                     seed=args.seed, transform=transform, clamp=args.clamp if args.clamp >= 0 else None,
                     limits=lim, limit_threads=lim_threads, reps=args.reps, max_reps=10,
-                    budget=1.0 if args.quick else 4.0, result_file=result_file)
-        mp.start_processes(_rank_main, args=(opts,), nprocs=R, join=True, start_method='spawn')
+                    budget=1.0 if args.quick else 4.0, result_file=result_file, mpi=args.mpi,
+                    network=args.network)
+        if comm is not None:
+            _idle_barrier(comm)
+            comm.bcast(opts, root=0)
+            _rank_main(0, opts)
+        else:
+            mp.start_processes(_rank_main, args=(opts,), nprocs=R, join=True, start_method='spawn')
         with open(result_file) as f:
             out = json.load(f)
+        if comm is not None:
+            comm.bcast(out['failed'], root=0)
     seconds = time.perf_counter() - t_start
     load1 = os.getloadavg()
     print(f'run took {seconds:.0f} s; load average at the end {load1[0]:.2f}', flush=True)
@@ -537,8 +639,8 @@ def main(argv=None):
     if out['failed']:
         print(f'error: the fused output differs from the unfused chain (calc_diff > {MAX_DIFF}) or its recv '
               f'stats are wrong', file=sys.stderr)
-        return 2
-    return 0
+        return True, 2
+    return True, 0
 
 
 if __name__ == '__main__':

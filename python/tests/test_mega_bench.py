@@ -1,10 +1,13 @@
 """python -m deep_gemm_cpu.mega_bench stays runnable: its quickest setting (--quick) with 1 and 2
 rank processes in a subprocess exits 0 and prints the header, one row per token count and rank
 (plus the "all" row) with the fused output within calc_diff 1e-3 of the unfused chain, and a
-JSON of the same figures; --full refuses clearly when the weights would not fit."""
+JSON of the same figures; --full refuses clearly when the weights would not fit; under mpirun
+(--mpi) with the forced network path (--network) the same, with the fused call's path report
+naming the MPI network path."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -18,21 +21,47 @@ ROW = re.compile(r'^\s*(\d+)\s+(\d+|all)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s
                  r'\s+([\d.]+)\s+([\d.]+)x\s+(\S+)')
 
 
-def _run(args, timeout=120):
+def _run(args, timeout=120, launcher=()):
     env = dict(os.environ)
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(dg.__file__)))
     env['PYTHONPATH'] = os.pathsep.join([pkg_root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-    return subprocess.run([sys.executable, '-m', 'deep_gemm_cpu.mega_bench'] + args, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(list(launcher) + [sys.executable, '-m', 'deep_gemm_cpu.mega_bench'] + args,
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize('ranks', [1, 2])
-def test_quick_run(ranks, tmp_path):
+def _mpirun():
+    """mpirun with mpi4py and the library's MPI build; else skips (fails on CI, where .ci/run
+    installs them)."""
+    mpirun = shutil.which('mpirun') or shutil.which('mpiexec')
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        mpirun = None
+    if mpirun is None or not dg._C.has_mpi():
+        if os.environ.get('CI'):
+            pytest.fail('mpirun, mpi4py or the library\'s MPI build is missing on a CI machine')
+        pytest.skip('mpirun, mpi4py or the library\'s MPI build is not installed')
+    return mpirun
+
+
+@pytest.mark.parametrize('ranks,mpi', [(1, False), (2, False), (2, True)])
+def test_quick_run(ranks, mpi, tmp_path):
     out = tmp_path / 'mega.json'
-    r = _run(['--quick', '--ranks', str(ranks), '--limits', 'python', '--reps', '1', '--json', str(out)])
+    args = ['--quick', '--limits', 'python', '--reps', '1', '--json', str(out)]
+    if mpi:  # the ranks started by mpirun, the fused call on the forced MPI network path
+        r = _run(args + ['--mpi', '--network'], timeout=180,
+                 launcher=(_mpirun(), '--allow-run-as-root', '--oversubscribe', '-n', str(ranks)))
+    else:
+        r = _run(args + ['--ranks', str(ranks)])
     assert r.returncode == 0, f'exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}'
     text = r.stdout
-    threads = max(1, len(os.sched_getaffinity(0)) // ranks)
+    if mpi:
+        assert re.search(r'^path \(rank 0\): dg_fp8_fp4_mega_moe\S*: network path \(MPI\), 2 ranks', text, re.M), text
+        threads = int(re.search(r'ranks 2 x (\d+) threads per rank', text).group(1))  # mpirun's binding decides
+    else:
+        assert re.search(r'^path \(rank 0\): dg_fp8_fp4_mega_moe\S*: symmetric buffer over shared memory', text,
+                         re.M), text
+        threads = max(1, len(os.sched_getaffinity(0)) // ranks)
     assert f'ranks {ranks} x {threads} threads per rank' in text, text
     assert mega_bench.cpu_name() in text.splitlines()[0] and 'limits: fp32' in text, text
     assert re.search(r'^\s*tokens\s+rank\s+pairs\s+experts\s+fused ms\s+TFLOPS\s+limit\s+%lim\s+comm GB/s\s+'
@@ -59,6 +88,11 @@ def test_quick_run(ranks, tmp_path):
         for f in figs:
             assert f['recv_stats_ok'] and f['finite'] and f['calc_diff'] <= 1e-3
             assert f['fused_s'] > 0 and f['unfused_s'] > 0 and f['tflops'] > 0
+
+
+def test_network_needs_mpi():
+    r = _run(['--quick', '--network'], timeout=60)
+    assert r.returncode == 2 and '--network needs --mpi' in r.stderr, r.stdout + r.stderr
 
 
 def test_full_refused_when_too_large():
