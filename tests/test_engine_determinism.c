@@ -5,7 +5,9 @@
  *   - batch invariance: a row of D is bitwise the same whether computed with M = 1, M = 37 or
  *     M = 300, and wherever it sits in A (other rows, tile position, M tails do not matter);
  * for BF16, FP8 1D2D (float32 scales applied per K block), UE8M0 (folded) and FP8 x FP4, on
- * every kernel this CPU runs.
+ * every kernel this CPU runs;
+ *   - AMX: BF16 A read in place by the tiles (gemm.c, N within one column block) gives bitwise
+ *     the D of the same values packed first (an MN-major A), M tails and row views included.
  */
 #include "test_gemm_dense_util.h"
 
@@ -92,6 +94,64 @@ static void check(const dcase *c, const char *kernel) {
     top_free(&b);
 }
 
+/* AMX, BF16: the large-M kernel reads a K-major A in place when N fits one column block (the
+ * path report says so); an MN-major A with the same values is packed first. Bitwise the same D,
+ * on M tails of 1 to 31 rows (the short last panel is staged), N tails, K of one k step to many
+ * slices, padded row strides; and a row view starting at row 1 (other tails) keeps every row. */
+static void check_a_in_place(void) {
+    const dg_isa saved = dg_get_isa();
+    if (dg_set_isa(DG_ISA_AMX) != DG_OK)
+        return; /* not on this CPU */
+    static const struct { int64_t m, n, k; } shapes[] = {
+        {97, 256, 320}, {300, 48, 64}, {545, 512, 1024}, {65, 33, 32}, {128, 256, 7168}, {96, 17, 96},
+    };
+    const int saved_paths = dg_get_print_paths();
+    dg_set_print_paths(2);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+        const int64_t m = shapes[s].m, n = shapes[s].n, k = shapes[s].k;
+        tu_rng r1 = {s + 71}, r2 = {s + 71}, rb = {s + 171};
+        top ak = top_make(&r1, DG_BFLOAT16, m, k, 0, 0, 0, 0, 0); /* row stride k + 3 */
+        top am = top_make(&r2, DG_BFLOAT16, m, k, 1, 0, 0, 0, 0); /* the same values, MN-major */
+        top b = top_make(&rb, DG_BFLOAT16, n, k, 0, 0, 0, 0, 0);
+        dg_tensor d[3];
+        for (int v = 0; v < 3; ++v) {
+            d[v] = tu_alloc2(DG_FLOAT32, m, n);
+            dg_clear_path_report();
+            dg_status st;
+            if (v == 1) {
+                const dg_tensor at = dg_tensor_transpose(am.t, 0, 1);
+                st = dg_bf16_gemm_tt(&at, &b.t, &d[v], NULL); /* A transposed, B as given */
+            } else {
+                dg_tensor at = ak.t; /* v == 2: rows 1 .. m - 1 into rows 1 .. of d[2] */
+                dg_tensor dv = d[v];
+                if (v == 2) {
+                    at.data = (uint16_t *)at.data + at.strides[0], at.shape[0] = m - 1;
+                    dv.data = (float *)dv.data + n, dv.shape[0] = m - 1;
+                }
+                st = dg_bf16_gemm_nt(&at, &b.t, &dv, NULL);
+            }
+            TU_CHECK(st == DG_OK, "A in place M=%lld N=%lld K=%lld variant %d: %s", (long long)m, (long long)n,
+                     (long long)k, v, dg_last_error());
+            char report[1024];
+            dg_get_path_report(report, sizeof report);
+            const int in_place = strstr(report, "read in place") != NULL;
+            TU_CHECK(in_place == (v != 1), "A in place M=%lld N=%lld K=%lld variant %d took: %s", (long long)m,
+                     (long long)n, (long long)k, v, report);
+        }
+        TU_CHECK(memcmp(d[0].data, d[1].data, (size_t)(m * n) * sizeof(float)) == 0,
+                 "A in place M=%lld N=%lld K=%lld: bitwise the packed A's D", (long long)m, (long long)n, (long long)k);
+        TU_CHECK(memcmp((float *)d[0].data + n, (float *)d[2].data + n, (size_t)((m - 1) * n) * sizeof(float)) == 0,
+                 "A in place M=%lld N=%lld K=%lld: rows 1.. of a row view keep their bits", (long long)m, (long long)n,
+                 (long long)k);
+        for (int v = 0; v < 3; ++v)
+            tu_free(&d[v]);
+        top_free(&ak), top_free(&am), top_free(&b);
+    }
+    dg_clear_path_report();
+    dg_set_print_paths(saved_paths);
+    dg_set_isa(saved);
+}
+
 int main(void) {
     const dcase cases[] = {
         {"bf16", DG_BFLOAT16, DG_BFLOAT16, {0, 0}, {0, 0}, 0},
@@ -106,5 +166,6 @@ int main(void) {
             check(&cases[c], dg_engine_config(isa)->name);
     }
     tu_engine_variants_done(best);
+    check_a_in_place();
     return tu_finish();
 }

@@ -34,7 +34,9 @@
  * unchanged (4000-4700) on an idle machine; demand loads of the same lines did lower it
  * (3300 / 2100) but slowed the other calls more. MC x NC of 256 x 256 to 1024 x 128 and
  * 512 x 544 (no thin last tile) were no faster either. Reading A's rows in place (tile loads
- * with the row stride, no packed copy) was 15% slower: each tile load then touches 16 pages;
+ * with the row stride, no packed copy) was 15% slower: each tile load then touches 16 pages
+ * (it pays where N fits one NC block and packing A is a pass of its own: gemm.c, a_in_place;
+ * 4096 x 256 x 7168 16.3 -> 9.6 ms);
  * packing A per tile and K slice by the computing thread, 92-96 against 82 ms (2 threads).
  */
 #include "engine.h"
@@ -100,7 +102,7 @@ static const dg_engine_cfg kCfg[] = {
                     dg_widen_e4m3_avx512, dg_widen_e2m1_avx512, {NULL},
                     .amx = 1, .fallback = DG_ISA_AVX512_BF16, .ukr_begin = dg_ukr_bf16_amx_begin,
                     .pack_amx_a_mn = dg_pack_bf16_mn_amx_a_avx512, .widen_e2m1_blocks = dg_widen_e2m1_blocks_avx512,
-                    .ukr_f64 = dg_ukr_bf16_amx_f64},
+                    .ukr_f64 = dg_ukr_bf16_amx_f64, .ukr_a_rows = dg_ukr_bf16_amx_a_rows},
 #endif
 #else
     [DG_ISA_AVX2] = {"generic/f32", DG_PACK_F32, 4, 16, 64, 256, 256, dg_ukr_f32_generic},

@@ -327,6 +327,11 @@ typedef struct dg_engine_cfg {
      * it, c not read), or with DG_F64_LAST rounded to float32 into out instead (c not written;
      * NULL when the call is the only run); both of row stride ldc. NULL elsewhere. */
     void (*ukr_f64)(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags);
+    /* AMX: ukr (modes ZERO and ACC) with A's MR rows read where they are (BF16, K-major, row
+     * stride lda elements, kc whole k steps of 32): the same tile ops on the same values, so
+     * the same bits as on packed A. Used where packing A would only add a pass over it
+     * (gemm.c). NULL elsewhere. */
+    void (*ukr_a_rows)(int64_t kc, const void *a, int64_t lda, const void *b, float *c, int64_t ldc, int mode);
 } dg_engine_cfg;
 
 /* The packed format of A (the MR-row operand) under configuration cfg. */
@@ -401,6 +406,8 @@ void dg_ukr_bf16_amx_begin(void);
 void dg_ukr_bf16_amx(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode, const float *sa,
                      const float *sb);
 void dg_ukr_bf16_amx_f64(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags);
+void dg_ukr_bf16_amx_a_rows(int64_t kc, const void *a, int64_t lda, const void *b, float *c, int64_t ldc,
+                            int mode);
 void dg_ukr_bf16_avx512bf16(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode,
                             const float *sa, const float *sb);
 /* AMX small-M kernels (src/kernels/amx/smallm_amx.c; x86-64 only), after dg_amx_small_begin.

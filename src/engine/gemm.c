@@ -26,7 +26,26 @@ typedef struct tile_job {
     int64_t m, n;
     int gblk;       /* the accumulation block (engine.h) */
     int64_t mc, nc; /* the tile actually used: the configuration's, halved for small problems */
+    const uint16_t *a_rows; /* A read in place (cfg->ukr_a_rows; pa only describes it), or NULL */
+    int64_t lda;            /* its row stride in elements */
 } tile_job;
+
+/* The K step of a tile's slices: whole accumulation blocks, about KC. */
+static int64_t slice_step(const dg_engine_cfg *cfg, int gblk) { return gblk * (cfg->kc / gblk > 0 ? cfg->kc / gblk : 1); }
+
+/* A read in place: rows [r0, r0 + rows) (rows < MR, the last panel), k in [k0, k1), as one
+ * packed DG_PACK_AMX_A panel slice in `out` (rows past `rows` zero), for the packed kernel. */
+static void stage_tail(const tile_job *j, int64_t r0, int64_t rows, int64_t k0, int64_t k1, uint16_t *out) {
+    const int mr = j->cfg->mr;
+    for (int64_t t = 0; t < (k1 - k0) / 32; ++t)
+        for (int rr = 0; rr < mr; ++rr) {
+            uint16_t *o = out + (t * mr + rr) * 32;
+            if (rr < rows)
+                memcpy(o, j->a_rows + (r0 + rr) * j->lda + k0 + 32 * t, 64);
+            else
+                memset(o, 0, 64);
+        }
+}
 
 void dg_engine_store_row(const dg_tensor *d, const dg_tensor *c, int64_t i, int64_t n0, int64_t cols,
                          const float *acc) {
@@ -72,13 +91,14 @@ static inline const float *scales_at(const dg_packed *p, int64_t panel, int64_t 
 
 /* One MC x NC tile [m0, m0 + rows) x [n0, n0 + cols) into buf (ldc = NC rounded to NR). */
 static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, int64_t cols, float *buf,
-                     int64_t ldc, const float *ones) {
+                     int64_t ldc, const float *ones, uint16_t *tail) {
     const dg_engine_cfg *cfg = j->cfg;
     const dg_packed *pa = j->pa, *pb = j->pb;
     const int64_t mpan = dg_ceil_div(rows, cfg->mr), npan = dg_ceil_div(cols, cfg->nr);
     const int64_t pa0 = m0 / cfg->mr, pb0 = n0 / cfg->nr, kp = pa->kp;
     const int gblk = j->gblk;
-    const int64_t step = gblk * (cfg->kc / gblk > 0 ? cfg->kc / gblk : 1);
+    const int64_t step = slice_step(cfg, gblk);
+    const int64_t tail_rows = j->a_rows && rows % cfg->mr ? rows % cfg->mr : 0; /* A in place: a short last panel */
     /* AMX without unfolded scales: one tile chain over all of K (engine.h), continued across
      * K slices through the buffer (tile loads and stores are exact) */
     const bool chain = cfg->amx && !pa->scales && !pb->scales;
@@ -89,9 +109,21 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
         const int64_t k1 = k0 + step < kp ? k0 + step : kp;
         if (k1 == kp)
             prefetch_out(j, m0, rows, n0, cols);
+        if (tail_rows)
+            stage_tail(j, m0 + (mpan - 1) * cfg->mr, tail_rows, k0, k1, tail);
         for (int64_t jr = 0; jr < npan; ++jr)
             for (int64_t ir = 0; ir < mpan; ++ir) {
                 float *ct = buf + ir * cfg->mr * ldc + jr * cfg->nr;
+                if (j->a_rows && !(tail_rows && ir == mpan - 1)) { /* chain holds (dg_engine_gemm) */
+                    cfg->ukr_a_rows(k1 - k0, j->a_rows + (m0 + ir * cfg->mr) * j->lda + k0, j->lda,
+                                    panel_at(pb, pb0 + jr, k0), ct, ldc, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC);
+                    continue;
+                }
+                if (j->a_rows) {
+                    cfg->ukr(k1 - k0, tail, panel_at(pb, pb0 + jr, k0), ct, ldc, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC,
+                             ones, ones);
+                    continue;
+                }
                 if (chain) {
                     cfg->ukr(k1 - k0, panel_at(pa, pa0 + ir, k0), panel_at(pb, pb0 + jr, k0), ct, ldc,
                              k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC, ones, ones);
@@ -134,7 +166,9 @@ static dg_status run_tiles(tile_job *j) {
     const int threads = (int)(tiles < dg_num_threads() ? tiles : dg_num_threads());
     /* Every thread's buffers up front: a failure returns before anything is written. */
     const int nones = cfg->mr > cfg->nr ? cfg->mr : cfg->nr;
-    const int64_t per_thread = dg_align(cfg->mc * ldc + nones, 16);
+    /* A in place: a packed slice of the short last panel (BF16, 2 per float) */
+    const int64_t tail_floats = j->a_rows ? dg_align(cfg->mr * slice_step(cfg, j->gblk) / 2, 16) : 0;
+    const int64_t per_thread = dg_align(cfg->mc * ldc + nones, 16) + tail_floats;
     /* from the workspace pool: a fresh 2 MiB block per call had cost ~530 page faults */
     float *mem = dg_ws_get((size_t)(threads * per_thread) * sizeof(float));
     DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for the GEMM tile buffers");
@@ -145,6 +179,7 @@ static dg_status run_tiles(tile_job *j) {
         tid = omp_get_thread_num();
 #endif
         float *buf = mem + tid * per_thread, *ones = buf + cfg->mc * ldc;
+        uint16_t *tail = j->a_rows ? (uint16_t *)(void *)(buf + dg_align(cfg->mc * ldc + nones, 16)) : NULL;
         for (int i = 0; i < nones; ++i)
             ones[i] = 1.0f;
 #pragma omp for schedule(dynamic, 1)
@@ -152,7 +187,7 @@ static dg_status run_tiles(tile_job *j) {
             const int64_t ic = t % mt, jc = t / mt, m0 = ic * j->mc, n0 = jc * j->nc;
             const int64_t rows = j->m - m0 < j->mc ? j->m - m0 : j->mc;
             const int64_t cols = j->n - n0 < j->nc ? j->n - n0 : j->nc;
-            run_tile(j, m0, rows, n0, cols, buf, ldc, ones);
+            run_tile(j, m0, rows, n0, cols, buf, ldc, ones, tail);
         }
     }
     dg_ws_put(mem);
@@ -162,7 +197,7 @@ static dg_status run_tiles(tile_job *j) {
 /* The tile loop over operands packed by the caller (prepack.c: a pre-packed B). */
 dg_status dg_engine_run_packed(const dg_engine_cfg *cfg, const dg_packed *pa, const dg_packed *pb, int gblk,
                                const dg_tensor *d, const dg_tensor *c) {
-    tile_job j = {cfg, pa, pb, d, c, pa->mn, pb->mn, gblk, 0, 0};
+    tile_job j = {cfg, pa, pb, d, c, pa->mn, pb->mn, gblk, 0, 0, NULL, 0};
     return run_tiles(&j);
 }
 
@@ -188,6 +223,17 @@ dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b,
     return dg_engine_gemm_small_assume_pow2(dg_engine_config(dg_get_isa()), a, &assumed, &plan, d, refuted);
 }
 
+/* AMX: A's BF16 rows fed to the tiles where they are, without a packed copy, when B fits in one
+ * NC column block: then every A panel is read by one tile's column loop only, and packing it
+ * would add a write and a read of all of A (for the router GEMM of bf16_mega_gate, N = 256,
+ * K = 7168: a third of the call). With several column blocks the packed panels are re-read
+ * per block, contiguously, and reading rows in place measured 15% slower (config.c). Needs K
+ * in whole k steps (no padding to read) and no scales (one tile chain over K, engine.h). */
+static bool a_in_place(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b, const dg_scale_plan *plan) {
+    return cfg->ukr_a_rows && a->data->dtype == DG_BFLOAT16 && !a->grouped && !a->sf && a->data->strides[1] == 1 &&
+           a->k % 32 == 0 && a->mn >= cfg->mr && b->mn <= cfg->nc && !(b->sf && !plan->fold_b);
+}
+
 dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tensor *d, const dg_tensor *c) {
     if (dg_engine_fp4x4_applies(a, b)) /* both E2M1: integer block dot products (fp4x4.h) */
         return dg_engine_gemm_fp4x4(a, b, d, c);
@@ -210,18 +256,26 @@ dg_status dg_engine_gemm(const dg_operand *a, const dg_operand *b, const dg_tens
     cfg = chosen;
     if (dg_engine_small_applies(cfg, a, b))
         return dg_engine_gemm_small(cfg, a, b, &plan, d, c);
-    DG_PATH("%s large-M kernel (%dx%d tiles, A %s, B %s%s)%s | first: m=%lld n=%lld k=%lld", cfg->name, cfg->mr,
-            cfg->nr, dg_dtype_name(a->data->dtype), dg_dtype_name(b->data->dtype), !plan.fold_a || !plan.fold_b ? ", scales per K block" : "",
+    const bool in_place = a_in_place(cfg, a, b, &plan);
+    DG_PATH("%s large-M kernel (%dx%d tiles, A %s%s, B %s%s)%s | first: m=%lld n=%lld k=%lld", cfg->name, cfg->mr,
+            cfg->nr, dg_dtype_name(a->data->dtype), in_place ? " read in place" : "", dg_dtype_name(b->data->dtype),
+            !plan.fold_a || !plan.fold_b ? ", scales per K block" : "",
             a->mn <= dg_engine_small_m_max(cfg) ? " [small-M path: none at this level]" : "", (long long)a->mn,
             (long long)b->mn, (long long)a->k);
-    dg_packed pa, pb;
-    DG_TRY(dg_engine_pack(a, plan.fold_a, plan.gblk, dg_engine_fmt_a(cfg), cfg->mr, cfg, &pa));
+    dg_packed pa = {0}, pb;
+    if (in_place) /* describes A's panels; their data stays in A */
+        pa = (dg_packed){.fmt = DG_PACK_AMX_A, .r = cfg->mr, .mn = a->mn, .k = a->k, .kp = a->k,
+                         .panels = dg_ceil_div(a->mn, cfg->mr)};
+    else
+        DG_TRY(dg_engine_pack(a, plan.fold_a, plan.gblk, dg_engine_fmt_a(cfg), cfg->mr, cfg, &pa));
     dg_status st = dg_engine_pack(b, plan.fold_b, plan.gblk, cfg->fmt, cfg->nr, cfg, &pb);
     if (st == DG_OK) {
-        tile_job j = {cfg, &pa, &pb, d, c, a->mn, b->mn, plan.gblk, 0, 0};
+        tile_job j = {cfg, &pa, &pb, d, c, a->mn, b->mn, plan.gblk, 0, 0,
+                      in_place ? (const uint16_t *)a->data->data : NULL, in_place ? a->data->strides[0] : 0};
         st = run_tiles(&j);
         dg_engine_packed_free(&pb);
     }
-    dg_engine_packed_free(&pa);
+    if (!in_place)
+        dg_engine_packed_free(&pa);
     return st;
 }

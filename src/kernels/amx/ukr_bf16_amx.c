@@ -38,8 +38,10 @@ static void scale_into(const float *acc, float *c, int64_t ldc, const float *sa,
     }
 }
 
-static inline void ukr_body(int64_t kc, const uint16_t *a, const uint16_t *b, float *c, int64_t ldc, int mode,
-                            const float *sa, const float *sb) {
+/* A's k step s, rows 0-15 at a + s * a_step with row stride a_stride bytes, rows 16-31 a_half
+ * elements further: packed panels (1024, 512, 64 bytes) or A's own rows (32, 16 lda, 2 lda). */
+static inline void ukr_body(int64_t kc, const uint16_t *a, int64_t a_step, int64_t a_half, int64_t a_stride,
+                            const uint16_t *b, float *c, int64_t ldc, int mode, const float *sa, const float *sb) {
     if (mode == DG_UKR_ACC) {
         _tile_loadd(0, c, ldc * 4);
         _tile_loadd(1, c + 16, ldc * 4);
@@ -55,21 +57,21 @@ static inline void ukr_body(int64_t kc, const uint16_t *a, const uint16_t *b, fl
      * So each operand is reloaded right after its last product of the step, while the other
      * products run, and the next step's first products find their operands ready. */
     const int64_t steps = kc / 32;
-    _tile_loadd(4, a, 64);
+    _tile_loadd(4, a, a_stride);
     _tile_loadd(6, b, 128);
     _tile_loadd(7, b + 32, 128);
-    _tile_loadd(5, a + 16 * 32, 64);
+    _tile_loadd(5, a + a_half, a_stride);
     for (int64_t s = 1; s <= steps; ++s) {
         const int64_t t = s < steps ? s : s - 1; /* the last step reloads harmlessly */
-        const uint16_t *as = a + t * 32 * 32, *bs = b + t * 16 * 64;
+        const uint16_t *as = a + t * a_step, *bs = b + t * 16 * 64;
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(4, as, 64);
+        _tile_loadd(4, as, a_stride);
         _tile_dpbf16ps(2, 5, 6);
         _tile_loadd(6, bs, 128);
         _tile_dpbf16ps(3, 5, 7);
         _tile_loadd(7, bs + 32, 128);
-        _tile_loadd(5, as + 16 * 32, 64);
+        _tile_loadd(5, as + a_half, a_stride);
     }
     if (mode != DG_UKR_SCALE) {
         _tile_stored(0, c, ldc * 4);
@@ -88,7 +90,12 @@ static inline void ukr_body(int64_t kc, const uint16_t *a, const uint16_t *b, fl
 
 void dg_ukr_bf16_amx(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int mode, const float *sa,
                      const float *sb) {
-    ukr_body(kc, a, b, c, ldc, mode, sa, sb);
+    ukr_body(kc, a, 32 * 32, 16 * 32, 64, b, c, ldc, mode, sa, sb);
+}
+
+void dg_ukr_bf16_amx_a_rows(int64_t kc, const void *a, int64_t lda, const void *b, float *c, int64_t ldc,
+                            int mode) {
+    ukr_body(kc, a, 32, 16 * lda, 2 * lda, b, c, ldc, mode, NULL, NULL);
 }
 
 static inline __m512d lo_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
@@ -108,14 +115,14 @@ static inline __m512d hi_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32
 void dg_ukr_bf16_amx_f64(int64_t kc, const void *a, const void *b, double *c, float *out, int64_t ldc, int flags) {
     const int nb = (int)((kc + DG_ACC_BLOCK - 1) / DG_ACC_BLOCK);
     if (nb == 1 && flags == (DG_F64_FIRST | DG_F64_LAST)) {
-        ukr_body(kc, a, b, out, ldc, DG_UKR_ZERO, NULL, NULL);
+        ukr_body(kc, a, 32 * 32, 16 * 32, 64, b, out, ldc, DG_UKR_ZERO, NULL, NULL);
         return;
     }
     float acc[DG_F64_RUN][32 * 32] __attribute__((aligned(64)));
     for (int q = 0; q < nb; ++q) {
         const int64_t k0 = (int64_t)q * DG_ACC_BLOCK, len = kc - k0 < DG_ACC_BLOCK ? kc - k0 : DG_ACC_BLOCK;
-        ukr_body(len, (const uint16_t *)a + k0 * 32, (const uint16_t *)b + k0 * 32, acc[q], 32, DG_UKR_ZERO, NULL,
-                 NULL);
+        ukr_body(len, (const uint16_t *)a + k0 * 32, 32 * 32, 16 * 32, 64, (const uint16_t *)b + k0 * 32, acc[q], 32,
+                 DG_UKR_ZERO, NULL, NULL);
     }
     for (int r = 0; r < 32; ++r)
         for (int h = 0; h < 32; h += 16) {
