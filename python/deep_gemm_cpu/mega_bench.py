@@ -12,14 +12,14 @@ cores) and owns E/R experts.
 
 Under MPI the launcher starts the ranks instead, and the symmetric buffer is made over
 ``mpi4py.MPI.COMM_WORLD`` (the library's MPI bootstrap; the unfused chain and the timing
-barriers still use a gloo group):
+barriers still use a gloo group, which meets on 127.0.0.1: the ranks must share one machine):
 
     mpirun -n R python -m deep_gemm_cpu.mega_bench --mpi [--network] [options]
 
 ``--network`` sets ``DG_COMM_FORCE_NETWORK=1`` in every rank before the buffer is made, so the
 fused call exchanges its tokens and outputs through MPI (``MPI_Allgatherv`` / ``MPI_Alltoallv``)
-as ranks on different machines would, instead of the shared-memory segment; the rows' header
-line says which path ran.
+as ranks on different machines would, instead of the shared-memory segment; the ``path (rank
+0)`` line quotes the call's path report. A rank that fails mid-run aborts the job.
 
 Configurations:
 
@@ -513,13 +513,32 @@ def main(argv=None):
         opts = comm.bcast(None, root=0)
         if opts is None:
             return 1
-        _rank_main(me, opts)
+        _run_or_abort(comm, me, opts)
         return 0 if not comm.bcast(None, root=0) else 2
-    ran, code = _main_rank0(args, cfg, R, comm, t_start)
+    sent = []  # rank 0: whether the other ranks got their settings (then they run, or the job aborts)
+    try:
+        ran, code = _main_rank0(args, cfg, R, comm, t_start, sent)
+    except BaseException:
+        if comm is not None and not sent:  # failed before the run: release the other ranks
+            _idle_barrier(comm)
+            comm.bcast(None, root=0)
+        raise
     if comm is not None and not ran:  # refused before the run: release the other ranks
         _idle_barrier(comm)
         comm.bcast(None, root=0)
     return code
+
+
+def _run_or_abort(comm, rank, opts):
+    """_rank_main under mpirun: a rank that fails mid-run ends the job (MPI_Abort), since its
+    peers would otherwise wait for it in gloo collectives and the final broadcast."""
+    try:
+        _rank_main(rank, opts)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
 
 
 def _idle_barrier(comm):
@@ -530,7 +549,7 @@ def _idle_barrier(comm):
         time.sleep(0.005)
 
 
-def _main_rank0(args, cfg, R, comm, t_start):
+def _main_rank0(args, cfg, R, comm, t_start, sent):
     """Checks, limits and the header; then the run: spawned ranks, or (comm) this process as
     rank 0 of mpirun's. Returns (whether the ranks ran, the exit status)."""
     if cfg['experts'] % R:
@@ -568,13 +587,16 @@ def _main_rank0(args, cfg, R, comm, t_start):
         transform = with_copy <= 0.9 * avail
 
     if comm is not None and hasattr(os, 'sched_setaffinity'):
-        # the limits of the whole machine, not of the core mpirun bound this rank to
-        bound = os.sched_getaffinity(0)
+        # the limits of the whole machine, not of the core mpirun bound this rank to (dgbench
+        # inherits the widened affinity; the Python estimate runs torch on every core)
+        bound, torch_threads = os.sched_getaffinity(0), torch.get_num_threads()
         os.sched_setaffinity(0, range(cores))
+        torch.set_num_threads(cores)
         try:
             lim = measure_limits(args.limits, args.quick)
         finally:
             os.sched_setaffinity(0, bound)
+            torch.set_num_threads(torch_threads)
         lim_threads = cores
     else:
         lim_threads = dg.get_num_sms()
@@ -618,7 +640,8 @@ def _main_rank0(args, cfg, R, comm, t_start):
         if comm is not None:
             _idle_barrier(comm)
             comm.bcast(opts, root=0)
-            _rank_main(0, opts)
+            sent.append(True)
+            _run_or_abort(comm, 0, opts)
         else:
             mp.start_processes(_rank_main, args=(opts,), nprocs=R, join=True, start_method='spawn')
         with open(result_file) as f:

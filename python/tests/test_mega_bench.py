@@ -29,9 +29,10 @@ def _run(args, timeout=120, launcher=()):
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _mpirun():
-    """mpirun with mpi4py and the library's MPI build; else skips (fails on CI, where .ci/run
-    installs them)."""
+def _mpirun(ranks):
+    """The mpirun command line for `ranks` processes (Open MPI's flags for root and for more
+    ranks than cores where it is Open MPI's), with mpi4py and the library's MPI build; else
+    skips (fails on CI, where .ci/run installs them)."""
     mpirun = shutil.which('mpirun') or shutil.which('mpiexec')
     try:
         import mpi4py  # noqa: F401
@@ -41,7 +42,9 @@ def _mpirun():
         if os.environ.get('CI'):
             pytest.fail('mpirun, mpi4py or the library\'s MPI build is missing on a CI machine')
         pytest.skip('mpirun, mpi4py or the library\'s MPI build is not installed')
-    return mpirun
+    version = subprocess.run([mpirun, '--version'], capture_output=True, text=True).stdout
+    flags = ['--allow-run-as-root', '--oversubscribe'] if 'Open MPI' in version or 'OpenRTE' in version else []
+    return [mpirun] + flags + ['-n', str(ranks)]
 
 
 @pytest.mark.parametrize('ranks,mpi', [(1, False), (2, False), (2, True)])
@@ -49,8 +52,7 @@ def test_quick_run(ranks, mpi, tmp_path):
     out = tmp_path / 'mega.json'
     args = ['--quick', '--limits', 'python', '--reps', '1', '--json', str(out)]
     if mpi:  # the ranks started by mpirun, the fused call on the forced MPI network path
-        r = _run(args + ['--mpi', '--network'], timeout=180,
-                 launcher=(_mpirun(), '--allow-run-as-root', '--oversubscribe', '-n', str(ranks)))
+        r = _run(args + ['--mpi', '--network'], timeout=180, launcher=_mpirun(ranks))
     else:
         r = _run(args + ['--ranks', str(ranks)])
     assert r.returncode == 0, f'exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}'
@@ -88,6 +90,15 @@ def test_quick_run(ranks, mpi, tmp_path):
         for f in figs:
             assert f['recv_stats_ok'] and f['finite'] and f['calc_diff'] <= 1e-3
             assert f['fused_s'] > 0 and f['unfused_s'] > 0 and f['tflops'] > 0
+
+
+@pytest.mark.parametrize('args,message', [(['--experts', '3'], 'do not split over 2 ranks'),
+                                          (['--ranks', '3'], 'mpirun started 2 processes'),
+                                          (['--limits', '/nonexistent.json'], 'nonexistent')])
+def test_mpi_refusals_end_every_rank(args, message):
+    """Under mpirun, a refusal or an error on rank 0 before the run ends every rank (no hang)."""
+    r = _run(['--quick', '--mpi'] + args, timeout=120, launcher=_mpirun(2))
+    assert r.returncode != 0 and message in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_network_needs_mpi():

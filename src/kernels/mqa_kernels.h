@@ -121,7 +121,7 @@ typedef struct dg_mqa_kernel {
 
 /* The kernel for an ISA level and an input format (falls back to lower levels). mx_in_range:
  * for MXFP8, whether every scale byte of the call keeps the values, products and sums in
- * float32's normal range (dg_mqa_mx_in_range), which the VDPBF16PS tile needs. */
+ * float32's normal range (mx_ok in mqa_logits.c), which the VDPBF16PS and AMX tiles need. */
 const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range);
 
 /* Generic pieces (src/kernels/generic/mqa_generic.c), usable by every ISA. */

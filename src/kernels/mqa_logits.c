@@ -91,7 +91,7 @@ const dg_mqa_kernel *dg_mqa_kernel_for(dg_isa isa, int fmt, bool mx_in_range) {
 
 /* ---- MXFP8 scale ranges ---------------------------------------------------------------------
  * A converted MXFP8 value is E4M3 * 2^-8 * 2^(b - 127) for its group's scale byte b: 4
- * significant bits, at least 2^(b - 144) in magnitude when nonzero, below 2^(b - 118). So with
+ * significant bits, at least 2^(b - 144) in magnitude when nonzero, below 2^(b - 126). So with
  * every q and kv byte in [18, 245], q's smallest plus kv's smallest at least 162 and the largest
  * pair at most 360, every value, product (>= 2^(bq + bk - 288)) and partial sum (a multiple of
  * the smallest product's quantum) is zero or a normal float32 that cannot overflow over d <= 2^12
@@ -110,8 +110,11 @@ static void mx_scan(mx_range *r, const uint8_t *w, int64_t n, int64_t stride_byt
         }
 }
 
+/* Whether the tiles that flush denormals (VDPBF16PS, TDPBF16PS) are exact for the call; a scan
+ * that saw no bytes (lo > hi) proves nothing, so it counts as out of range. */
 static bool mx_ok(const mx_range *q, const mx_range *k) {
-    return q->lo >= 18 && k->lo >= 18 && q->hi <= 245 && k->hi <= 245 && q->lo + k->lo >= 162 && q->hi + k->hi <= 360;
+    return q->lo <= q->hi && k->lo <= k->hi && q->lo >= 18 && k->lo >= 18 && q->hi <= 245 && k->hi <= 245 &&
+           q->lo + k->lo >= 162 && q->hi + k->hi <= 360;
 }
 
 static int mx_groups(int64_t d) { return (int)((d + 31) / 32 < 4 ? (d + 31) / 32 : 4); }
