@@ -669,6 +669,18 @@ static void test_f16_weights(void) {
     dg_set_backend(saved_backend);
 }
 
+/* MXFP8 case c's kv and scales with one more row that no query sees, its group 0 scaled by
+ * 2^-117: a scale byte out of the range of the tiles that flush denormals (VDPBF16PS, AMX), so
+ * the call takes the exact FMA pair tile. */
+static void add_unseen_row(const mqa_case *c, dg_tensor *kv, dg_tensor *sf) {
+    *kv = tu_alloc2(DG_FLOAT8_E4M3, c->sk + 1, c->d);
+    *sf = tu_alloc(DG_INT32, 1, (int64_t[]){c->sk + 1});
+    memcpy(kv->data, c->tkv.data, (size_t)(c->sk * c->d));
+    memset((uint8_t *)kv->data + c->sk * c->d, 0x38, (size_t)c->d);
+    memcpy(sf->data, c->tkvsf.data, (size_t)c->sk * 4);
+    ((uint32_t *)sf->data)[c->sk] = 0x7f7f7f0au;
+}
+
 /* The AVX-512 BF16 level's FP8 and MXFP8 tiles (kernels/avx512_bf16/mqa_fp8_pairs.c): VDPBF16PS
  * (AMD's default) and FMA in the same k-pair order (Intel's) give the same bits, on odd head
  * dims (the zero pair), heads not a multiple of 16, d past the tile's slice of 512, and
@@ -710,11 +722,8 @@ static void test_pair_tiles(void) {
         if (cases[k].fmt == 2) {
             /* One more kv row that no query sees, with a scale byte out of VDPBF16PS's range: the
              * call takes the FMA tile, and every logit keeps its bits. */
-            dg_tensor kv = tu_alloc2(DG_FLOAT8_E4M3, c.sk + 1, c.d), sf = tu_alloc(DG_INT32, 1, (int64_t[]){c.sk + 1});
-            memcpy(kv.data, c.tkv.data, (size_t)(c.sk * c.d));
-            memset((uint8_t *)kv.data + c.sk * c.d, 0x38, (size_t)c.d);
-            memcpy(sf.data, c.tkvsf.data, (size_t)c.sk * 4);
-            ((uint32_t *)sf.data)[c.sk] = 0x7f7f7f0au; /* group 0 scaled by 2^-117 */
+            dg_tensor kv, sf;
+            add_unseen_row(&c, &kv, &sf);
             const int64_t w2 = max_k ? max_k : c.sk + 1;
             dg_tensor wide = tu_alloc2(DG_FLOAT32, c.s, w2);
             dg_engine_set_dpbf16(1);
@@ -746,6 +755,27 @@ static void test_pair_tiles(void) {
     }
 }
 
+/* The AMX tests' shapes: heads not a multiple of 16, every head dim, kv lengths that leave the
+ * last panel partly filled, causal and random ranges, compressed rows, BF16 logits. */
+typedef struct amx_case {
+    int64_t s, sk, h, d;
+    int causal, compressed, bf16;
+} amx_case;
+static const amx_case kAmxCases[] = {
+    {9, 130, 17, 32, 0, 0, 0}, {7, 70, 1, 64, 1, 0, 1},     {20, 300, 70, 128, 0, 1, 0},
+    {5, 17, 33, 96, 0, 0, 0},  {33, 800, 64, 128, 1, 0, 0}, {3, 200, 16, 64, 0, 1, 1},
+};
+
+/* Case a in format fmt (make_case) with its ranges, from seed. */
+static void make_amx_case(mqa_case *c, const amx_case *a, int fmt, uint64_t seed) {
+    tu_rng rng = {seed};
+    make_case(c, &rng, a->s, a->sk, a->h, a->d, fmt, a->bf16);
+    if (a->causal)
+        causal_ranges(c);
+    else
+        random_ranges(c, &rng);
+}
+
 /* FP4 x FP4 at the AMX level (kernels/amx/mqa_fp4_amx.c: TDPBSSD group sums, then the VNNI
  * kernel's float steps) gives bitwise the AVX-512 BF16 level's logits (VPDPBUSD), on head counts
  * that are not multiples of 16, every head dim, kv lengths that leave the last panel partly
@@ -757,19 +787,11 @@ static void test_fp4_amx_matches_vnni(void) {
         dg_set_isa(saved);
         return; /* not on this CPU */
     }
-    static const struct { int64_t s, sk, h, d; int causal, compressed, bf16; } cases[] = {
-        {9, 130, 17, 32, 0, 0, 0}, {7, 70, 1, 64, 1, 0, 1},   {20, 300, 70, 128, 0, 1, 0},
-        {5, 17, 33, 96, 0, 0, 0},  {33, 800, 64, 128, 1, 0, 0}, {3, 200, 16, 64, 0, 1, 1},
-    };
+    const amx_case *cases = kAmxCases;
     const int saved_paths = dg_get_print_paths();
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
-        tu_rng rng = {k + 1701};
+    for (size_t k = 0; k < sizeof kAmxCases / sizeof kAmxCases[0]; ++k) {
         mqa_case c;
-        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, 1, cases[k].bf16);
-        if (cases[k].causal)
-            causal_ranges(&c);
-        else
-            random_ranges(&c, &rng);
+        make_amx_case(&c, &cases[k], 1, k + 1701);
         uint32_t *qsf = c.tqsf.data, *kvsf = c.tkvsf.data;
         for (int64_t i = 0; i < c.s * c.h; i += 5) /* odd scales: tiny, huge, mixed per group */
             qsf[i] = 0x01fe7f80u ^ (uint32_t)(i & 0x0f0f);
@@ -816,20 +838,12 @@ static void test_mxfp8_amx(void) {
         dg_set_isa(saved);
         return; /* not on this CPU */
     }
-    static const struct { int64_t s, sk, h, d; int causal, compressed, bf16; } cases[] = {
-        {9, 130, 17, 32, 0, 0, 0}, {7, 70, 1, 64, 1, 0, 1},     {20, 300, 70, 128, 0, 1, 0},
-        {5, 17, 33, 96, 0, 0, 0},  {33, 800, 64, 128, 1, 0, 0}, {3, 200, 16, 64, 0, 1, 1},
-    };
+    const amx_case *cases = kAmxCases;
     const int saved_paths = dg_get_print_paths();
     dg_set_print_paths(2);
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
-        tu_rng rng = {k + 1901};
+    for (size_t k = 0; k < sizeof kAmxCases / sizeof kAmxCases[0]; ++k) {
         mqa_case c;
-        make_case(&c, &rng, cases[k].s, cases[k].sk, cases[k].h, cases[k].d, 2, cases[k].bf16);
-        if (cases[k].causal)
-            causal_ranges(&c);
-        else
-            random_ranges(&c, &rng);
+        make_amx_case(&c, &cases[k], 2, k + 1901);
         uint32_t *qsf = c.tqsf.data, *kvsf = c.tkvsf.data;
         for (int64_t i = 0; i < c.s * c.h; i += 3) /* q bytes 80..175, kv 96..175: in range */
             qsf[i] = 0x5060a070u ^ (uint32_t)(i & 0x0f0f0f0f);
@@ -855,12 +869,8 @@ static void test_mxfp8_amx(void) {
         TU_CHECK(strstr(report, "amx kernel (MXFP8") != NULL, "%s: took %s", tag, report);
         compare_outputs(&out, &ref, c.s, width, cases[k].bf16 ? 3e-5 : 5e-6, tag);
 
-        /* one more kv row, unseen, scaled by 2^-117: the call leaves TDPBF16PS's range */
-        dg_tensor kv = tu_alloc2(DG_FLOAT8_E4M3, c.sk + 1, c.d), sf = tu_alloc(DG_INT32, 1, (int64_t[]){c.sk + 1});
-        memcpy(kv.data, c.tkv.data, (size_t)(c.sk * c.d));
-        memset((uint8_t *)kv.data + c.sk * c.d, 0x38, (size_t)c.d);
-        memcpy(sf.data, c.tkvsf.data, (size_t)c.sk * 4);
-        ((uint32_t *)sf.data)[c.sk] = 0x7f7f7f0au;
+        dg_tensor kv, sf; /* the call leaves TDPBF16PS's range */
+        add_unseen_row(&c, &kv, &sf);
         const int64_t w2 = max_k ? max_k : c.sk + 1;
         dg_tensor wide[2];
         const dg_isa isas[2] = {DG_ISA_AMX, DG_ISA_AVX512_BF16};

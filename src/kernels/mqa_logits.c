@@ -110,14 +110,21 @@ static void mx_scan(mx_range *r, const uint8_t *w, int64_t n, int64_t stride_byt
         }
 }
 
+static int mx_groups(int64_t d) { return (int)((d + 31) / 32 < 4 ? (d + 31) / 32 : 4); }
+
+/* The kv scale words of a paged cache's pages: each page's follow its page_kv rows of d codes. */
+static void mx_scan_pages(mx_range *r, const uint8_t *cache, int64_t pages, int64_t page_stride, int64_t page_kv,
+                          int64_t d) {
+    for (int64_t b = 0; b < pages; ++b)
+        mx_scan(r, cache + b * page_stride + page_kv * d, page_kv, 4, mx_groups(d));
+}
+
 /* Whether the tiles that flush denormals (VDPBF16PS, TDPBF16PS) are exact for the call; a scan
  * that saw no bytes (lo > hi) proves nothing, so it counts as out of range. */
 static bool mx_ok(const mx_range *q, const mx_range *k) {
     return q->lo <= q->hi && k->lo <= k->hi && q->lo >= 18 && k->lo >= 18 && q->hi <= 245 && k->hi <= 245 &&
            q->lo + k->lo >= 162 && q->hi + k->hi <= 360;
 }
-
-static int mx_groups(int64_t d) { return (int)((d + 31) / 32 < 4 ? (d + 31) / 32 : 4); }
 
 /* ---- shared pieces -------------------------------------------------------------------------- */
 
@@ -554,11 +561,10 @@ static void run_paged_item(const mqa_ctx *c, mqa_scratch *s, const mqa_item *it)
 dg_status dg_paged_mqa_logits_fast(const dg_paged_mqa_problem *p) {
     const int fmt = dg_mqa_format(p->fp4, p->mx);
     bool in_range = false;
-    if (fmt == DG_MQA_MXFP8) { /* every page's scales: words after its block_kv rows of d codes */
+    if (fmt == DG_MQA_MXFP8) { /* every page's scales */
         mx_range q = {255, 0}, k = {255, 0};
         mx_scan(&q, p->q_sf->data, p->batch * p->next_n * p->h, 4, mx_groups(p->d));
-        for (int64_t b = 0; b < p->num_blocks; ++b)
-            mx_scan(&k, p->cache + b * p->block_stride + p->block_kv * p->d, p->block_kv, 4, mx_groups(p->d));
+        mx_scan_pages(&k, p->cache, p->num_blocks, p->block_stride, p->block_kv, p->d);
         in_range = mx_ok(&q, &k);
     }
     mqa_ctx c = {.kern = dg_mqa_kernel_for(dg_get_isa(), fmt, in_range), .h = p->h, .d = p->d,
@@ -785,8 +791,7 @@ dg_status dg_sparse_mqa_logits_fast(const dg_sparse_mqa_problem *p) {
         mx_range q = {255, 0}, k = {255, 0};
         mx_scan(&q, p->q_sf->data, p->s * p->h, 4, mx_groups(p->d));
         if (p->paged)
-            for (int64_t b = 0; b < p->num_pages; ++b)
-                mx_scan(&k, p->cache + b * p->page_stride + p->page_kv * p->d, p->page_kv, 4, mx_groups(p->d));
+            mx_scan_pages(&k, p->cache, p->num_pages, p->page_stride, p->page_kv, p->d);
         else
             mx_scan(&k, p->kv_sf->data, p->kv_sf->shape[0], 4, mx_groups(p->d));
         in_range = mx_ok(&q, &k);
