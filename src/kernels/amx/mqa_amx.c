@@ -54,7 +54,7 @@ static const uint8_t kHi[128] __attribute__((aligned(64))) = {
     0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x7f,
 };
 
-/* Interleaves the low and high BF16 bytes of row a (codes 0-31 of x) and of row b (codes 32-63). */
+/* Interleaves the low and high BF16 bytes of codes 0-31 (kMixA) and 32-63 (kMixB) of a vector. */
 static const uint8_t kMixA[64] __attribute__((aligned(64))) = {
     0,  64, 1,  65, 2,  66, 3,  67, 4,  68, 5,  69, 6,  70, 7,  71, 8,  72, 9,  73, 10, 74,
     11, 75, 12, 76, 13, 77, 14, 78, 15, 79, 16, 80, 17, 81, 18, 82, 19, 83, 20, 84, 21, 85,
@@ -66,20 +66,28 @@ static const uint8_t kMixB[64] __attribute__((aligned(64))) = {
     54, 118, 55, 119, 56, 120, 57, 121, 58, 122, 59, 123, 60, 124, 61, 125, 62, 126, 63, 127,
 };
 
-/* Two rows' 32 codes (cnt < 32: the rest zero) -> BF16, 16 k pairs per row: *v0 for row a, *v1
- * for row b. VBMI byte permutes (every CPU with AMX-BF16 has AVX512-VBMI; the kernel selection
- * checks it). */
-__attribute__((target("avx512vbmi"))) static inline void e4m3_rows(const uint8_t *a, const uint8_t *b, int cnt,
-                                                                  __m512i *v0, __m512i *v1) {
-    const __mmask32 m = cnt >= 32 ? 0xffffffffu : (((__mmask32)1 << cnt) - 1);
-    const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)),
-                                         _mm256_maskz_loadu_epi8(m, b), 1);
+/* 64 codes -> BF16: codes 0-31 into *v0, 32-63 into *v1 (byte tables: VBMI permutes; every CPU
+ * with AMX-BF16 has AVX512-VBMI, and the kernel selection checks it). */
+__attribute__((target("avx512vbmi"))) static inline void e4m3_widen(__m512i x, __m512i *v0, __m512i *v1) {
     const __m512i lo =
         _mm512_permutex2var_epi8(_mm512_load_si512(dg_e4m3_bf16_lo), x, _mm512_load_si512(dg_e4m3_bf16_lo + 64));
     __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(kHi), x, _mm512_load_si512(kHi + 64));
     hi = _mm512_ternarylogic_epi32(hi, x, _mm512_set1_epi8((char)0x80), 0xf8); /* hi | (x & 0x80) */
     *v0 = _mm512_permutex2var_epi8(lo, _mm512_load_si512(kMixA), hi);
     *v1 = _mm512_permutex2var_epi8(lo, _mm512_load_si512(kMixB), hi);
+}
+
+/* Rows a (bytes 0-31) and b (bytes 32-63, NULL: zero) of `cnt` codes, zero past cnt. Whole
+ * steps load with two 32-byte loads, the second merged into the upper half as a broadcast (a
+ * load-port operation, not a lane-crossing shuffle). */
+static inline __m512i two_rows(const uint8_t *a, const uint8_t *b, int cnt) {
+    if (cnt == 32) {
+        const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a));
+        return b ? _mm512_mask_broadcast_i64x4(lo, 0xf0, _mm256_loadu_si256((const __m256i *)(const void *)b)) : lo;
+    }
+    const __mmask32 m = ((__mmask32)1 << cnt) - 1;
+    const __m256i hi = b ? _mm256_maskz_loadu_epi8(m, b) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, a)), hi, 1);
 }
 
 /* q [h][d] float32 (value * 2^-8, MXFP8: times its group's scale; exact in BF16 while normal,
@@ -97,52 +105,68 @@ void dg_mqa_prep_q_amx(const float *q, int64_t h, int64_t d, float *out) {
         }
 }
 
-/* MXFP8: 32 BF16 values of one k step (one scale group) times 2^(b - 127) for the group's scale
- * byte b of `word`, as an add to the exponent field of every finite nonzero value (zeros, the
- * padding and NaN codes keep their bits). Exact only while the results stay normal BF16, which
- * the driver guarantees by taking this kernel for MXFP8 only when dg_mqa_kernel_for's
- * mx_in_range holds (every value then lies in [2^-126, 2^127)). */
-static inline __m512i mx_scale(__m512i v, uint32_t word, int64_t k) {
-    const int delta = (int)((word >> (8 * (k / 32))) & 0xffu) - 127;
+/* MXFP8: the panel words of one k step (one scale group; lane c: kv row c's two BF16 values)
+ * times 2^(b - 127) for each lane's scale byte b, as an add to the exponent field of every
+ * finite nonzero value (zeros, the padding and NaN codes keep their bits). `delta` holds
+ * (b - 127) * 128 in both 16-bit halves of each lane. Exact only while the results stay normal
+ * BF16, which the driver guarantees by taking this kernel for MXFP8 only when
+ * dg_mqa_kernel_for's mx_in_range holds (every value then lies in [2^-126, 2^127)). */
+static inline __m512i mx_scale(__m512i v, __m512i delta) {
     const __m512i expo = _mm512_set1_epi16(0x7f80);
     const __mmask32 finite_nonzero = _mm512_test_epi16_mask(v, expo) &
                                      _mm512_cmpneq_epi16_mask(_mm512_and_si512(v, expo), expo);
-    return _mm512_mask_add_epi16(v, finite_nonzero, v, _mm512_set1_epi16((short)(delta * 128)));
+    return _mm512_mask_add_epi16(v, finite_nonzero, v, delta);
 }
 
 /* The panel as the VNNI B operand: per k step s of 32, 16 pair rows of NW columns, 32-bit word
  * [(16 s + p) * NW + c] = BF16 (kv[c][32 s + 2p], kv[c][32 s + 2p + 1]); zero past n and d.
- * FP8 and MXFP8 (the scale of row c's group s folded in, see mx_scale); FP4 takes the integer
- * kernel (mqa_fp4_amx.c). */
+ * Per 16 rows and k step the code pairs are transposed as bytes (dg_transpose16_epi16_pairs),
+ * then widened: 56 lane-crossing permutes against 104 for widening the rows and transposing the
+ * words (measured on the SPR VM: ~2500 -> ~1400 cycles per 64-row panel). FP8 and MXFP8 (the
+ * scale of row c's group s folded in, see mx_scale); FP4 takes the integer kernel (mqa_fp4_amx.c). */
 __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n,
                                                           int64_t d, int fmt, float *tmp, float *panel) {
     (void)tmp;
     const int mx = fmt == DG_MQA_MXFP8;
     uint32_t *o = (uint32_t *)(void *)panel;
     const int64_t dp = dg_align(d, 32);
-    for (int g = 0; g < NW; g += 16)
+    for (int g = 0; g < NW; g += 16) {
+        const int live = n - g < 0 ? 0 : n - g > 16 ? 16 : n - g;
+        const __m512i words = mx ? _mm512_maskz_loadu_epi32((__mmask16)((1u << live) - 1), sf + g)
+                                 : _mm512_setzero_si512();
+        if (live == 0) { /* the columns of an empty row group are zero */
+            for (int64_t p = 0; p < dp / 2; ++p)
+                _mm512_storeu_si512(o + p * NW + g, _mm512_setzero_si512());
+            continue;
+        }
         for (int64_t k = 0; k < dp; k += 32) {
             const int cnt = (int)(d - k < 32 ? d - k : 32);
-            __m512i v[16], t[16];
-            for (int r = 0; r < 16; r += 2) {
-                if (g + r + 1 < n) {
-                    e4m3_rows(rows[g + r] + k, rows[g + r + 1] + k, cnt, &v[r], &v[r + 1]);
-                    if (mx) {
-                        v[r] = mx_scale(v[r], sf[g + r], k);
-                        v[r + 1] = mx_scale(v[r + 1], sf[g + r + 1], k);
-                    }
-                } else if (g + r < n) {
-                    e4m3_rows(rows[g + r] + k, rows[g + r] + k, cnt, &v[r], &v[r + 1]);
-                    v[r] = mx ? mx_scale(v[r], sf[g + r], k) : v[r];
-                    v[r + 1] = _mm512_setzero_si512();
-                } else {
-                    v[r] = v[r + 1] = _mm512_setzero_si512();
-                }
+            __m512i x[8], y[8];
+            for (int i = 0; i < 8; ++i) {
+                const int r = 2 * i;
+                x[i] = r < live ? two_rows(rows[g + r] + k, r + 1 < live ? rows[g + r + 1] + k : NULL, cnt)
+                                : _mm512_setzero_si512();
             }
-            dg_transpose16_epi32(v, t);
-            for (int j = 0; j < 16; ++j)
-                _mm512_storeu_si512(o + (k / 2 + j) * NW + g, t[j]);
+            dg_transpose16_epi16_pairs(x, y);
+            __m512i delta = _mm512_setzero_si512();
+            if (mx) {
+                const __m512i b = _mm512_and_si512(_mm512_srli_epi32(words, (unsigned)(k / 32 * 8)),
+                                                   _mm512_set1_epi32(0xff));
+                const __m512i e = _mm512_slli_epi32(_mm512_sub_epi32(b, _mm512_set1_epi32(127)), 7);
+                delta = _mm512_or_si512(_mm512_and_si512(e, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(e, 16));
+            }
+            for (int j = 0; j < 8; ++j) {
+                __m512i t0, t1;
+                e4m3_widen(y[j], &t0, &t1);
+                if (mx) {
+                    t0 = mx_scale(t0, delta);
+                    t1 = mx_scale(t1, delta);
+                }
+                _mm512_storeu_si512(o + (k / 2 + 2 * j) * NW + g, t0);
+                _mm512_storeu_si512(o + (k / 2 + 2 * j + 1) * NW + g, t1);
+            }
         }
+    }
 }
 
 /* Chains of 32 kv rows over heads [0, hn) of a stored block (rows 32 floats apart). */
