@@ -1088,8 +1088,11 @@ DG_API dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64
  *   logits[t, e] = x[t, :] . weight[e, :]          float32, see "Numerics"
  *   score[t, e]  = f(logits[t, e])                 f by scoring_func:
  *       "identity"      f(v) = v                   (DeepGEMM's default; NULL means it too)
- *       "sigmoid"       f(v) = 1 / (1 + expf(-v))
- *       "sqrtsoftplus"  f(v) = sqrtf(v > 20 ? v : log1pf(expf(v)))
+ *       "sigmoid"       f(v) = 1 / (1 + e^-v)
+ *       "sqrtsoftplus"  f(v) = sqrtf(log(1 + e^v))    (v itself where that is v: from ~17)
+ *   e^v, sigmoid and softplus are the library's own float32 functions (src/core/float_math.h:
+ *   a fixed sequence of IEEE operations, within 2.5 ulp; sqrtsoftplus within 2 ulp), so the
+ *   scores are the same bits on every machine, C library and ISA level.
  *   rank[t, e]   = score[t, e] + b[e] when bias or image_bias is given, where b is image_bias
  *                  for tokens with image_token_mask[t] set, else bias (zeros when bias is NULL);
  *                  otherwise rank[t, e] = logits[t, e] (f is increasing: DeepGEMM ranks the
@@ -1146,7 +1149,8 @@ DG_API dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64
  * token) gives the same bits as the reference at the generic and AVX2 levels (tested)
  * and on AVX-512; where the engine runs VDPBF16PS (denormal products flushed) or AMX tiles
  * (their own summation), logits may differ in the last bits and so weights, and the choice
- * between near-tied experts. expf, log1pf and sqrtf are the C library's. Any thread count and
+ * between near-tied experts. The scoring functions are the same bits at every level (their vector
+ * versions run float_math.h's operations lane by lane). Any thread count and
  * any T give the same bits for a token (the gate is per token, K is never split).
  */
 DG_API dg_status dg_bf16_mega_gate(const dg_tensor *x, const dg_tensor *weight, int num_topk,

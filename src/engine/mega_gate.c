@@ -13,6 +13,7 @@
 #include "mega_gate.h"
 
 #include "engine.h"
+#include "../kernels/gate_kernels.h"
 
 #include <math.h>
 
@@ -47,6 +48,18 @@ static void gate_topk_one_pass(const float *rank, int64_t experts, int topk, int
         sel[j] = 0; /* DeepGEMM's clamp of an empty slot */
 }
 
+dg_gate_score_row_fn dg_gate_score_row_for(dg_isa isa) {
+#if DG_GATE_HAVE_X86
+    if (isa >= DG_ISA_AVX512)
+        return dg_gate_score_row_avx512;
+    if (isa >= DG_ISA_AVX2)
+        return dg_gate_score_row_avx2;
+#else
+    (void)isa;
+#endif
+    return dg_gate_score_row_ref;
+}
+
 dg_status dg_engine_mega_gate(const dg_gate_problem *p) {
     const int64_t block = dg_gate_block_tokens(p->tokens), e_count = p->experts;
     float *logits = dg_malloc((size_t)block * (size_t)e_count * sizeof(float));
@@ -58,6 +71,7 @@ dg_status dg_engine_mega_gate(const dg_gate_problem *p) {
     dg_operand ow;
     dg_status st = dg_operand_init(&ow, "weight", &w, 0, kBf16, 1);
     const int threads = dg_num_threads();
+    const dg_gate_score_row_fn score_row = dg_gate_score_row_for(dg_get_isa());
     for (int64_t t0 = 0; st == DG_OK && t0 < p->tokens; t0 += block) {
         const int64_t rows = p->tokens - t0 < block ? p->tokens - t0 : block;
         const dg_tensor x = dg_tensor_2d((void *)(p->x + t0 * p->hidden), DG_BFLOAT16, rows, p->hidden);
@@ -72,7 +86,7 @@ dg_status dg_engine_mega_gate(const dg_gate_problem *p) {
 #pragma omp parallel for num_threads(team) schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
             float rank[DG_GATE_MAX_EXPERTS];
-            dg_gate_token(p, t0 + r, logits + r * e_count, rank, gate_topk_one_pass);
+            dg_gate_token(p, t0 + r, logits + r * e_count, rank, gate_topk_one_pass, score_row);
         }
     }
     dg_free(logits);

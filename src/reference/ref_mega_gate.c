@@ -3,6 +3,8 @@
 #include "ref_mega_gate.h"
 #include "../engine/engine.h" /* DG_ACC_BLOCK: the engine's accumulation order is this reference's */
 
+#include "../core/float_math.h"
+
 #include <math.h>
 
 dg_gate_route dg_gate_route_of(const dg_gate_problem *p, int64_t t) {
@@ -18,16 +20,22 @@ dg_gate_route dg_gate_route_of(const dg_gate_problem *p, int64_t t) {
 float dg_gate_score(dg_gate_scoring scoring, float logit) {
     switch (scoring) {
     case DG_GATE_SIGMOID:
-        return 1.0f / (1.0f + expf(-logit));
+        return dg_sigmoid_f32(logit);
     case DG_GATE_SQRTSOFTPLUS:
-        /* NOTES: above 20, log1p(exp(v)) equals v in float32; DeepGEMM switches there too */
-        return sqrtf(logit > 20.0f ? logit : log1pf(expf(logit)));
+        /* NOTES: DeepGEMM takes v itself above 20, where softplus(v) is v in float32 (it is from ~17) */
+        return sqrtf(dg_softplus_f32(logit));
     default:
         return logit;
     }
 }
 
-void dg_gate_rank_row(const dg_gate_problem *p, int64_t t, const float *logits, float *rank) {
+void dg_gate_score_row_ref(dg_gate_scoring scoring, const float *in, const float *bias, int64_t n, float *out) {
+    for (int64_t e = 0; e < n; ++e)
+        out[e] = dg_gate_score(scoring, in[e]) + (bias ? bias[e] : 0.0f);
+}
+
+void dg_gate_rank_row(const dg_gate_problem *p, int64_t t, const float *logits, float *rank,
+                      dg_gate_score_row_fn score_row) {
     const int64_t e_count = p->experts;
     if (!p->bias && !p->image_bias) {
         for (int64_t e = 0; e < e_count; ++e)
@@ -35,9 +43,7 @@ void dg_gate_rank_row(const dg_gate_problem *p, int64_t t, const float *logits, 
         return;
     }
     const bool image = p->image_token_mask && p->image_token_mask[t];
-    const float *b = image ? p->image_bias : p->bias;
-    for (int64_t e = 0; e < e_count; ++e)
-        rank[e] = dg_gate_score(p->scoring, logits[e]) + (b ? b[e] : 0.0f);
+    score_row(p->scoring, logits, image ? p->image_bias : p->bias, e_count, rank);
 }
 
 void dg_ref_gate_topk(const float *rank, int64_t experts, int topk, int *sel) {
@@ -141,7 +147,7 @@ static void store_random(const dg_gate_problem *p, int64_t t, int64_t pool) {
 }
 
 void dg_gate_token(const dg_gate_problem *p, int64_t t, const float *logits, float *rank_scratch,
-                   dg_gate_topk_fn topk) {
+                   dg_gate_topk_fn topk, dg_gate_score_row_fn score_row) {
     int sel[DG_GATE_MAX_SLOTS];
     float score[DG_GATE_MAX_SLOTS];
     switch (dg_gate_route_of(p, t)) {
@@ -156,7 +162,7 @@ void dg_gate_token(const dg_gate_problem *p, int64_t t, const float *logits, flo
             sel[j] = (int)p->unmapped[t * p->unmapped_stride + j];
         break;
     case DG_GATE_RANKED:
-        dg_gate_rank_row(p, t, logits, rank_scratch);
+        dg_gate_rank_row(p, t, logits, rank_scratch, score_row);
         topk(rank_scratch, p->experts, p->topk, sel);
         break;
     }
@@ -189,6 +195,6 @@ void dg_ref_mega_gate(const dg_gate_problem *p) {
         if (route == DG_GATE_RANKED || route == DG_GATE_FIXED)
             for (int64_t e = 0; e < p->experts; ++e)
                 logits[e] = dg_ref_gate_logit(p->x + t * p->hidden, p->weight + e * p->hidden, p->hidden);
-        dg_gate_token(p, t, logits, rank, dg_ref_gate_topk);
+        dg_gate_token(p, t, logits, rank, dg_ref_gate_topk, dg_gate_score_row_ref);
     }
 }

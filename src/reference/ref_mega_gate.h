@@ -43,12 +43,21 @@ typedef struct dg_gate_problem {
 typedef enum dg_gate_route { DG_GATE_MASKED, DG_GATE_RANDOM, DG_GATE_FIXED, DG_GATE_RANKED } dg_gate_route;
 dg_gate_route dg_gate_route_of(const dg_gate_problem *p, int64_t t);
 
-/* score = f(logit) for the problem's scoring function. */
+/* score = f(logit) for the problem's scoring function (sigmoid and softplus: core/float_math.h). */
 float dg_gate_score(dg_gate_scoring scoring, float logit);
+
+/* A scoring row: out[e] = dg_gate_score(scoring, in[e]) + (bias ? bias[e] : 0) for e < n, in
+ * those bits (the fast ones: kernels/gate_kernels.h). */
+typedef void (*dg_gate_score_row_fn)(dg_gate_scoring scoring, const float *in, const float *bias, int64_t n,
+                                     float *out);
+
+/* The scalar scoring row. */
+void dg_gate_score_row_ref(dg_gate_scoring scoring, const float *in, const float *bias, int64_t n, float *out);
 
 /* rank[e] for token t from its logits row [E] (the header's rule: bias or image_bias added to
  * the score when either is given, the raw logit otherwise). */
-void dg_gate_rank_row(const dg_gate_problem *p, int64_t t, const float *logits, float *rank);
+void dg_gate_rank_row(const dg_gate_problem *p, int64_t t, const float *logits, float *rank,
+                      dg_gate_score_row_fn score_row);
 
 /* A selection function: the K experts of largest rank (best first, ties to the lower index,
  * NaN / -inf never chosen, unfilled slots 0) into sel[K]. */
@@ -57,9 +66,10 @@ typedef void (*dg_gate_topk_fn)(const float *rank, int64_t experts, int topk, in
 /* The reference selection: K scans for the best remaining expert. */
 void dg_ref_gate_topk(const float *rank, int64_t experts, int topk, int *sel);
 
-/* Writes token t's outputs from its logits row. `topk` is used for ranked tokens only. */
+/* Writes token t's outputs from its logits row. `topk` and `score_row` are used for ranked
+ * tokens only. */
 void dg_gate_token(const dg_gate_problem *p, int64_t t, const float *logits, float *rank_scratch,
-                   dg_gate_topk_fn topk);
+                   dg_gate_topk_fn topk, dg_gate_score_row_fn score_row);
 
 /* The number of experts force_random draws from (E + S, or the sum of logical_count). */
 int64_t dg_gate_random_pool(const dg_gate_problem *p);

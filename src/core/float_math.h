@@ -1,0 +1,110 @@
+/*
+ * float_math.h - the library's own float32 exp, sigmoid and softplus (the MoE gate's scoring
+ * functions, deepgemm.h "mega-gate").
+ *
+ * Why not libm: expf and log1pf give different bits in different C libraries (and versions),
+ * so a result that goes through them would not be the same bits on every machine, and a scalar
+ * libm call per element cannot keep up with the GEMM that feeds it. These functions are a fixed
+ * sequence of IEEE-754 float32 operations (fmaf, +, -, *, /, sqrt, comparisons and exact integer
+ * work on the exponent), each correctly rounded in hardware, so the scalar versions below and
+ * the vector versions (src/kernels/<isa>/gate_*.c, written op for op after them) give the same
+ * bits on every CPU. Accuracy (tests/test_float_math.c, against double precision): exp within
+ * 1.1 ulp, softplus and sigmoid within 2.5 ulp, the square root of softplus within 2 ulp where
+ * softplus is normal, over the whole float range (libm's sqrtf(log1pf(expf(v))): 1.3 ulp).
+ *
+ * Scalar helpers mirror the vector instructions' rules: dg_fm_max(a, b) is "a > b ? a : b" and
+ * dg_fm_min(a, b) is "a < b ? a : b" (MAXPS / MINPS: the second operand when either is NaN).
+ * Compile users with -ffp-contract=off, or rely on these functions naming every fused
+ * multiply-add: a product and a sum written apart must not be fused by the compiler.
+ */
+#ifndef DG_CORE_FLOAT_MATH_H
+#define DG_CORE_FLOAT_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp: x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite: ln2 in a high and a low part), e^r by its
+ * Taylor polynomial to degree 7 (truncation below 2^-27 of the result), times 2^n applied in
+ * two exact halves so that subnormal results round once and overflow gives inf. */
+#define DG_FM_LOG2E 0x1.715476p+0f
+#define DG_FM_LN2_HI 0x1.62e430p-1f
+#define DG_FM_LN2_LO (-0x1.05c610p-29f)
+#define DG_FM_ROUND 0x1.8p23f /* adding it rounds |v| < 2^22 to an integer in the low bits */
+#define DG_FM_EXP_LO (-104.0f) /* below: e^x < 2^-150, rounds to 0 */
+#define DG_FM_EXP_HI 89.0f     /* above: e^x overflows */
+#define DG_FM_C2 0.5f
+#define DG_FM_C3 (1.0f / 6.0f)
+#define DG_FM_C4 (1.0f / 24.0f)
+#define DG_FM_C5 (1.0f / 120.0f)
+#define DG_FM_C6 (1.0f / 720.0f)
+#define DG_FM_C7 (1.0f / 5040.0f)
+
+/* log1p(u) for u in [0, 1] as 2 atanh(s), s = u / (2 + u) in [0, 1/3]: 2s (1 + s^2/3 + ... +
+ * s^14/15) (the next term is below 2^-28 of the sum). */
+#define DG_FM_A3 (1.0f / 3.0f)
+#define DG_FM_A5 (1.0f / 5.0f)
+#define DG_FM_A7 (1.0f / 7.0f)
+#define DG_FM_A9 (1.0f / 9.0f)
+#define DG_FM_A11 (1.0f / 11.0f)
+#define DG_FM_A13 (1.0f / 13.0f)
+#define DG_FM_A15 (1.0f / 15.0f)
+
+static inline float dg_fm_max(float a, float b) { return a > b ? a : b; }
+static inline float dg_fm_min(float a, float b) { return a < b ? a : b; }
+
+static inline float dg_fm_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* 2^k for k in [-126, 127], exactly. */
+static inline float dg_fm_pow2(int32_t k) { return dg_fm_from_bits((uint32_t)(k + 127) << 23); }
+
+static inline float dg_exp_f32(float x) {
+    const float xc = dg_fm_min(DG_FM_EXP_HI, dg_fm_max(DG_FM_EXP_LO, x)); /* NaN stays NaN */
+    const float n = fmaf(xc, DG_FM_LOG2E, DG_FM_ROUND) - DG_FM_ROUND;
+    float r = fmaf(n, -DG_FM_LN2_HI, xc);
+    r = fmaf(n, -DG_FM_LN2_LO, r);
+    float q = DG_FM_C7;
+    q = fmaf(q, r, DG_FM_C6);
+    q = fmaf(q, r, DG_FM_C5);
+    q = fmaf(q, r, DG_FM_C4);
+    q = fmaf(q, r, DG_FM_C3);
+    q = fmaf(q, r, DG_FM_C2);
+    const float e = fmaf(q, r * r, r) + 1.0f;
+    /* n in [-150, 129]: two halves in [-75, 65], each a normal power of two; the first product
+     * is exact, the second rounds once. GCC and Clang shift negative ints arithmetically. */
+    const int32_t ni = x == x ? (int32_t)n : 0, n1 = ni >> 1, n2 = ni - n1;
+    const float y = (e * dg_fm_pow2(n1)) * dg_fm_pow2(n2);
+    return x == x ? y : x;
+}
+
+/* log(1 + e^v) = max(v, 0) + log1p(e^-|v|); v for v > ~17 (the log1p term is below half an
+ * ulp of v there), NaN for NaN. */
+static inline float dg_softplus_f32(float v) {
+    const float u = dg_exp_f32(-fabsf(v));
+    /* d = 2 + u rounded, err its exact rounding error (|2| >= u), s = u / (d + err) to first
+     * order: the rounding of d would otherwise cost about half an ulp */
+    const float d = 2.0f + u, err = (2.0f - d) + u, s0 = u / d;
+    const float s = fmaf(-s0, err / d, s0), w = s * s;
+    float p = DG_FM_A15;
+    p = fmaf(p, w, DG_FM_A13);
+    p = fmaf(p, w, DG_FM_A11);
+    p = fmaf(p, w, DG_FM_A9);
+    p = fmaf(p, w, DG_FM_A7);
+    p = fmaf(p, w, DG_FM_A5);
+    p = fmaf(p, w, DG_FM_A3);
+    const float l = fmaf(s, w * p, s);
+    return dg_fm_max(v, 0.0f) + (l + l);
+}
+
+/* 1 / (1 + e^-v), as t / (1 + t) with t = e^v below 0 (e^-v would overflow where the result
+ * is still representable). */
+static inline float dg_sigmoid_f32(float v) {
+    const float t = dg_exp_f32(-fabsf(v)), d = 1.0f + t;
+    return v < 0.0f ? t / d : 1.0f / d;
+}
+
+#endif /* DG_CORE_FLOAT_MATH_H */
