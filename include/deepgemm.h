@@ -948,8 +948,9 @@ DG_API dg_status dg_tf32_hc_prenorm_gemm(const dg_tensor *a, const dg_tensor *b,
  *   of DeepGEMM's storage[:T]); rows that belong to no token are left as they were.
  *   shared_sf_block_m must be 0 without y_shared_sf. Outputs may not overlap inputs or each other.
  * Numerics (the reference, DG_BACKEND=reference, is the spec): float32 operations in the order
- * written above; the sums over routes left to right; softmax subtracts the row max; sigmoid is
- * 1 / (1 + exp(-v)); rsqrt(v) is 1 / sqrtf(v); mean_h c^2 is 8 partial sums (lane l takes
+ * written above; the sums over routes left to right; softmax subtracts the row max; exp and
+ * sigmoid are the library's own float32 functions (src/core/float_math.h, the same bits on every
+ * machine and C library; sigmoid(v) = 1 / (1 + e^-v)); rsqrt(v) is 1 / sqrtf(v); mean_h c^2 is 8 partial sums (lane l takes
  * h = l mod 8 in increasing h) added ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), over H.
  * Step 2 is the prenorm GEMM of each backend: the reference rounds exact sums once, the fast path
  * runs tf32_hc_prenorm_gemm's engine (its bits per ISA level, see above). So the two backends
@@ -1089,9 +1090,10 @@ DG_API dg_status dg_transform_sf_into_required_layout(const dg_tensor *sf, int64
  *   score[t, e]  = f(logits[t, e])                 f by scoring_func:
  *       "identity"      f(v) = v                   (DeepGEMM's default; NULL means it too)
  *       "sigmoid"       f(v) = 1 / (1 + e^-v)
- *       "sqrtsoftplus"  f(v) = sqrtf(log(1 + e^v))    (v itself where that is v: from ~17)
+ *       "sqrtsoftplus"  f(v) = sqrtf(log(1 + e^v))    (sqrtf(v) from v ~ 14.6)
  *   e^v, sigmoid and softplus are the library's own float32 functions (src/core/float_math.h:
- *   a fixed sequence of IEEE operations, within 2.5 ulp; sqrtsoftplus within 2 ulp), so the
+ *   a fixed sequence of IEEE operations, within 2.5 ulp; sqrtsoftplus within 2 ulp while the
+ *   softplus is a normal float), so the
  *   scores are the same bits on every machine, C library and ISA level.
  *   rank[t, e]   = score[t, e] + b[e] when bias or image_bias is given, where b is image_bias
  *                  for tokens with image_token_mask[t] set, else bias (zeros when bias is NULL);
@@ -1217,7 +1219,8 @@ DG_API dg_status dg_get_bf16_mega_gate_config(int64_t num_tokens, int64_t hidden
  *   1. h = x[s][t] . W1[e]^T: exact products summed in double, rounded to float32, then to BF16;
  *   2. gate = h[:I], up = h[I:]; with c = BF16(activation_clamp), as DeepGEMM's fused kernel:
  *      gate = min(gate, c), up = min(max(up, -c), c) (skipped when there is no clamp);
- *   3. a = ((gate / (1 + expf(-gate))) * up) * topk_weights[s][t, j], float32 (exact math, not
+ *   3. a = ((gate / (1 + e^-gate)) * up) * topk_weights[s][t, j], float32, e^x the library's own
+ *      (src/core/float_math.h: within 1.1 ulp, the same bits on every machine and C library; not
  *      DeepGEMM's fast_math approximations);
  *   4. FP8: per 32 consecutive values amax = max(max|a|, 1e-4), sf = ceil_to_ue8m0(amax / 448),
  *      a = e4m3(a * (1 / sf)) * sf (per_token_cast_to_fp8, gran_k 32, UE8M0). BF16: a = bf16(a);
@@ -1427,7 +1430,7 @@ DG_API dg_status dg_fp8_fp4_mega_moe_packed_situ(const dg_tensor *y, const dg_pa
  *   1. acc = x[s][t] . W1[e]^T over the scaled E2M1 values (each exact in BF16), the float32
  *      D of dg_fp8_fp4_gemm_nt with recipe (1, 1, 16); gate = BF16(acc[:I] * l1_alphas[e, 0]),
  *      up = BF16(acc[I:] * l1_alphas[e, 1]) (alphas 1 when not given);
- *   2. the clamp of dg_fp8_fp4_mega_moe, then 3. a = (gate / (1 + expf(-gate))) * up in float32,
+ *   2. the clamp of dg_fp8_fp4_mega_moe, then 3. a = (gate / (1 + e^-gate)) * up in float32,
  *      without the top-k weight (upstream applies it after L2);
  *   4. a quantised to NVFP4 with g = a2_scales[e] (1 when not given): per 16 values
  *      sf = E4M3(max((amax / 6) * (1 / g), 2^-9)), codes = E2M1 of a / (sf * g) by round to
@@ -1441,7 +1444,7 @@ DG_API dg_status dg_fp8_fp4_mega_moe_packed_situ(const dg_tensor *y, const dg_pa
  * As the other calls: bitwise the same for any rank count, thread count and token split, and
  * equal to this chain built from the public GEMMs; within DeepGEMM's test thresholds of its
  * float32 reference. extras may be NULL (no shared experts, alphas, a2_scales; scaling 1).
- * fast_math is DeepGEMM's GPU switch: exact expf here either way.
+ * fast_math is DeepGEMM's GPU switch: the library's e^x here either way.
  */
 typedef struct dg_fp4_fp4_mega_moe_extras {
     const dg_tensor *shared_l1_weights; /* BFLOAT16 [2 S I, H], any strides; NULL without */
@@ -1487,7 +1490,7 @@ DG_API dg_status dg_fp4_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_
  *      (1, 128, 128) (per 128-K block, the block's sum times sa * sb); no BF16 rounding;
  *   2. with activation_clamp c (as given, not rounded): gate = min(h[:I], c), up =
  *      min(max(h[I:], -c), c);
- *   3. a = ((gate / (1 + expf(-gate))) * up) * topk_weights[s][t, j] in float32;
+ *   3. a = ((gate / (1 + e^-gate)) * up) * topk_weights[s][t, j] in float32 (e^x as above);
  *   4. per 64 values of a: sf = 2^ceil(log2(amax * (1 / 448))) (a power of two, exactly;
  *      sf = 0 and codes 0 when amax is 0), codes = E4M3(a * (1 / sf)) (round to nearest even);
  *   5. o = BF16(codes . W2[e]^T), the BF16 D of dg_fp8_gemm_nt with recipe_a (1, 64) (sf per
@@ -1496,7 +1499,7 @@ DG_API dg_status dg_fp4_fp4_mega_moe_packed(const dg_tensor *y, const dg_packed_
  *      masked slots skipped; a token without experts gives 0).
  * Bitwise the same for any rank count, thread count and token split, and equal to this chain
  * built from the public GEMMs; within DeepGEMM's test threshold (calc_diff < 0.01) of its
- * float32 reference. fast_math is DeepGEMM's GPU switch: exact expf here either way. The SM90
+ * float32 reference. fast_math is DeepGEMM's GPU switch: the library's e^x either way. The SM90
  * kernel has no shared experts and no SiTU; DeepGEMM's transform_weights_for_mega_moe_sm90
  * interleaves gate and up rows for its tensor cores, which this call does not take (give the
  * natural layout, or pre-packed weights below).

@@ -7,10 +7,14 @@
  *   - special values (zeros, infinities, NaN, the clamp and overflow edges);
  *   - every ISA level the CPU has: the scoring row gives dg_gate_score's bits (plus the bias),
  *     row lengths 1 .. 40 (vector tails) and the sweep, with and without a bias; a NaN result
- *     only needs to be a NaN.
+ *     only needs to be a NaN;
+ *   - the same for the Mega MoE's SwiGLU rows against dg_ref_mega_moe_swiglu (clamped and not,
+ *     NaN and infinite inputs, I = 1 .. 40 and a long row).
  */
 #include "core/float_math.h"
 #include "kernels/gate_kernels.h"
+#include "kernels/moe_act_kernels.h"
+#include "reference/ref_mega_moe.h"
 #include "test_util.h"
 
 #include <float.h>
@@ -146,9 +150,51 @@ done:
     free(out);
 }
 
+/* The SwiGLU row of every level against the reference row (h: I gates then I ups). */
+static void test_swiglu_rows(void) {
+    enum { LONG = 3000 };
+    float *h = malloc(2 * LONG * sizeof *h), *want = malloc(LONG * sizeof *want), *got = malloc(LONG * sizeof *got);
+    TU_CHECK(h && want && got, "allocation");
+    if (!h || !want || !got)
+        goto done;
+    tu_rng rng = {91};
+    static const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 100.0f, -100.0f, 1e-40f, 89.5f, -89.5f};
+    for (int64_t i = 0; i < 2 * LONG; ++i)
+        h[i] = i % 11 == 5 ? specials[i / 11 % (int64_t)(sizeof specials / sizeof specials[0])]
+                           : (float)(tu_normal(&rng) * (i % 3 ? 4.0 : 30.0));
+    const dg_isa saved = dg_get_isa();
+    static const float clamps[3] = {INFINITY, 10.0f, 0.5f};
+    for (int isa = DG_ISA_GENERIC; isa <= DG_ISA_AMX; ++isa) {
+        if (dg_set_isa((dg_isa)isa) != DG_OK)
+            continue;
+        const dg_swiglu_row_fn row = dg_swiglu_row_for((dg_isa)isa);
+        int bad = 0;
+        for (int c = 0; c < 3 && !bad; ++c)
+            for (int64_t inter = 1; inter <= 41 && !bad; ++inter) {
+                const int64_t I = inter == 41 ? LONG : inter;
+                dg_ref_mega_moe_swiglu(h, I, clamps[c], 0.75f, want);
+                row(h, I, clamps[c], 0.75f, got);
+                for (int64_t i = 0; i < I && !bad; ++i)
+                    if (!same(got[i], want[i])) {
+                        bad = 1;
+                        TU_CHECK(0, "isa %s, clamp %g, I = %lld, element %lld: %a, want %a (gate %a, up %a)",
+                                 dg_isa_name((dg_isa)isa), (double)clamps[c], (long long)I, (long long)i, got[i],
+                                 want[i], h[i], h[I + i]);
+                    }
+            }
+        TU_CHECK(!bad, "isa %s: SwiGLU rows match the reference", dg_isa_name((dg_isa)isa));
+    }
+    dg_set_isa(saved);
+done:
+    free(h);
+    free(want);
+    free(got);
+}
+
 int main(void) {
     test_special_values();
     test_accuracy();
     test_rows_bitwise();
+    test_swiglu_rows();
     return tu_finish();
 }

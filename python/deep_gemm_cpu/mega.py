@@ -379,7 +379,8 @@ def fp8_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
     2.8), (weights, per-1x32 UE8M0 scales) pairs [E/R, 2I, H] and [E/R, H, I].
     Shared experts (buffers with num_shared_experts > 0): (FP8 weights, per-1x32 UE8M0 scales)
     pairs [2 S I, H] and [H, S I], run on this rank's tokens with weight 1 and summed first in
-    the combine. fast_math is accepted: the CPU computes SiLU with exact expf either way.
+    the combine. fast_math is accepted: the CPU computes SiLU with the library's float32 exp
+    either way.
     activation='situ' (DeepGEMM 2.8's SiTU, with situ_beta and situ_linear_beta, no
     activation_clamp): a = sigmoid(g) * (beta * tanh(g / beta)) * (linear_beta * tanh(u /
     linear_beta)) * topk_weight in float32 (C: dg_fp8_fp4_mega_moe_situ)."""
@@ -443,7 +444,8 @@ def fp4_fp4_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tens
     and a2_scales [E/R] (the L2 input's global scale, finite and > 0); routed_scaling_factor
     applied to the routed sum before the shared output is added. The chain, rounding by rounding,
     is dg_fp4_fp4_mega_moe's in deepgemm.h (upstream's test reference). fast_math is accepted:
-    exact expf either way. Weights from transform_weights_for_mega_moe run on their packed form
+    the library's float32 exp either way. Weights from transform_weights_for_mega_moe run on their
+    packed form
     (NVFP4 scales packed as float32 per 1x16; the same bits as the weights read in place)."""
     if not isinstance(sym_buffer, SymmBuffer):
         raise TypeError(f'fp4_fp4_mega_moe: sym_buffer must be a SymmBuffer, got {type(sym_buffer).__name__}')
@@ -568,7 +570,7 @@ def fp8_mega_moe(y: torch.Tensor, l1_weights: Tuple[torch.Tensor, torch.Tensor],
     from transform_weights_for_mega_moe_sm90. The chain, rounding by rounding, is dg_fp8_mega_moe's
     in deepgemm.h: float32 L1, SwiGLU with the clamp (gate from above, up both sides) and the
     top-k weight, FP8 activations with power-of-two scales per 1x64, BF16 L2 rows summed in slot
-    order. fast_math is accepted: exact expf either way."""
+    order. fast_math is accepted: the library's float32 exp either way."""
     if not isinstance(sym_buffer, SM90SymmBuffer):
         raise TypeError(f'fp8_mega_moe: sym_buffer must be an SM90SymmBuffer (get_symm_buffer_for_sm90_mega_moe), '
                         f'got {type(sym_buffer).__name__}')

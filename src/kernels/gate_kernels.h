@@ -4,7 +4,7 @@
  * (deepgemm.h "mega-gate"; sigmoid and sqrt(softplus) from core/float_math.h). Every level runs
  * float_math.h's operations in its order, lane by lane, so each gives the bits of
  * dg_gate_score (reference/ref_mega_gate.c). The vector files are compiled with
- * -ffp-contract=off (CMakeLists.txt) so their scalar tails fuse nothing either.
+ * -ffp-contract=off (CMakeLists.txt); their scalar tails call dg_gate_score itself.
  */
 #ifndef DG_KERNELS_GATE_KERNELS_H
 #define DG_KERNELS_GATE_KERNELS_H

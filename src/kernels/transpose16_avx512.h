@@ -38,7 +38,7 @@ static inline void dg_transpose16_epi32(const __m512i in[16], __m512i out[16]) {
  * (bytes 0-31) and 2i + 1 (bytes 32-63), 16 units each; out[j] holds unit 2j of rows 0-15
  * (bytes 0-31), then unit 2j + 1 of rows 0-15. Three rounds of two-source permutes, each
  * exchanging one row bit of the register index with a unit bit of the position (24 one-uop
- * VPERMT2D/Q/B against the 64 shuffles of two dg_transpose16_epi32 halves). Needs AVX512-VBMI
+ * VPERMT2D/Q/B against the 64 shuffles of dg_transpose16_epi32 on the widened words). Needs AVX512-VBMI
  * (every CPU with AMX has it). */
 __attribute__((target("avx512vbmi"))) static inline void dg_transpose16_epi16_pairs(const __m512i in[8],
                                                                                    __m512i out[8]) {

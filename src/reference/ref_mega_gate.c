@@ -22,7 +22,7 @@ float dg_gate_score(dg_gate_scoring scoring, float logit) {
     case DG_GATE_SIGMOID:
         return dg_sigmoid_f32(logit);
     case DG_GATE_SQRTSOFTPLUS:
-        /* NOTES: DeepGEMM takes v itself above 20, where softplus(v) is v in float32 (it is from ~17) */
+        /* NOTES: DeepGEMM takes v itself above 20, where softplus(v) is v in float32 (it is from ~14.6) */
         return sqrtf(dg_softplus_f32(logit));
     default:
         return logit;

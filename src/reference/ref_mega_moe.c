@@ -70,18 +70,8 @@ void dg_ref_mega_moe_l1(const dg_mega_moe_problem *p, const dg_mega_moe_pair *sr
 }
 
 void dg_ref_mega_moe_swiglu(const float *h, int64_t inter, float clamp, float weight, float *a) {
-    const int has_clamp = !isinf(clamp);
-    for (int64_t i = 0; i < inter; ++i) {
-        float gate = h[i], up = h[inter + i];
-        if (has_clamp) {
-            /* __hmin2/__hmax2 return the non-NaN operand, as fminf/fmaxf do. */
-            gate = fminf(gate, clamp);
-            up = fminf(fmaxf(up, -clamp), clamp);
-        }
-        const float denom = 1.0f + expf(-gate);
-        const float silu = gate / denom;
-        a[i] = (silu * up) * weight;
-    }
+    for (int64_t i = 0; i < inter; ++i)
+        a[i] = dg_ref_swiglu_elem(h[i], h[inter + i], clamp, weight);
 }
 
 uint8_t dg_e2m1_rne(float x) {

@@ -9,6 +9,7 @@
 #define DG_REFERENCE_REF_MEGA_MOE_H
 
 #include "core/operand.h"
+#include "core/float_math.h"
 
 /* Values per activation scale in step 4 (DeepGEMM's recipe (1, 1, 32)). */
 #define DG_MEGA_MOE_ACT_GRAN 32
@@ -50,7 +51,19 @@ void dg_ref_mega_moe_dispatch(const dg_mega_moe_problem *p, int64_t *offsets, dg
 void dg_ref_mega_moe_l1(const dg_mega_moe_problem *p, const dg_mega_moe_pair *src, int64_t expert,
                         float *h);
 
-/* Step 3 (SwiGLU): clamp (unless clamp is INFINITY), silu(gate) * up * weight, float32. a[0, I). */
+/* Step 3 (SwiGLU) of one element: clamp (unless clamp is INFINITY; a NaN gives the bound, as
+ * fminf / fmaxf and DeepGEMM's __hmin2 / __hmax2), then ((gate / (1 + e^-gate)) * up) * weight
+ * in float32 with core/float_math.h's e^x (the same bits on every machine; the vector rows in
+ * kernels/moe_act_kernels.h run these operations lane by lane). */
+static inline float dg_ref_swiglu_elem(float gate, float up, float clamp, float weight) {
+    if (!isinf(clamp)) {
+        gate = dg_fm_min(gate, clamp);
+        up = dg_fm_min(dg_fm_max(up, -clamp), clamp);
+    }
+    return ((gate / (1.0f + dg_exp_f32(-gate))) * up) * weight;
+}
+
+/* Step 3 over a row: a[i] = dg_ref_swiglu_elem(h[i], h[I + i], ...) for i < I. */
 void dg_ref_mega_moe_swiglu(const float *h, int64_t inter, float clamp, float weight, float *a);
 /* DeepGEMM 2.8's SiTU (fp8_fp4_mega_moe(activation='situ'), no clamp), float32 with the C
  * library's expf and tanhf, in its kernel's order: with g = h[i], u = h[I + i],

@@ -3,21 +3,20 @@
 
 #include "ref_hc.h"
 #include "ref_quant.h"
+#include "../core/float_math.h"
 
 #include <math.h>
 #include <string.h>
 
-static float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
-
-/* In place on an hc x hc matrix: softmax over each row, + eps, then columns divided by
- * (column sum + eps); then iters - 1 rounds of rows and columns (DeepGEMM's reference). */
+/* In place on an hc x hc matrix (e^x: core/float_math.h, the same bits on every machine):
+ * softmax over each row, + eps, then columns divided by (column sum + eps); then iters - 1 rounds of rows and columns (DeepGEMM's reference). */
 static void sinkhorn(float *m, int hc, int iters, float eps) {
     for (int i = 0; i < hc; ++i) {
         float *row = m + i * hc, mx = row[0], sum = 0.0f;
         for (int j = 1; j < hc; ++j)
             mx = row[j] > mx ? row[j] : mx;
         for (int j = 0; j < hc; ++j) {
-            row[j] = expf(row[j] - mx);
+            row[j] = dg_exp_f32(row[j] - mx);
             sum += row[j];
         }
         for (int j = 0; j < hc; ++j)
@@ -51,8 +50,8 @@ void dg_mhc_mix_token(const dg_mhc_call *c, const float *mix, float sqr, float *
         v[n] = (mix[n] * rs) * scale + c->bases[n];
     }
     for (int j = 0; j < hc; ++j) {
-        pre[j] = sigmoid(v[j]) + c->pre_eps;
-        post[j] = sigmoid(v[hc + j]) * c->post_scale;
+        pre[j] = dg_sigmoid_f32(v[j]) + c->pre_eps;
+        post[j] = dg_sigmoid_f32(v[hc + j]) * c->post_scale;
     }
     memcpy(comb, v + 2 * hc, (size_t)hc * hc * sizeof(float));
     sinkhorn(comb, hc, c->iters, c->sk_eps);

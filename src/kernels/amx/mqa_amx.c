@@ -18,8 +18,8 @@
  * 3.3 GHz): ~1900 cycles per token and panel (1024 at the TDPBF16PS peak; the blocks load 1.5
  * tiles per product); a 2 x 2 block of 32 heads x 32 rows (one accumulator set, operands
  * reloaded early, the next block's first operands loaded by the last step) was 5-12% slower,
- * panels of 128 rows no faster. Packing a 64-row panel costs ~2500 cycles (byte permutes and a
- * 32-bit transpose on port 5), so prefill shares a panel among 16 tokens (DG_MQA_QB_AMX).
+ * panels of 128 rows no faster. Packing a 64-row panel costs about as much (byte permutes on
+ * port 5, see dg_mqa_pack_amx), so prefill shares a panel among 16 tokens (DG_MQA_QB_AMX).
  */
 #include "../mqa_kernels.h"
 #include "../transpose16_avx512.h"
@@ -82,7 +82,7 @@ __attribute__((target("avx512vbmi"))) static inline void e4m3_widen(__m512i x, _
  * load-port operation, not a lane-crossing shuffle). */
 static inline __m512i two_rows(const uint8_t *a, const uint8_t *b, int cnt) {
     if (cnt == 32) {
-        const __m512i lo = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a));
+        const __m512i lo = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a));
         return b ? _mm512_mask_broadcast_i64x4(lo, 0xf0, _mm256_loadu_si256((const __m256i *)(const void *)b)) : lo;
     }
     const __mmask32 m = ((__mmask32)1 << cnt) - 1;
@@ -122,7 +122,7 @@ static inline __m512i mx_scale(__m512i v, __m512i delta) {
  * [(16 s + p) * NW + c] = BF16 (kv[c][32 s + 2p], kv[c][32 s + 2p + 1]); zero past n and d.
  * Per 16 rows and k step the code pairs are transposed as bytes (dg_transpose16_epi16_pairs),
  * then widened: 56 lane-crossing permutes against 104 for widening the rows and transposing the
- * words (measured on the SPR VM: ~2500 -> ~1400 cycles per 64-row panel). FP8 and MXFP8 (the
+ * words (SPR VM, one 64-row panel in L1: FP8 1637 -> 1209 TSC ticks, MXFP8 2392 -> 1577). FP8 and MXFP8 (the
  * scale of row c's group s folded in, see mx_scale); FP4 takes the integer kernel (mqa_fp4_amx.c). */
 __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n,
                                                           int64_t d, int fmt, float *tmp, float *panel) {

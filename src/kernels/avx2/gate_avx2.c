@@ -1,61 +1,14 @@
-/* gate_avx2.c - the gate's scoring row on 8 lanes (see gate_kernels.h): core/float_math.h's exp,
- * softplus and sigmoid op for op (MINPS / MAXPS are its dg_fm_min / dg_fm_max); the tail runs
- * the scalar functions themselves. */
+/* gate_avx2.c - the gate's scoring row on 8 lanes (see gate_kernels.h); the tail runs the scalar
+ * functions themselves. */
 #include "../gate_kernels.h"
-#include "../../core/float_math.h"
-
-#include <immintrin.h>
-
-static inline __m256 exp8(__m256 x) {
-    const __m256 round = _mm256_set1_ps(DG_FM_ROUND);
-    const __m256 xc = _mm256_min_ps(_mm256_set1_ps(DG_FM_EXP_HI), _mm256_max_ps(_mm256_set1_ps(DG_FM_EXP_LO), x));
-    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(DG_FM_LOG2E), round), round);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DG_FM_LN2_HI), xc);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DG_FM_LN2_LO), r);
-    __m256 q = _mm256_set1_ps(DG_FM_C7);
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C6));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C5));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C4));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C3));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C2));
-    const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256 num = _mm256_cmp_ps(x, x, _CMP_ORD_Q);
-    const __m256i ni = _mm256_cvttps_epi32(_mm256_and_ps(n, num)); /* 0 in NaN lanes, as the scalar code */
-    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1), bias = _mm256_set1_epi32(127);
-    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_blendv_ps(x, _mm256_mul_ps(_mm256_mul_ps(e, p1), p2), num);
-}
-
-static inline __m256 neg_abs(__m256 v) { return _mm256_or_ps(v, _mm256_set1_ps(-0.0f)); }
-
-static inline __m256 softplus8(__m256 v) {
-    const __m256 u = exp8(neg_abs(v)), two = _mm256_set1_ps(2.0f);
-    const __m256 d = _mm256_add_ps(two, u), err = _mm256_add_ps(_mm256_sub_ps(two, d), u), s0 = _mm256_div_ps(u, d);
-    const __m256 s = _mm256_fnmadd_ps(s0, _mm256_div_ps(err, d), s0), w = _mm256_mul_ps(s, s);
-    __m256 p = _mm256_set1_ps(DG_FM_A15);
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A13));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A11));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A9));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A7));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A5));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A3));
-    const __m256 l = _mm256_fmadd_ps(s, _mm256_mul_ps(w, p), s);
-    return _mm256_add_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_add_ps(l, l));
-}
-
-static inline __m256 sigmoid8(__m256 v) {
-    const __m256 t = exp8(neg_abs(v)), d = _mm256_add_ps(_mm256_set1_ps(1.0f), t);
-    const __m256 neg = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
-    return _mm256_blendv_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_div_ps(t, d), neg);
-}
+#include "float_math_avx2.h"
 
 void dg_gate_score_row_avx2(dg_gate_scoring scoring, const float *in, const float *bias, int64_t n, float *out) {
     int64_t e = 0;
     for (; e + 8 <= n; e += 8) {
         const __m256 v = _mm256_loadu_ps(in + e);
-        __m256 f = scoring == DG_GATE_SIGMOID        ? sigmoid8(v)
-                   : scoring == DG_GATE_SQRTSOFTPLUS ? _mm256_sqrt_ps(softplus8(v))
+        __m256 f = scoring == DG_GATE_SIGMOID        ? dg_sigmoid8(v)
+                   : scoring == DG_GATE_SQRTSOFTPLUS ? _mm256_sqrt_ps(dg_softplus8(v))
                                                      : v;
         f = _mm256_add_ps(f, bias ? _mm256_loadu_ps(bias + e) : _mm256_setzero_ps());
         _mm256_storeu_ps(out + e, f);

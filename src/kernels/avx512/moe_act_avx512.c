@@ -1,0 +1,20 @@
+/* moe_act_avx512.c - the Mega MoE's SwiGLU row on 16 lanes (see moe_act_kernels.h). */
+#include "../moe_act_kernels.h"
+#include "float_math_avx512.h"
+
+void dg_swiglu_row_avx512(const float *h, int64_t inter, float clamp, float weight, float *a) {
+    const int has_clamp = !isinf(clamp);
+    const __m512 hi = _mm512_set1_ps(clamp), lo = _mm512_set1_ps(-clamp), w = _mm512_set1_ps(weight);
+    const __m512i sign = _mm512_set1_epi32(INT32_MIN);
+    for (int64_t i = 0; i < inter; i += 16) {
+        const __mmask16 m = inter - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (inter - i)) - 1);
+        __m512 g = _mm512_maskz_loadu_ps(m, h + i), u = _mm512_maskz_loadu_ps(m, h + inter + i);
+        if (has_clamp) {
+            g = _mm512_min_ps(g, hi);
+            u = _mm512_min_ps(_mm512_max_ps(u, lo), hi);
+        }
+        const __m512 neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), sign));
+        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), dg_exp16(neg)));
+        _mm512_mask_storeu_ps(a + i, m, _mm512_mul_ps(_mm512_mul_ps(silu, u), w));
+    }
+}
