@@ -3,13 +3,13 @@
  * and the gate's scoring rows built on them (kernels/gate_kernels.h):
  *   - accuracy against double precision over a sweep of the whole float range (every 4099th
  *     bit pattern) and at the edges: exp within 1.1 ulp, softplus and sigmoid within 2.5 ulp,
- *     sqrt(softplus) within 2 ulp where softplus is a normal float;
+ *     sqrt(softplus) within 2 ulp where softplus is a normal float, tanh within 1.5 ulp;
  *   - special values (zeros, infinities, NaN, the clamp and overflow edges);
  *   - every ISA level the CPU has: the scoring row gives dg_gate_score's bits (plus the bias),
  *     row lengths 1 .. 40 (vector tails) and the sweep, with and without a bias; a NaN result
  *     only needs to be a NaN;
- *   - the same for the Mega MoE's SwiGLU rows against dg_ref_mega_moe_swiglu (clamped and not,
- *     NaN and infinite inputs, I = 1 .. 40 and a long row).
+ *   - the same for the Mega MoE's SwiGLU and SiTU rows against the reference's rows (clamped
+ *     and not, NaN and infinite inputs, I = 1 .. 40 and a long row).
  */
 #include "core/float_math.h"
 #include "kernels/gate_kernels.h"
@@ -52,29 +52,30 @@ static double ulp_error(float got, double want) {
 static double softplus_ref(double v) { return v > 0 ? v + log1p(exp(-v)) : log1p(exp(v)); }
 
 static void test_accuracy(void) {
-    double worst[4] = {0, 0, 0, 0};
-    float at[4] = {0, 0, 0, 0};
+    double worst[5] = {0, 0, 0, 0, 0};
+    float at[5] = {0, 0, 0, 0, 0};
     for (uint64_t b = 0; b < ((uint64_t)1 << 32); b += 4099) {
         const float x = from_bits((uint32_t)b);
         if (isnan(x))
             continue;
         const double sp = softplus_ref(x);
-        const double err[4] = {
+        const double err[5] = {
             ulp_error(dg_exp_f32(x), exp((double)x)),
             ulp_error(dg_softplus_f32(x), sp),
             x > -87.0f ? ulp_error(dg_sigmoid_f32(x), 1.0 / (1.0 + exp(-(double)x))) : 0.0,
             sp >= FLT_MIN ? ulp_error(sqrtf(dg_softplus_f32(x)), sqrt(sp)) : 0.0,
+            ulp_error(dg_tanh_f32(x), tanh((double)x)),
         };
-        for (int f = 0; f < 4; ++f)
+        for (int f = 0; f < 5; ++f)
             if (err[f] > worst[f])
                 worst[f] = err[f], at[f] = x;
     }
     /* below -87 sigmoid's result is subnormal: absolute error within one subnormal step */
     for (float x = -104.0f; x < -87.0f; x += 0.013f)
         TU_CHECK(fabs((double)dg_sigmoid_f32(x) - 1.0 / (1.0 + exp(-(double)x))) <= 0x1p-149, "sigmoid(%a)", x);
-    const double limit[4] = {1.1, 2.5, 2.5, 2.0};
-    static const char *const names[4] = {"exp", "softplus", "sigmoid", "sqrt(softplus)"};
-    for (int f = 0; f < 4; ++f)
+    const double limit[5] = {1.1, 2.5, 2.5, 2.0, 1.5};
+    static const char *const names[5] = {"exp", "softplus", "sigmoid", "sqrt(softplus)", "tanh"};
+    for (int f = 0; f < 5; ++f)
         TU_CHECK(worst[f] <= limit[f], "%s: %.3f ulp at %a (limit %.1f)", names[f], worst[f], at[f], limit[f]);
 }
 
@@ -93,6 +94,10 @@ static void test_special_values(void) {
     TU_CHECK(dg_sigmoid_f32(0.0f) == 0.5f, "sigmoid(0) = 1/2");
     TU_CHECK(dg_sigmoid_f32(INFINITY) == 1.0f && dg_sigmoid_f32(-INFINITY) == 0.0f, "sigmoid(+-inf)");
     TU_CHECK(dg_sigmoid_f32(-100.0f) > 0.0f, "sigmoid keeps subnormal results");
+    TU_CHECK(dg_tanh_f32(INFINITY) == 1.0f && dg_tanh_f32(-INFINITY) == -1.0f, "tanh(+-inf) = +-1");
+    TU_CHECK(bits_of(dg_tanh_f32(-0.0f)) == 0x80000000u && dg_tanh_f32(0.0f) == 0.0f, "tanh keeps the zero's sign");
+    TU_CHECK(isnan(dg_tanh_f32(NAN)) && dg_tanh_f32(0x1p-140f) == 0x1p-140f, "tanh(NaN), tanh(tiny) = tiny");
+    TU_CHECK(dg_tanh_f32(-20.0f) == -1.0f, "tanh(-20) = -1");
 }
 
 static int same(float a, float b) { return isnan(a) ? isnan(b) : bits_of(a) == bits_of(b); }
@@ -150,7 +155,7 @@ done:
     free(out);
 }
 
-/* The SwiGLU row of every level against the reference row (h: I gates then I ups). */
+/* The SwiGLU and SiTU rows of every level against the reference rows (h: I gates then I ups). */
 static void test_swiglu_rows(void) {
     enum { LONG = 3000 };
     float *h = malloc(2 * LONG * sizeof *h), *want = malloc(LONG * sizeof *want), *got = malloc(LONG * sizeof *got);
@@ -183,6 +188,22 @@ static void test_swiglu_rows(void) {
                     }
             }
         TU_CHECK(!bad, "isa %s: SwiGLU rows match the reference", dg_isa_name((dg_isa)isa));
+        const dg_situ_row_fn situ = dg_situ_row_for((dg_isa)isa);
+        static const float betas[2][2] = {{1.0f, 1.0f}, {2.5f, 0.75f}};
+        for (int c = 0; c < 2 && !bad; ++c)
+            for (int64_t inter = 1; inter <= 41 && !bad; ++inter) {
+                const int64_t I = inter == 41 ? LONG : inter;
+                dg_ref_mega_moe_situ(h, I, betas[c][0], betas[c][1], 0.75f, want);
+                situ(h, I, betas[c][0], betas[c][1], 0.75f, got);
+                for (int64_t i = 0; i < I && !bad; ++i)
+                    if (!same(got[i], want[i])) {
+                        bad = 1;
+                        TU_CHECK(0, "isa %s, SiTU betas %g %g, I = %lld, element %lld: %a, want %a",
+                                 dg_isa_name((dg_isa)isa), (double)betas[c][0], (double)betas[c][1], (long long)I,
+                                 (long long)i, got[i], want[i]);
+                    }
+            }
+        TU_CHECK(!bad, "isa %s: SiTU rows match the reference", dg_isa_name((dg_isa)isa));
     }
     dg_set_isa(saved);
 done:

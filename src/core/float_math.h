@@ -1,6 +1,6 @@
 /*
- * float_math.h - the library's own float32 exp, sigmoid and softplus (the MoE gate's scoring
- * functions, deepgemm.h "mega-gate").
+ * float_math.h - the library's own float32 exp, sigmoid, softplus and tanh (the MoE gate's
+ * scores, the Mega MoE's SwiGLU and SiTU, the mHC's sigmoid and softmax; deepgemm.h).
  *
  * Why not libm: expf and log1pf give different bits in different C libraries (and versions),
  * so a result that goes through them would not be the same bits on every machine, and a scalar
@@ -8,12 +8,11 @@
  * sequence of IEEE-754 float32 operations (fmaf, +, -, *, /, sqrt, comparisons and exact integer
  * work on the exponent), each correctly rounded (fmaf by C11's definition, in hardware or in the
  * C library; float arithmetic in float precision: FLT_EVAL_METHOD 0, as on x86-64 and ARM64,
- * not x87), so the scalar versions below and
- * the vector versions (src/kernels/<isa>/gate_*.c, written op for op after them) give the same
- * bits on every CPU. Accuracy (tests/test_float_math.c, against double precision on every
+ * not x87), so the scalar versions below and the vector versions (kernels/<isa>/float_math_*.h,
+ * written op for op after them) give the same bits on every CPU. Accuracy (tests/test_float_math.c, against double precision on every
  * 4099th float of the whole range): exp within 1.1 ulp, softplus and sigmoid within 2.5 ulp, the
  * square root of softplus within 2 ulp where softplus is a normal float (libm's
- * sqrtf(log1pf(expf(v))) on the same sweep: 1.3 ulp).
+ * sqrtf(log1pf(expf(v))) on the same sweep: 1.3 ulp), tanh within 1.5 ulp (glibc's tanhf: 2.2).
  *
  * Scalar helpers mirror the vector instructions' rules: dg_fm_max(a, b) is "a > b ? a : b" and
  * dg_fm_min(a, b) is "a < b ? a : b" (MAXPS / MINPS: the second operand when either is NaN).
@@ -106,6 +105,38 @@ static inline float dg_softplus_f32(float v) {
     p = fmaf(p, w, DG_FM_A3);
     const float l = fmaf(s, w * p, s);
     return dg_fm_max(v, 0.0f) + (l + l);
+}
+
+/* tanh(x): below |x| = 0.55 its Taylor series to x^17 (the next term is below 2^-27 of the
+ * result), above it 1 - 2 / (e^2|x| + 1) (the subtraction is exact down to 0.55, where
+ * 2 / (e^2|x| + 1) reaches 1/2); the sign of x put back last. */
+#define DG_FM_TANH_SPLIT 0.55f
+#define DG_FM_T3 (-1.0f / 3.0f)
+#define DG_FM_T5 (2.0f / 15.0f)
+#define DG_FM_T7 (-17.0f / 315.0f)
+#define DG_FM_T9 (62.0f / 2835.0f)
+#define DG_FM_T11 (-1382.0f / 155925.0f)
+#define DG_FM_T13 (21844.0f / 6081075.0f)
+#define DG_FM_T15 (-929569.0f / 638512875.0f)
+#define DG_FM_T17 (6404582.0f / 10854718875.0f)
+
+static inline float dg_tanh_f32(float x) {
+    const float a = fabsf(x), w = a * a;
+    float q = DG_FM_T17;
+    q = fmaf(q, w, DG_FM_T15);
+    q = fmaf(q, w, DG_FM_T13);
+    q = fmaf(q, w, DG_FM_T11);
+    q = fmaf(q, w, DG_FM_T9);
+    q = fmaf(q, w, DG_FM_T7);
+    q = fmaf(q, w, DG_FM_T5);
+    q = fmaf(q, w, DG_FM_T3);
+    const float small = fmaf(a, w * q, a);
+    const float big = 1.0f - 2.0f / (dg_exp_f32(a + a) + 1.0f);
+    uint32_t r, sx;
+    const float m = a < DG_FM_TANH_SPLIT ? small : big;
+    memcpy(&r, &m, sizeof r);
+    memcpy(&sx, &x, sizeof sx);
+    return dg_fm_from_bits(r | (sx & 0x80000000u));
 }
 
 /* 1 / (1 + e^-v), as t / (1 + t) with t = e^v below 0 (e^-v would overflow where the result

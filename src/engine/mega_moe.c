@@ -51,6 +51,18 @@ dg_swiglu_row_fn dg_swiglu_row_for(dg_isa isa) {
     return dg_ref_mega_moe_swiglu;
 }
 
+dg_situ_row_fn dg_situ_row_for(dg_isa isa) {
+#if DG_MOE_ACT_HAVE_X86
+    if (isa >= DG_ISA_AVX512)
+        return dg_situ_row_avx512;
+    if (isa >= DG_ISA_AVX2)
+        return dg_situ_row_avx2;
+#else
+    (void)isa;
+#endif
+    return dg_ref_mega_moe_situ;
+}
+
 typedef struct pair {
     int32_t rank;
     int32_t slot;
@@ -218,8 +230,8 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
         return step_failed(api, "L1 GEMM", x->who);
     dg_api_begin(api);
 
-    /* SwiGLU with clamp (the reference's steps, vectorised: kernels/moe_act_kernels.h) or SiTU
-     * (the reference's scalar steps: the C library's expf, tanhf), and the top-k weight,
+    /* SwiGLU with clamp or SiTU, and the top-k weight (the reference's steps, vectorised:
+     * kernels/moe_act_kernels.h),
      * between bulk conversions that give the reference's bits: the L1 output to float, then
      * the activations to E4M3 with per-1x32 UE8M0 scales (per_token_cast_to_fp8's kernels:
      * the reference's quantisation) or to BF16. NVFP4: the gate / up scales and BF16 rounding
@@ -228,6 +240,7 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
         return step_failed(api, "L1 output cast", x->who);
     const int threads = dg_num_threads();
     const dg_swiglu_row_fn swiglu = dg_swiglu_row_for(dg_get_isa());
+    const dg_situ_row_fn situ = dg_situ_row_for(dg_get_isa());
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * I >= 32768)
     for (int64_t i = 0; i < n; ++i) {
         const pair *p = &pairs[i];
@@ -240,7 +253,7 @@ static dg_status run_wave(const dg_mega_moe_call *c, const expert *x, const pair
                 h[I + j] = bf16_round(h[I + j] * x->alpha_up);
             }
         if (c->situ)
-            dg_ref_mega_moe_situ(h, I, c->situ_beta, c->situ_linear_beta, w, af + i * I);
+            situ(h, I, c->situ_beta, c->situ_linear_beta, w, af + i * I);
         else
             swiglu(h, I, c->clamp, w, af + i * I);
         if (nv)

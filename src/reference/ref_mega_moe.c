@@ -126,13 +126,8 @@ void dg_ref_mega_moe_quantize_fp8_pow2(const float *a, int64_t n, uint8_t *codes
 }
 
 void dg_ref_mega_moe_situ(const float *h, int64_t inter, float beta, float linear_beta, float weight, float *a) {
-    for (int64_t i = 0; i < inter; ++i) {
-        const float gate = h[i], up = h[inter + i];
-        const float sigmoid = 1.0f / (1.0f + expf(-gate));
-        const float g = sigmoid * (beta * tanhf(gate / beta));
-        const float u = linear_beta * tanhf(up / linear_beta);
-        a[i] = (g * u) * weight;
-    }
+    for (int64_t i = 0; i < inter; ++i)
+        a[i] = dg_ref_situ_elem(h[i], h[inter + i], beta, linear_beta, weight);
 }
 
 void dg_ref_mega_moe_quantize_fp8(const float *a, int64_t n, uint8_t *codes, float *sf, float *a_q) {

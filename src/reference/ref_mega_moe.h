@@ -65,9 +65,16 @@ static inline float dg_ref_swiglu_elem(float gate, float up, float clamp, float 
 
 /* Step 3 over a row: a[i] = dg_ref_swiglu_elem(h[i], h[I + i], ...) for i < I. */
 void dg_ref_mega_moe_swiglu(const float *h, int64_t inter, float clamp, float weight, float *a);
-/* DeepGEMM 2.8's SiTU (fp8_fp4_mega_moe(activation='situ'), no clamp), float32 with the C
- * library's expf and tanhf, in its kernel's order: with g = h[i], u = h[I + i],
- * a = ((1 / (1 + expf(-g))) * (beta * tanhf(g / beta))) * (linear_beta * tanhf(u / linear_beta)) * weight. */
+/* DeepGEMM 2.8's SiTU (fp8_fp4_mega_moe(activation='situ'), no clamp) of one element, float32
+ * in its kernel's order with core/float_math.h's e^x and tanh:
+ * a = (((1 / (1 + e^-g)) * (beta * tanh(g / beta))) * (linear_beta * tanh(u / linear_beta))) * weight. */
+static inline float dg_ref_situ_elem(float g, float u, float beta, float linear_beta, float weight) {
+    const float sigmoid = 1.0f / (1.0f + dg_exp_f32(-g));
+    const float gt = sigmoid * (beta * dg_tanh_f32(g / beta));
+    return (gt * (linear_beta * dg_tanh_f32(u / linear_beta))) * weight;
+}
+
+/* SiTU over a row: a[i] = dg_ref_situ_elem(h[i], h[I + i], ...) for i < I. */
 void dg_ref_mega_moe_situ(const float *h, int64_t inter, float beta, float linear_beta, float weight, float *a);
 
 /*

@@ -1,5 +1,5 @@
 /*
- * float_math_avx2.h - core/float_math.h's exp, softplus and sigmoid on 8 lanes, op for op
+ * float_math_avx2.h - core/float_math.h's exp, softplus, sigmoid and tanh on 8 lanes, op for op
  * (MINPS / MAXPS are its dg_fm_min / dg_fm_max), so each lane gives the scalar functions' bits.
  * Include only from AVX2 translation units compiled with -ffp-contract=off.
  */
@@ -52,6 +52,24 @@ static inline __m256 dg_sigmoid8(__m256 v) {
     const __m256 t = dg_exp8(dg_neg_abs8(v)), d = _mm256_add_ps(_mm256_set1_ps(1.0f), t);
     const __m256 neg = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
     return _mm256_blendv_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), _mm256_div_ps(t, d), neg);
+}
+
+static inline __m256 dg_tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x), w = _mm256_mul_ps(a, a);
+    __m256 q = _mm256_set1_ps(DG_FM_T17);
+    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T15));
+    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T13));
+    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T11));
+    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T9));
+    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T7));
+    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T5));
+    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T3));
+    const __m256 small = _mm256_fmadd_ps(a, _mm256_mul_ps(w, q), a), one = _mm256_set1_ps(1.0f);
+    const __m256 big =
+        _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(dg_exp8(_mm256_add_ps(a, a)), one)));
+    const __m256 lo = _mm256_cmp_ps(a, _mm256_set1_ps(DG_FM_TANH_SPLIT), _CMP_LT_OQ);
+    return _mm256_or_ps(_mm256_blendv_ps(big, small, lo), _mm256_and_ps(x, sign));
 }
 
 #endif /* DG_KERNELS_AVX2_FLOAT_MATH_AVX2_H */

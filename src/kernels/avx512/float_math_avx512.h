@@ -1,5 +1,5 @@
 /*
- * float_math_avx512.h - core/float_math.h's exp, softplus and sigmoid on 16 lanes, op for op
+ * float_math_avx512.h - core/float_math.h's exp, softplus, sigmoid and tanh on 16 lanes, op for op
  * (MINPS / MAXPS are its dg_fm_min / dg_fm_max), so each lane gives the scalar functions' bits.
  * Include only from AVX-512 translation units compiled with -ffp-contract=off.
  */
@@ -52,6 +52,25 @@ static inline __m512 dg_sigmoid16(__m512 v) {
     const __m512 t = dg_exp16(dg_neg_abs16(v)), d = _mm512_add_ps(_mm512_set1_ps(1.0f), t);
     const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
     return _mm512_mask_blend_ps(neg, _mm512_div_ps(_mm512_set1_ps(1.0f), d), _mm512_div_ps(t, d));
+}
+
+static inline __m512 dg_tanh16(__m512 x) {
+    const __m512i sign = _mm512_set1_epi32(INT32_MIN);
+    const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x))), w = _mm512_mul_ps(a, a);
+    __m512 q = _mm512_set1_ps(DG_FM_T17);
+    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T15));
+    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T13));
+    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T11));
+    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T9));
+    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T7));
+    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T5));
+    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T3));
+    const __m512 small = _mm512_fmadd_ps(a, _mm512_mul_ps(w, q), a), one = _mm512_set1_ps(1.0f);
+    const __m512 big =
+        _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(dg_exp16(_mm512_add_ps(a, a)), one)));
+    const __mmask16 lo = _mm512_cmp_ps_mask(a, _mm512_set1_ps(DG_FM_TANH_SPLIT), _CMP_LT_OQ);
+    const __m512i m = _mm512_castps_si512(_mm512_mask_blend_ps(lo, big, small));
+    return _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(_mm512_castps_si512(x), sign)));
 }
 
 #endif /* DG_KERNELS_AVX512_FLOAT_MATH_AVX512_H */
