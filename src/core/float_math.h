@@ -40,22 +40,24 @@
 #define DG_FM_ROUND 0x1.8p23f /* adding it rounds |v| < 2^22 to an integer in the low bits */
 #define DG_FM_EXP_LO (-104.0f) /* below: e^x < 2^-150, rounds to 0 */
 #define DG_FM_EXP_HI 89.0f     /* above: e^x overflows */
-#define DG_FM_C2 0.5f
-#define DG_FM_C3 (1.0f / 6.0f)
-#define DG_FM_C4 (1.0f / 24.0f)
-#define DG_FM_C5 (1.0f / 120.0f)
-#define DG_FM_C6 (1.0f / 720.0f)
-#define DG_FM_C7 (1.0f / 5040.0f)
+static const float dg_fm_exp_poly[6] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f,
+                                         1.0f / 24.0f,   1.0f / 6.0f,   0.5f}; /* 1/k!, k = 7 .. 2 */
 
 /* log1p(u) for u in [0, 1] as 2 atanh(s), s = u / (2 + u) in [0, 1/3]: 2s (1 + s^2/3 + ... +
  * s^14/15) (the next term is below 2^-28 of the sum). */
-#define DG_FM_A3 (1.0f / 3.0f)
-#define DG_FM_A5 (1.0f / 5.0f)
-#define DG_FM_A7 (1.0f / 7.0f)
-#define DG_FM_A9 (1.0f / 9.0f)
-#define DG_FM_A11 (1.0f / 11.0f)
-#define DG_FM_A13 (1.0f / 13.0f)
-#define DG_FM_A15 (1.0f / 15.0f)
+static const float dg_fm_atanh_poly[7] = {1.0f / 15.0f, 1.0f / 13.0f, 1.0f / 11.0f, 1.0f / 9.0f,
+                                           1.0f / 7.0f,  1.0f / 5.0f,  1.0f / 3.0f};
+
+#define DG_FM_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Horner's rule, coefficients highest degree first: c[0] x^(n-1) + ... + c[n-1], one fmaf per
+ * step (the vector headers have the same loop). */
+static inline float dg_fm_horner(float x, const float *c, int n) {
+    float q = c[0];
+    for (int i = 1; i < n; ++i)
+        q = fmaf(q, x, c[i]);
+    return q;
+}
 
 static inline float dg_fm_max(float a, float b) { return a > b ? a : b; }
 static inline float dg_fm_min(float a, float b) { return a < b ? a : b; }
@@ -74,12 +76,7 @@ static inline float dg_exp_f32(float x) {
     const float n = fmaf(xc, DG_FM_LOG2E, DG_FM_ROUND) - DG_FM_ROUND;
     float r = fmaf(n, -DG_FM_LN2_HI, xc);
     r = fmaf(n, -DG_FM_LN2_LO, r);
-    float q = DG_FM_C7;
-    q = fmaf(q, r, DG_FM_C6);
-    q = fmaf(q, r, DG_FM_C5);
-    q = fmaf(q, r, DG_FM_C4);
-    q = fmaf(q, r, DG_FM_C3);
-    q = fmaf(q, r, DG_FM_C2);
+    const float q = dg_fm_horner(r, dg_fm_exp_poly, DG_FM_LEN(dg_fm_exp_poly));
     const float e = fmaf(q, r * r, r) + 1.0f;
     /* n in [-150, 128]: two halves in [-75, 64], each a normal power of two; the first product
      * is exact, the second rounds once. GCC and Clang shift negative ints arithmetically. */
@@ -96,13 +93,7 @@ static inline float dg_softplus_f32(float v) {
      * order: the rounding of d would otherwise cost about half an ulp */
     const float d = 2.0f + u, err = (2.0f - d) + u, s0 = u / d;
     const float s = fmaf(-s0, err / d, s0), w = s * s;
-    float p = DG_FM_A15;
-    p = fmaf(p, w, DG_FM_A13);
-    p = fmaf(p, w, DG_FM_A11);
-    p = fmaf(p, w, DG_FM_A9);
-    p = fmaf(p, w, DG_FM_A7);
-    p = fmaf(p, w, DG_FM_A5);
-    p = fmaf(p, w, DG_FM_A3);
+    const float p = dg_fm_horner(w, dg_fm_atanh_poly, DG_FM_LEN(dg_fm_atanh_poly));
     const float l = fmaf(s, w * p, s);
     return dg_fm_max(v, 0.0f) + (l + l);
 }
@@ -111,25 +102,14 @@ static inline float dg_softplus_f32(float v) {
  * result), above it 1 - 2 / (e^2|x| + 1) (the subtraction is exact down to 0.55, where
  * 2 / (e^2|x| + 1) reaches 1/2); the sign of x put back last. */
 #define DG_FM_TANH_SPLIT 0.55f
-#define DG_FM_T3 (-1.0f / 3.0f)
-#define DG_FM_T5 (2.0f / 15.0f)
-#define DG_FM_T7 (-17.0f / 315.0f)
-#define DG_FM_T9 (62.0f / 2835.0f)
-#define DG_FM_T11 (-1382.0f / 155925.0f)
-#define DG_FM_T13 (21844.0f / 6081075.0f)
-#define DG_FM_T15 (-929569.0f / 638512875.0f)
-#define DG_FM_T17 (6404582.0f / 10854718875.0f)
+static const float dg_fm_tanh_poly[8] = {6404582.0f / 10854718875.0f, -929569.0f / 638512875.0f,
+                                          21844.0f / 6081075.0f,       -1382.0f / 155925.0f,
+                                          62.0f / 2835.0f,             -17.0f / 315.0f,
+                                          2.0f / 15.0f,                -1.0f / 3.0f}; /* x^17 .. x^3 */
 
 static inline float dg_tanh_f32(float x) {
     const float a = fabsf(x), w = a * a;
-    float q = DG_FM_T17;
-    q = fmaf(q, w, DG_FM_T15);
-    q = fmaf(q, w, DG_FM_T13);
-    q = fmaf(q, w, DG_FM_T11);
-    q = fmaf(q, w, DG_FM_T9);
-    q = fmaf(q, w, DG_FM_T7);
-    q = fmaf(q, w, DG_FM_T5);
-    q = fmaf(q, w, DG_FM_T3);
+    const float q = dg_fm_horner(w, dg_fm_tanh_poly, DG_FM_LEN(dg_fm_tanh_poly));
     const float small = fmaf(a, w * q, a);
     const float big = 1.0f - 2.0f / (dg_exp_f32(a + a) + 1.0f);
     uint32_t r, sx;

@@ -10,18 +10,20 @@
 
 #include <immintrin.h>
 
+static inline __m256 dg_horner8(__m256 x, const float *c, int n) {
+    __m256 q = _mm256_set1_ps(c[0]);
+    for (int i = 1; i < n; ++i)
+        q = _mm256_fmadd_ps(q, x, _mm256_set1_ps(c[i]));
+    return q;
+}
+
 static inline __m256 dg_exp8(__m256 x) {
     const __m256 round = _mm256_set1_ps(DG_FM_ROUND);
     const __m256 xc = _mm256_min_ps(_mm256_set1_ps(DG_FM_EXP_HI), _mm256_max_ps(_mm256_set1_ps(DG_FM_EXP_LO), x));
     const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(DG_FM_LOG2E), round), round);
     __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DG_FM_LN2_HI), xc);
     r = _mm256_fmadd_ps(n, _mm256_set1_ps(-DG_FM_LN2_LO), r);
-    __m256 q = _mm256_set1_ps(DG_FM_C7);
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C6));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C5));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C4));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C3));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DG_FM_C2));
+    const __m256 q = dg_horner8(r, dg_fm_exp_poly, DG_FM_LEN(dg_fm_exp_poly));
     const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
     const __m256 num = _mm256_cmp_ps(x, x, _CMP_ORD_Q);
     const __m256i ni = _mm256_cvttps_epi32(_mm256_and_ps(n, num)); /* 0 in NaN lanes, as the scalar code */
@@ -37,13 +39,7 @@ static inline __m256 dg_softplus8(__m256 v) {
     const __m256 u = dg_exp8(dg_neg_abs8(v)), two = _mm256_set1_ps(2.0f);
     const __m256 d = _mm256_add_ps(two, u), err = _mm256_add_ps(_mm256_sub_ps(two, d), u), s0 = _mm256_div_ps(u, d);
     const __m256 s = _mm256_fnmadd_ps(s0, _mm256_div_ps(err, d), s0), w = _mm256_mul_ps(s, s);
-    __m256 p = _mm256_set1_ps(DG_FM_A15);
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A13));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A11));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A9));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A7));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A5));
-    p = _mm256_fmadd_ps(p, w, _mm256_set1_ps(DG_FM_A3));
+    const __m256 p = dg_horner8(w, dg_fm_atanh_poly, DG_FM_LEN(dg_fm_atanh_poly));
     const __m256 l = _mm256_fmadd_ps(s, _mm256_mul_ps(w, p), s);
     return _mm256_add_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_add_ps(l, l));
 }
@@ -57,14 +53,7 @@ static inline __m256 dg_sigmoid8(__m256 v) {
 static inline __m256 dg_tanh8(__m256 x) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 a = _mm256_andnot_ps(sign, x), w = _mm256_mul_ps(a, a);
-    __m256 q = _mm256_set1_ps(DG_FM_T17);
-    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T15));
-    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T13));
-    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T11));
-    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T9));
-    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T7));
-    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T5));
-    q = _mm256_fmadd_ps(q, w, _mm256_set1_ps(DG_FM_T3));
+    const __m256 q = dg_horner8(w, dg_fm_tanh_poly, DG_FM_LEN(dg_fm_tanh_poly));
     const __m256 small = _mm256_fmadd_ps(a, _mm256_mul_ps(w, q), a), one = _mm256_set1_ps(1.0f);
     const __m256 big =
         _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(dg_exp8(_mm256_add_ps(a, a)), one)));

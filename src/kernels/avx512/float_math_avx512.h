@@ -10,18 +10,20 @@
 
 #include <immintrin.h>
 
+static inline __m512 dg_horner16(__m512 x, const float *c, int n) {
+    __m512 q = _mm512_set1_ps(c[0]);
+    for (int i = 1; i < n; ++i)
+        q = _mm512_fmadd_ps(q, x, _mm512_set1_ps(c[i]));
+    return q;
+}
+
 static inline __m512 dg_exp16(__m512 x) {
     const __m512 round = _mm512_set1_ps(DG_FM_ROUND);
     const __m512 xc = _mm512_min_ps(_mm512_set1_ps(DG_FM_EXP_HI), _mm512_max_ps(_mm512_set1_ps(DG_FM_EXP_LO), x));
     const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(DG_FM_LOG2E), round), round);
     __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-DG_FM_LN2_HI), xc);
     r = _mm512_fmadd_ps(n, _mm512_set1_ps(-DG_FM_LN2_LO), r);
-    __m512 q = _mm512_set1_ps(DG_FM_C7);
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(DG_FM_C6));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(DG_FM_C5));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(DG_FM_C4));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(DG_FM_C3));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(DG_FM_C2));
+    const __m512 q = dg_horner16(r, dg_fm_exp_poly, DG_FM_LEN(dg_fm_exp_poly));
     const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(q, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
     const __mmask16 num = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);
     const __m512i ni = _mm512_maskz_cvttps_epi32(num, n), n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
@@ -37,13 +39,7 @@ static inline __m512 dg_softplus16(__m512 v) {
     const __m512 u = dg_exp16(dg_neg_abs16(v)), two = _mm512_set1_ps(2.0f);
     const __m512 d = _mm512_add_ps(two, u), err = _mm512_add_ps(_mm512_sub_ps(two, d), u), s0 = _mm512_div_ps(u, d);
     const __m512 s = _mm512_fnmadd_ps(s0, _mm512_div_ps(err, d), s0), w = _mm512_mul_ps(s, s);
-    __m512 p = _mm512_set1_ps(DG_FM_A15);
-    p = _mm512_fmadd_ps(p, w, _mm512_set1_ps(DG_FM_A13));
-    p = _mm512_fmadd_ps(p, w, _mm512_set1_ps(DG_FM_A11));
-    p = _mm512_fmadd_ps(p, w, _mm512_set1_ps(DG_FM_A9));
-    p = _mm512_fmadd_ps(p, w, _mm512_set1_ps(DG_FM_A7));
-    p = _mm512_fmadd_ps(p, w, _mm512_set1_ps(DG_FM_A5));
-    p = _mm512_fmadd_ps(p, w, _mm512_set1_ps(DG_FM_A3));
+    const __m512 p = dg_horner16(w, dg_fm_atanh_poly, DG_FM_LEN(dg_fm_atanh_poly));
     const __m512 l = _mm512_fmadd_ps(s, _mm512_mul_ps(w, p), s);
     return _mm512_add_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_add_ps(l, l));
 }
@@ -57,14 +53,7 @@ static inline __m512 dg_sigmoid16(__m512 v) {
 static inline __m512 dg_tanh16(__m512 x) {
     const __m512i sign = _mm512_set1_epi32(INT32_MIN);
     const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x))), w = _mm512_mul_ps(a, a);
-    __m512 q = _mm512_set1_ps(DG_FM_T17);
-    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T15));
-    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T13));
-    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T11));
-    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T9));
-    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T7));
-    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T5));
-    q = _mm512_fmadd_ps(q, w, _mm512_set1_ps(DG_FM_T3));
+    const __m512 q = dg_horner16(w, dg_fm_tanh_poly, DG_FM_LEN(dg_fm_tanh_poly));
     const __m512 small = _mm512_fmadd_ps(a, _mm512_mul_ps(w, q), a), one = _mm512_set1_ps(1.0f);
     const __m512 big =
         _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(dg_exp16(_mm512_add_ps(a, a)), one)));
