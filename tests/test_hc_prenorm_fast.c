@@ -184,13 +184,16 @@ static void check_shape(tu_rng *rng, shape c, dg_isa isa) {
 /* The same bits for 1, 2 and 3 threads, and one split equal to no split. M = 301 > 256 rows
  * (one block) takes the row-major order, with thread boundaries inside a row's splits; M = 100
  * the split-major order; M = 1, 13 and 5 (fewer splits than threads, 2N > M) threads sharing
- * the columns, N = 20 with a part that ends in a partial column group. */
+ * the columns, N = 20 with a part that ends in a partial column group; on AMX also M = 48 and
+ * 17 (the transposed kernel's rows, 16-row blocks with a tail) with shared columns, N = 40
+ * (parts that cross a panel of 24) and N = 1 (fewer columns than threads). */
 static void check_determinism(tu_rng *rng, const char *isa) {
     const int old = dg_get_num_sms();
-    enum { NSHAPES = 7 };
+    enum { NSHAPES = 10 };
     const shape shapes[NSHAPES] = {{301, 24, 1000, 3, 5, 2}, {301, 24, 1000, 0, 0, 0}, {100, 24, 2000, 5, 0, 1},
                                    {301, 24, 13000, 4, 0, 0}, {1, 24, 3000, 0, 0, 0},  {13, 24, 2100, 2, 1, 0},
-                                   {5, 20, 700, 0, 0, 1}};
+                                   {5, 20, 700, 0, 0, 1},     {48, 24, 900, 0, 0, 0},  {17, 40, 650, 2, 0, 1},
+                                   {3, 1, 100, 0, 0, 0}};
     for (int t = 0; t < NSHAPES; ++t) {
         bufs x;
         bufs_init(&x, rng, shapes[t]);

@@ -17,7 +17,8 @@
  * on units of work the threads take from a shared counter (amx_run_units): each thread packs the
  * pieces of B it reaches (no thread waits for another), then walks each piece over groups of 16
  * rows; row ranges of at most HC_AMX_FEW_ROWS rows (decode) skip the packing and take the
- * transposed kernel, which gives the same bits.
+ * transposed kernel, which gives the same bits, with the threads sharing B's columns when there
+ * are fewer splits than threads (each then reads only its columns' part of B).
  */
 #include "hc_prenorm_kernels.h"
 
@@ -266,6 +267,26 @@ static void amx_row_block(const hc_job *j, float *scratch, int64_t r0, int64_t r
 }
 
 /*
+ * Columns [c0, c1) of split sp, every row (at most HC_AMX_FEW_ROWS), on the transposed kernel:
+ * a thread's share when threads share the columns (j->col_parts > 1). A column's sums depend
+ * only on its row of B (each is its own row of the tile products), so the bits are amx_rows'.
+ * Pieces never cross a panel; the square sums come with the piece holding column 0.
+ */
+static void amx_columns(const hc_job *j, float *scratch, int sp, int64_t c0, int64_t c1) {
+    float *state = scratch + j->bp_floats;
+    int64_t k0, k1;
+    dg_hc_split_range(j->k, j->splits, sp, &k0, &k1);
+    for (int64_t c = c0, next; c < c1; c = next) {
+        next = (c / DG_HC_NS + 1) * DG_HC_NS < c1 ? (c / DG_HC_NS + 1) * DG_HC_NS : c1;
+        for (int64_t r = 0; r < j->m; r += 16)
+            dg_hc_amx_block_t(j->a + r * j->lda, j->lda, (int)(j->m - r < 16 ? j->m - r : 16), k0, k1, j->b + c * j->ldb,
+                              j->ldb, next - c, state + r * DG_HC_AMX_SF, c == 0);
+        dg_hc_amx_finish(state, (int)j->m, next - c, j->d + sp * j->d_split + c, j->ldd,
+                         c == 0 ? j->s + sp * j->s_split : NULL);
+    }
+}
+
+/*
  * The AMX path's work: units taken in order from a shared counter by whichever thread is free, so
  * a thread the OS delays holds up only its current unit (a row's bits never depend on the thread).
  * M > HC_MB: blocks of rows (at most HC_MB, about four per thread), every split; else
@@ -276,9 +297,12 @@ static void amx_run_units(const hc_job *j, float *scratch) {
     int64_t block = dg_align(dg_ceil_div(m, 4 * (int64_t)j->threads), DG_HC_AMX_ROWS);
     block = block < 2 * DG_HC_AMX_ROWS ? 2 * DG_HC_AMX_ROWS : block > HC_MB ? HC_MB : block;
     const int64_t parts = S >= j->threads ? 1 : dg_ceil_div(j->threads, S);
-    const int64_t units = m > HC_MB ? dg_ceil_div(m, block) : parts * S;
+    const int64_t P = j->col_parts, units = P > 1 ? P * S : m > HC_MB ? dg_ceil_div(m, block) : parts * S;
     for (int64_t u; (u = __atomic_fetch_add(j->next_unit, 1, __ATOMIC_RELAXED)) < units;) {
-        if (m > HC_MB) {
+        if (P > 1) {
+            const int64_t p = u % P;
+            amx_columns(j, scratch, (int)(u / P), j->n * p / P, j->n * (p + 1) / P);
+        } else if (m > HC_MB) {
             const int64_t r0 = u * block;
             amx_row_block(j, scratch, r0, r0 + block < m ? r0 + block : m);
         } else {
@@ -516,6 +540,17 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
         const int64_t groups = dg_ceil_div(j.n, j.kern->cols), parts = dg_ceil_div(want, j.splits);
         j.col_parts = (int)(parts < groups ? parts : groups);
     }
+#if DG_HC_HAVE_AMX
+    /* AMX at decode sizes: the same for the transposed kernel (amx_columns), whose tile products
+     * cost so little that A's side is the copies of its few rows: sharing the columns reads
+     * less per thread while 2M < 4N - always, at M <= HC_AMX_FEW_ROWS and N = 24 (measured on
+     * Sapphire Rapids, 2 threads, N = 24, K = 28672: M = 1 mega_mhc 0.19 -> 0.12 ms, M = 13
+     * 0.17 -> 0.11 ms, M = 16 0.33 -> 0.31 ms) */
+    if (j.amx && j.m <= HC_AMX_FEW_ROWS && j.splits < want) {
+        const int64_t parts = dg_ceil_div(want, j.splits);
+        j.col_parts = (int)(parts < j.n ? parts : j.n);
+    }
+#endif
     /* Sharing columns splits B's bytes, which at decode sizes cost more than the FMAs: count
      * them as work too (HC_MIN_FLOPS_PER_THREAD per HC_B_BYTES_PER_FLOPS_UNIT bytes). */
     const double flops = 2.0 * (double)j.m * (double)j.n * (double)j.k;
