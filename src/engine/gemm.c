@@ -105,6 +105,24 @@ static inline const float *scales_at(const dg_packed *p, int64_t panel, int64_t 
     return p->scales ? p->scales + (panel * p->nkb + kb) * p->r : ones;
 }
 
+/* Share ir of mpan of the B micro-panel that follows (jr, k0) in run_tile's order (the next
+ * panel of the slice, else the next slice's first), hinted into L2 while call (jr, ir) computes.
+ * Without it a micro-panel's first call waits for it from L3 or DRAM: measured on a Sapphire
+ * Rapids VM (2 threads, M = 4096) 2-8% of large GEMMs at the AMX, AVX-512 and AVX2 levels. Into
+ * L2, not L1: the current micro-panel is what L1 holds. Hints never change results. */
+static void prefetch_next_b(const dg_packed *pb, int64_t pb0, int64_t npan, int64_t jr, int64_t ir, int64_t mpan,
+                            int64_t k0, int64_t k1, int64_t step) {
+    const bool last = jr + 1 == npan;
+    const int64_t nk0 = last ? k1 : k0;
+    if (nk0 >= pb->kp)
+        return;
+    const int64_t len = nk0 + step < pb->kp ? step : pb->kp - nk0;
+    const int64_t bytes = len * pb->r * (pb->fmt == DG_PACK_F32 ? 4 : 2), per = dg_align(dg_ceil_div(bytes, mpan), 64);
+    const char *next = panel_at(pb, pb0 + (last ? 0 : jr + 1), nk0);
+    for (int64_t o = ir * per; o < (ir + 1) * per && o < bytes; o += 64)
+        __builtin_prefetch(next + o, 0, 2);
+}
+
 /* One MC x NC tile [m0, m0 + rows) x [n0, n0 + cols) into buf (ldc = NC rounded to NR). */
 static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, int64_t cols, float *buf,
                      int64_t ldc, const float *ones, uint16_t *tail) {
@@ -130,6 +148,7 @@ static void run_tile(const tile_job *j, int64_t m0, int64_t rows, int64_t n0, in
         for (int64_t jr = 0; jr < npan; ++jr)
             for (int64_t ir = 0; ir < mpan; ++ir) {
                 float *ct = buf + ir * cfg->mr * ldc + jr * cfg->nr;
+                prefetch_next_b(pb, pb0, npan, jr, ir, mpan, k0, k1, step);
                 if (j->a_rows && !(tail_rows && ir == mpan - 1)) { /* chain holds (dg_engine_gemm) */
                     cfg->ukr_a_rows(k1 - k0, j->a_rows + (m0 + ir * cfg->mr) * j->lda + k0, j->lda,
                                     panel_at(pb, pb0 + jr, k0), ct, ldc, k0 == 0 ? DG_UKR_ZERO : DG_UKR_ACC);
