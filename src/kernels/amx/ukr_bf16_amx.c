@@ -42,28 +42,32 @@ static void scale_into(const float *acc, float *c, int64_t ldc, const float *sa,
  * elements further: packed panels (1024, 512, 64 bytes) or A's own rows (32, 16 lda, 2 lda). */
 static inline void ukr_body(int64_t kc, const uint16_t *a, int64_t a_step, int64_t a_half, int64_t a_stride,
                             const uint16_t *b, float *c, int64_t ldc, int mode, const float *sa, const float *sb) {
+    /* Tiles are not renamed: a load into a tile waits until the products reading it finish.
+     * So each operand is reloaded right after its last product of the step, while the other
+     * products run, and the next step's first products find their operands ready. The first
+     * step's loads come in the order of its products (C0, A0, B0 first). */
+    const int64_t steps = kc / 32;
     if (mode == DG_UKR_ACC) {
         _tile_loadd(0, c, ldc * 4);
+        _tile_loadd(4, a, a_stride);
+        _tile_loadd(6, b, 128);
         _tile_loadd(1, c + 16, ldc * 4);
+        _tile_loadd(7, b + 32, 128);
         _tile_loadd(2, c + 16 * ldc, ldc * 4);
+        _tile_loadd(5, a + a_half, a_stride);
         _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
     } else {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
+        _tile_loadd(4, a, a_stride);
+        _tile_loadd(6, b, 128);
+        _tile_loadd(7, b + 32, 128);
+        _tile_loadd(5, a + a_half, a_stride);
     }
-    /* Tiles are not renamed: a load into a tile waits until the products reading it finish.
-     * So each operand is reloaded right after its last product of the step, while the other
-     * products run, and the next step's first products find their operands ready. */
-    const int64_t steps = kc / 32;
-    _tile_loadd(4, a, a_stride);
-    _tile_loadd(6, b, 128);
-    _tile_loadd(7, b + 32, 128);
-    _tile_loadd(5, a + a_half, a_stride);
-    for (int64_t s = 1; s <= steps; ++s) {
-        const int64_t t = s < steps ? s : s - 1; /* the last step reloads harmlessly */
-        const uint16_t *as = a + t * a_step, *bs = b + t * 16 * 64;
+    for (int64_t s = 1; s < steps; ++s) {
+        const uint16_t *as = a + s * a_step, *bs = b + s * 16 * 64;
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         _tile_loadd(4, as, a_stride);
@@ -72,6 +76,12 @@ static inline void ukr_body(int64_t kc, const uint16_t *a, int64_t a_step, int64
         _tile_dpbf16ps(3, 5, 7);
         _tile_loadd(7, bs + 32, 128);
         _tile_loadd(5, as + a_half, a_stride);
+    }
+    if (steps > 0) { /* the last step: nothing left to load */
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
     }
     if (mode != DG_UKR_SCALE) {
         _tile_stored(0, c, ldc * 4);
