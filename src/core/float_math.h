@@ -9,10 +9,11 @@
  * work on the exponent), each correctly rounded (fmaf by C11's definition, in hardware or in the
  * C library; float arithmetic in float precision: FLT_EVAL_METHOD 0, as on x86-64 and ARM64,
  * not x87), so the scalar versions below and the vector versions (kernels/<isa>/float_math_*.h,
- * written op for op after them) give the same bits on every CPU. Accuracy (tests/test_float_math.c, against double precision on every
- * 4099th float of the whole range): exp within 1.1 ulp, softplus and sigmoid within 2.5 ulp, the
- * square root of softplus within 2 ulp where softplus is a normal float (libm's
- * sqrtf(log1pf(expf(v))) on the same sweep: 1.3 ulp), tanh within 1.5 ulp (glibc's tanhf: 2.2).
+ * written op for op after them) give the same bits on every CPU. Accuracy (tests/test_float_math.c,
+ * against double precision on every 4099th float of the whole range): exp within 1.1 ulp,
+ * softplus and sigmoid within 2.5 ulp, the square root of softplus within 2 ulp where softplus
+ * is a normal float (libm's sqrtf(log1pf(expf(v))) on the same sweep: 1.3 ulp), tanh within
+ * 1.5 ulp (glibc's tanhf: 2.2).
  *
  * Scalar helpers mirror the vector instructions' rules: dg_fm_max(a, b) is "a > b ? a : b" and
  * dg_fm_min(a, b) is "a < b ? a : b" (MAXPS / MINPS: the second operand when either is NaN).

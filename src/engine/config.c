@@ -43,9 +43,9 @@
  * through 16 panels in L2 ~750 (68%); C too cycling through the 256 micro-tiles of a
  * 512 x 512 tile (1 MiB, L2), as in the GEMM, ~920 (56%); KC = 1024, A and B both from L2,
  * 4250 of 2048 (48%): tile loads from L2 are what the kernel waits on, so KC stays at 256 (the
- * B micro-panel in L1). Hinting the next B micro-panel into L2 across the calls (gemm.c) gained 2-8%; the
- * next slice's A block spread over the slice's calls, or a whole A panel before each call
- * (3x slower: the hints fill the line buffers the tile loads need), did not.
+ * B micro-panel in L1). Hinting the next B micro-panel into L2 across the calls (gemm.c)
+ * gained 2-8%; the next slice's A block spread over the slice's calls, or a whole A panel
+ * before each call (3x slower: the hints fill the line buffers the tile loads need), did not.
  */
 #include "engine.h"
 

@@ -278,9 +278,11 @@ static void amx_columns(const hc_job *j, float *scratch, int sp, int64_t c0, int
     dg_hc_split_range(j->k, j->splits, sp, &k0, &k1);
     for (int64_t c = c0, next; c < c1; c = next) {
         next = (c / DG_HC_NS + 1) * DG_HC_NS < c1 ? (c / DG_HC_NS + 1) * DG_HC_NS : c1;
-        for (int64_t r = 0; r < j->m; r += 16)
-            dg_hc_amx_block_t(j->a + r * j->lda, j->lda, (int)(j->m - r < 16 ? j->m - r : 16), k0, k1, j->b + c * j->ldb,
-                              j->ldb, next - c, state + r * DG_HC_AMX_SF, c == 0);
+        for (int64_t r = 0; r < j->m; r += 16) {
+            const int rows = (int)(j->m - r < 16 ? j->m - r : 16);
+            dg_hc_amx_block_t(j->a + r * j->lda, j->lda, rows, k0, k1, j->b + c * j->ldb, j->ldb, next - c,
+                              state + r * DG_HC_AMX_SF, c == 0);
+        }
         dg_hc_amx_finish(state, (int)j->m, next - c, j->d + sp * j->d_split + c, j->ldd,
                          c == 0 ? j->s + sp * j->s_split : NULL);
     }
@@ -542,10 +544,11 @@ dg_status dg_hc_prenorm_fast(const dg_tensor *a, const dg_tensor *b, const dg_te
     }
 #if DG_HC_HAVE_AMX
     /* AMX at decode sizes: the same for the transposed kernel (amx_columns), whose tile products
-     * cost so little that A's side is the copies of its few rows: sharing the columns reads
-     * less per thread while 2M < 4N - always, at M <= HC_AMX_FEW_ROWS and N = 24 (measured on
-     * Sapphire Rapids, 2 threads, N = 24, K = 28672: M = 1 mega_mhc 0.19 -> 0.12 ms, M = 13
-     * 0.17 -> 0.11 ms, M = 16 0.33 -> 0.31 ms) */
+     * cost so little that a thread's time is the bytes it reads: sharing the columns reads
+     * 4NK / P + 2MK per thread against 4NK + 2MK / P, no more whenever M <= 2N, which holds at
+     * M <= HC_AMX_FEW_ROWS for DeepSeek's N = 24 (measured on Sapphire Rapids, 2 threads,
+     * N = 24, K = 28672: M = 1 mega_mhc 0.19 -> 0.12 ms, M = 13 0.17 -> 0.11 ms, M = 16
+     * 0.33 -> 0.31 ms) */
     if (j.amx && j.m <= HC_AMX_FEW_ROWS && j.splits < want) {
         const int64_t parts = dg_ceil_div(want, j.splits);
         j.col_parts = (int)(parts < j.n ? parts : j.n);

@@ -122,8 +122,9 @@ static inline __m512i mx_scale(__m512i v, __m512i delta) {
  * [(16 s + p) * NW + c] = BF16 (kv[c][32 s + 2p], kv[c][32 s + 2p + 1]); zero past n and d.
  * Per 16 rows and k step the code pairs are transposed as bytes (dg_transpose16_epi16_pairs),
  * then widened: 56 lane-crossing permutes against 104 for widening the rows and transposing the
- * words (SPR VM, one 64-row panel in L1: FP8 1637 -> 1209 TSC ticks, MXFP8 2392 -> 1577). FP8 and MXFP8 (the
- * scale of row c's group s folded in, see mx_scale); FP4 takes the integer kernel (mqa_fp4_amx.c). */
+ * words (SPR VM, one 64-row panel in L1: FP8 1637 -> 1209 TSC ticks, MXFP8 2392 -> 1577).
+ * FP8 and MXFP8 (the scale of row c's group s folded in, see mx_scale); FP4 takes the integer
+ * kernel (mqa_fp4_amx.c). */
 __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const *rows, const uint32_t *sf, int n,
                                                           int64_t d, int fmt, float *tmp, float *panel) {
     (void)tmp;
@@ -132,13 +133,13 @@ __attribute__((target("avx512vbmi"))) void dg_mqa_pack_amx(const uint8_t *const 
     const int64_t dp = dg_align(d, 32);
     for (int g = 0; g < NW; g += 16) {
         const int live = n - g < 0 ? 0 : n - g > 16 ? 16 : n - g;
-        const __m512i words = mx ? _mm512_maskz_loadu_epi32((__mmask16)((1u << live) - 1), sf + g)
-                                 : _mm512_setzero_si512();
         if (live == 0) { /* the columns of an empty row group are zero */
             for (int64_t p = 0; p < dp / 2; ++p)
                 _mm512_storeu_si512(o + p * NW + g, _mm512_setzero_si512());
             continue;
         }
+        const __m512i words = mx ? _mm512_maskz_loadu_epi32((__mmask16)((1u << live) - 1), sf + g)
+                                 : _mm512_setzero_si512();
         for (int64_t k = 0; k < dp; k += 32) {
             const int cnt = (int)(d - k < 32 ? d - k : 32);
             __m512i x[8], y[8];

@@ -33,7 +33,9 @@ static inline __m512 dg_exp16(__m512 x) {
     return _mm512_mask_blend_ps(num, x, _mm512_mul_ps(_mm512_mul_ps(e, p1), p2));
 }
 
-static inline __m512 dg_neg_abs16(__m512 v) { return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN))); }
+static inline __m512 dg_neg_abs16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+}
 
 static inline __m512 dg_softplus16(__m512 v) {
     const __m512 u = dg_exp16(dg_neg_abs16(v)), two = _mm512_set1_ps(2.0f);
