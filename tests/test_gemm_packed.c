@@ -210,6 +210,61 @@ static void test_fp4_panels_used(void) {
     top_free(&b);
 }
 
+/* On AMX a pre-packed FP4 B keeps its codes as nibble planes (engine.h, DG_AMX_E2M1_PLANES) for
+ * the small-M kernel, which takes two 16-row blocks per call at M <= 16 (work items of 16+
+ * blocks: N >= 256 with up to 2 threads, N >= 512 at 1). Bitwise the unpacked call (the kernel
+ * on B's rows) with UE8M0 words and float powers of two (folded; one panel holding 2^-126, a
+ * scale the planes kernel cannot apply, runs the rows' path), with arbitrary float scales (not
+ * folded: an epilogue per K block, for pairs too), with A's scales folded or not, N with a
+ * tail block, K over two chunks (8192 + 256), M 1 .. 64, 1, 2 and 3 threads. */
+static void test_fp4_amx_planes(void) {
+    const dg_engine_cfg *cfg = dg_engine_config(dg_get_isa());
+    if (!cfg->amx)
+        return;
+    static const struct {
+        int packed, tiny, ga;
+        int64_t n, k;
+    } cs[] = {{1, 0, 128, 300, 2048}, {2, 1, 32, 520, 512}, {0, 0, 128, 260, 8448}, {1, 0, 128, 40, 8448}};
+    tu_rng r = {9191};
+    const int sms = dg_get_num_sms(), mode = dg_get_print_paths();
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ++ci) {
+        const pcase e = {"fp8 x fp4 planes", DG_FLOAT8_E4M3, DG_FP4_E2M1X2, {1, cs[ci].ga}, {1, 32},
+                         cs[ci].packed, cs[ci].n, cs[ci].k, 0};
+        top b = top_make(&r, e.db, e.n, e.k, 0, 1, 32, e.packed, 0);
+        if (cs[ci].tiny) /* row 37: panel 2 */
+            ((float *)b.sf.data)[37 * b.sf.strides[0] + 3] = 0x1p-126f;
+        dg_packed_b *pb = NULL;
+        TU_CHECK_OK(pack(&e, &b, &pb));
+        const int64_t ms[5] = {1, 3, 16, 17, 64};
+        for (int mi = 0; mi < 5 && pb; ++mi) {
+            top a = top_make(&r, e.da, ms[mi], e.k, 0, 1, cs[ci].ga, e.packed, 0);
+            dg_tensor du = tg_out(&r, DG_FLOAT32, ms[mi], e.n, 0, 0);
+            TU_CHECK_OK(unpacked(&e, &a, &b, &du, NULL));
+            for (int th = 1; th <= 3; ++th) {
+                dg_tensor dp = clone(&du);
+                memset(dp.data, 0, (size_t)(dp.shape[0] * dp.strides[0]) * sizeof(float));
+                TU_CHECK_OK(dg_set_num_sms(th));
+                dg_set_print_paths(2);
+                dg_clear_path_report();
+                TU_CHECK_OK(packed(&e, &a, pb, &dp, NULL));
+                char rep[2048];
+                dg_get_path_report(rep, sizeof rep);
+                TU_CHECK(strstr(rep, "pre-packed planes") != NULL, "case %zu M=%lld: planes not used; report:\n%s", ci,
+                         (long long)ms[mi], rep);
+                TU_CHECK(same_span(&du, &dp), "case %zu M=%lld, %d threads: the packed call's D differs from the unpacked one's",
+                         ci, (long long)ms[mi], th);
+                free(dp.data);
+            }
+            TU_CHECK_OK(dg_set_num_sms(sms));
+            dg_set_print_paths(mode);
+            free(du.data);
+            top_free(&a);
+        }
+        dg_packed_b_free(pb);
+        top_free(&b);
+    }
+}
+
 /* Where the level has E4M3 decode panel kernels, a pre-packed FP8 B serves M <= DG_DECODE_MAX_M
  * from them (M 1 and 5: four and two groups of 16 rows per call) and M = 40 from its kept rows,
  * with float block scales and with folded UE8M0 ones; a NaN code makes the panels' blocks take
@@ -357,6 +412,7 @@ int main(void) {
     test_equivalence();
     test_threads();
     test_fp4_panels_used();
+    test_fp4_amx_planes();
     test_fp8_panels_used();
     test_bad();
     return tu_finish();

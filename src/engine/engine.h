@@ -82,6 +82,8 @@
 
 #include "../core/operand.h"
 
+#include <string.h>
+
 /* float -> BF16 bits, round to nearest even, NaN kept (quiet); vectorizes, unlike a call. */
 static inline uint16_t dg_engine_f32_bf16(float x) {
     union { float f; uint32_t u; } v = {x};
@@ -442,6 +444,31 @@ void dg_amx_small_t_e4m3(int64_t steps, const uint8_t *b, int64_t ldb, int64_t p
 void dg_amx_small_t_e2m1(int64_t steps, const uint8_t *b, int64_t ldb, int64_t pf, const int32_t *adj,
                          int64_t ldadj, int64_t t0, int64_t spb, const uint16_t *a, int64_t lda, int mt, float *acc,
                          int accumulate, uint16_t *buf);
+/* DG_AMX_E2M1_PLANES: a K-major E2M1 B pre-packed for the AMX small-M kernel (prepack.c,
+ * pack_e2m1_amx_planes), in dg_e2m1_panels.codes on AMX configurations: panel P holds rows
+ * 16P .. 16P + 15 over K in steps of 32 k, DG_AMX_E2M1_STEP_BYTES per step, panels
+ * ceil(K / 32) steps apart; in step s, group g (rows 16P + 4g .. + 3) is 64 bytes at 64 g whose
+ * little-endian 16-bit word w holds the codes of k = 32 s + w, row 4g + q in bits 4q .. 4q + 3.
+ * Codes past K and past B's rows are zero (+0). The same bytes per weight as the row-major
+ * codes (0.5), and the same size and panel steps as DG_DECODE_E2M1P (slicing is shared). */
+#define DG_AMX_E2M1_STEP_BYTES 256
+/* dg_amx_small_t_e2m1 on nb (1, or 2 when mt == 1) consecutive 16-row panels of such planes:
+ * the first at p (its step 0 at p, so p = panel + 256 * (k0 / 32)), the next ldp bytes on;
+ * block b's accumulator at acc + 256 b when nb is 2. sfe (NULL: no scales): the panels' scales
+ * as biased exponent bytes (scale 2^(e - 127)), [q][16] per panel, panels ldsfe bytes apart,
+ * every one accepted by dg_amx_e2m1_adj (checked at packing: dg_e2m1_panels.exact); step s is
+ * in block (t0 + s) / spb. buf: 8 KiB, 64-byte aligned. pf: bytes ahead in each panel's stream
+ * to hint into L2 (0: none). The same values and tile steps as dg_amx_small_t_e2m1 on the
+ * row-major codes with those scales: the same bits. */
+void dg_amx_small_t_e2m1_planes(int64_t steps, const uint8_t *p, int64_t ldp, int nb, int64_t pf, const uint8_t *sfe,
+                                int64_t ldsfe, int64_t t0, int64_t spb, const uint16_t *a, int64_t lda, int mt,
+                                float *acc, int accumulate, uint16_t *buf);
+/* Whether dg_amx_e2m1_adj accepts scale s (a power of two 2^e, |e| <= 125). */
+static inline bool dg_amx_e2m1_scale_ok(float s) {
+    uint32_t u;
+    memcpy(&u, &s, sizeof u);
+    return !(u & 0x807fffffu) && (u >> 23) >= 2 && (u >> 23) <= 252;
+}
 /* adj[i] for dg_amx_small_t_e2m1 from n float scales; false (adj partly written) when one is not
  * a power of two 2^e with |e| <= 125, where adding to the exponent is not the rounded product. */
 bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj);
@@ -549,7 +576,9 @@ dg_status dg_engine_gemm_assuming_pow2(const dg_operand *a, const dg_operand *b,
  * blocks q of gran_k (127, i.e. 1, past B's rows; NULL: other scales), so that a call reads
  * 16 bytes per panel and block instead of B's float scales element by element (which had cost
  * a third of an M = 1 call); exact[panel] = 1 when every scale of the panel passes
- * dg_decode_fold_exact (unit 1). */
+ * dg_decode_fold_exact (unit 1). On AMX configurations codes holds DG_AMX_E2M1_PLANES instead,
+ * read only by the AMX small-M path, with sfe as above and exact[panel] = 1 when every scale
+ * of the panel passes dg_amx_e2m1_scale_ok. */
 /* Whether a folded scale s can be applied to a code's value (the format's unit times s) by one
  * exact multiply: value * s stays a normal float32 and unit * s is finite. Checked per call by
  * the decode driver (smallm.c) and once at packing for decode panels (prepack.c). */

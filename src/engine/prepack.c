@@ -127,19 +127,35 @@ static void pack_e2m1_panels(const uint8_t *codes, int64_t n, int64_t k, uint8_t
     }
 }
 
+/* The same codes as DG_AMX_E2M1_PLANES (engine.h), zero past K and past row n. */
+static void pack_e2m1_amx_planes(const uint8_t *codes, int64_t n, int64_t k, uint8_t *out) {
+    const int64_t kh = (k + 1) / 2, steps = dg_ceil_div(k, 32), panels = dg_ceil_div(n, 16);
+    memset(out, 0, (size_t)(panels * steps * DG_AMX_E2M1_STEP_BYTES));
+    for (int64_t row = 0; row < n; ++row) {
+        uint8_t *panel = out + row / 16 * steps * DG_AMX_E2M1_STEP_BYTES;
+        const int g = (int)(row % 16) / 4, q = (int)(row % 4);
+        for (int64_t kk = 0; kk < k; ++kk) {
+            const int code = (codes[row * kh + kk / 2] >> (4 * (kk & 1))) & 15;
+            /* word kk % 32 of group g, bits 4q .. 4q + 3: byte q / 2 of the word, nibble q % 2 */
+            panel[kk / 32 * DG_AMX_E2M1_STEP_BYTES + 64 * g + 2 * (kk % 32) + q / 2] |= (uint8_t)(code << (4 * (q & 1)));
+        }
+    }
+}
+
 /* The FP4 copy of b (prepack.h: fp4_codes, fp4_sf) and, where the configuration has kernels for
  * them, its decode panels and their folded scales' exponents (fp4p), in one block; out->fold_b
  * is set. */
 static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct dg_packed_b *out) {
     const int64_t kh = (b->k + 1) / 2, nkb = dg_ceil_div(b->k, b->gran_k), panels = dg_ceil_div(b->mn, 16);
     const size_t code_bytes = (size_t)dg_align(b->mn * kh, 64);
-    const bool dec = cfg->decode[DG_DECODE_E2M1P] && !cfg->amx;
-    const size_t pcode_bytes = dec ? (size_t)(panels * dg_ceil_div(b->k, 32) * DG_E2M1P_STEP_BYTES) : 0;
-    const size_t psf_bytes = dec ? (size_t)dg_align(panels * nkb * 16 + panels, 64) : 0; /* sfe, exact */
+    const bool dec = cfg->decode[DG_DECODE_E2M1P] && !cfg->amx, planes = cfg->amx;
+    _Static_assert(DG_AMX_E2M1_STEP_BYTES == DG_E2M1P_STEP_BYTES, "the two panel formats are sliced alike");
+    const size_t pcode_bytes = dec || planes ? (size_t)(panels * dg_ceil_div(b->k, 32) * DG_E2M1P_STEP_BYTES) : 0;
+    const size_t psf_bytes = dec || planes ? (size_t)dg_align(panels * nkb * 16 + panels, 64) : 0; /* sfe, exact */
     const size_t sf_bytes = (size_t)(b->mn * nkb) * sizeof(float);
     uint8_t *mem = dg_calloc(code_bytes + pcode_bytes + psf_bytes + sf_bytes + 64, 1);
     DG_CHECK(mem != NULL, DG_ERR_ALLOC, "out of memory for a packed FP4 B");
-    uint8_t *sfe = mem + code_bytes + pcode_bytes, *exact = dec ? sfe + panels * nkb * 16 : NULL;
+    uint8_t *sfe = mem + code_bytes + pcode_bytes, *exact = dec || planes ? sfe + panels * nkb * 16 : NULL;
     float *sf = (float *)(void *)(mem + code_bytes + pcode_bytes + psf_bytes);
     for (int64_t j = 0; j < b->mn; ++j) {
         for (int64_t kk = 0; kk < b->k; ++kk)
@@ -149,9 +165,12 @@ static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct 
     }
     out->fp4_mem = mem, out->fp4_codes = mem, out->fp4_sf = sf;
     memset(&out->fp4p, 0, sizeof out->fp4p);
-    if (!dec)
+    if (!dec && !planes)
         return DG_OK;
-    pack_e2m1_panels(mem, b->mn, b->k, mem + code_bytes);
+    if (planes) /* the AMX small-M kernel's layout */
+        pack_e2m1_amx_planes(mem, b->mn, b->k, mem + code_bytes);
+    else
+        pack_e2m1_panels(mem, b->mn, b->k, mem + code_bytes);
     out->fp4p.codes = mem + code_bytes;
     if (!out->fold_b) /* kept scales: the decode call reads them as floats (smallm.c, block_scales) */
         return DG_OK;
@@ -163,7 +182,7 @@ static dg_status keep_fp4(const dg_engine_cfg *cfg, const dg_operand *b, struct 
                 uint32_t bits;
                 memcpy(&bits, &s, sizeof bits);
                 sfe[(p * nkb + q) * 16 + r] = (uint8_t)(bits >> 23); /* 2^(byte - 127) where exact */
-                ok &= dg_decode_fold_exact(s, 1.0f);
+                ok &= planes ? dg_amx_e2m1_scale_ok(s) : dg_decode_fold_exact(s, 1.0f);
             }
         exact[p] = (uint8_t)ok;
     }

@@ -34,7 +34,9 @@ struct dg_packed_b {
      * 256 bytes) on configurations with kernels for them (AVX-512 BF16; else fp4p.codes NULL):
      * decoding calls with another A, M up to the decode kernels' bound, read these (0.5 bytes
      * per weight, widened in 128-bit lanes with no transpose) and the bytes above serve the
-     * rest. 1 byte per weight in all with the codes, plus the BF16 panels' 2. */
+     * rest. 1 byte per weight in all with the codes, plus the BF16 panels' 2. On AMX
+     * configurations fp4p.codes holds the same codes as DG_AMX_E2M1_PLANES (engine.h) for the
+     * AMX small-M kernel, M <= 64 (sfe and exact NULL). */
     dg_e2m1_panels fp4p;
     /* FP8 B on AMX configurations and on those with decode kernels (AVX2 and up): its E4M3 codes
      * K-major [n][k] (1 byte per weight) and, with

@@ -462,6 +462,7 @@ static bool decode_block(const decode_plan *dp, const dg_operand *a, const dg_op
 #define AMX_GROUP 8
 #define AMX_KC_MAX 8192 /* B read in place: scratch (tails) 16 x 8192 BF16 = 256 KiB */
 #define AMX_KC_WIDE 256 /* widened B: 16 x 256 BF16 = 8 KiB, in L1 for the tile loads (measured: 256 > 512 > 1024) */
+#define AMX_PLANES_PF 2048 /* planes: bytes ahead in a panel's stream (8 k steps) hinted into L2 */
 
 typedef struct amx_job {
     const dg_engine_cfg *cfg;
@@ -473,6 +474,8 @@ typedef struct amx_job {
     bool e4m3_fused; /* e4m3_kmajor, widened inside the tile loop (dg_amx_small_t_e4m3) */
     bool e2m1_fused; /* K-major FP4 codes widened inside the tile loop (dg_amx_small_t_e2m1) */
     bool e2m1_fold;  /* ... with B's folded power-of-two scales added to the exponents */
+    const dg_e2m1_panels *planes; /* ... or rather B's DG_AMX_E2M1_PLANES (pre-packed B), NULL: none */
+    int64_t ldp, ldsfe;           /* bytes per panel of planes and of their exponent bytes */
     atomic_int *refuted; /* dg_engine_gemm_small_assume_pow2: set on a scale that is no power of two
                           * (or, before any work, when the kernel that checks them does not apply) */
 } amx_job;
@@ -480,6 +483,9 @@ typedef struct amx_job {
 /* B's codes read in place by the fused kernels (16 whole rows, whole k steps inside K): */
 typedef struct amx_codes {
     const uint8_t *e4m3, *e2m1; /* the rows' codes at k = 0 (NULL: not this kind) */
+    const uint8_t *planes;      /* or their panel of planes at k = 0, nb panels (j->ldp apart), */
+    const uint8_t *sfe;         /* with the exponents of the chunk's first block (NULL: none) */
+    int nb;
     const int32_t *adj;         /* e2m1: the chunk's exponent adjustments, [16][ldadj] (NULL: none) */
     int64_t ldadj;
 } amx_codes;
@@ -562,7 +568,11 @@ static void amx_steps(const amx_job *j, const amx_codes *cd, const uint16_t *src
     const dg_packed *pa = j->pa;
     const uint16_t *ad = (const uint16_t *)pa->data + kb * 16;
     const int64_t ldb = j->b->data->strides[0];
-    if (cd->e4m3)
+    if (cd->planes)
+        dg_amx_small_t_e2m1_planes(steps, cd->planes + kb / 32 * DG_AMX_E2M1_STEP_BYTES, j->ldp, cd->nb, pf, cd->sfe,
+                                   j->ldsfe, (kb - k0) / 32, j->b->gran_k / 32, ad, pa->kp * 16, (int)pa->panels, out,
+                                   accumulate, buf);
+    else if (cd->e4m3)
         dg_amx_small_t_e4m3(steps, cd->e4m3 + kb, ldb, pf, ad, pa->kp * 16, (int)pa->panels, out, accumulate, buf);
     else if (cd->e2m1)
         dg_amx_small_t_e2m1(steps, cd->e2m1 + kb / 2, ldb, pf, cd->adj, cd->ldadj, (kb - k0) / 32, j->b->gran_k / 32, ad,
@@ -593,6 +603,17 @@ static bool amx_e2m1_adj(const amx_job *j, int64_t n0, int64_t k0, int64_t k1, u
     return true;
 }
 
+/* How many 16-row blocks from block bi (n0) of a group of nblk run on B's planes: 0 (none:
+ * no planes, or a scale the kernel cannot apply, see engine.h), 1, or at M <= 16 (mt 1) 2:
+ * one call then runs two independent tile chains. */
+static int amx_planes_blocks(const amx_job *j, int64_t bi, int64_t nblk, int64_t n0, int mt) {
+    const dg_e2m1_panels *pl = j->planes;
+    const int64_t p = n0 / 16;
+    if (!pl || (j->e2m1_fold && !(pl->exact && pl->exact[p])))
+        return 0;
+    return mt == 1 && bi + 1 < nblk && n0 + 32 <= j->b->mn && (!j->e2m1_fold || pl->exact[p + 1]) ? 2 : 1;
+}
+
 /* Whether every scale of B rows [n0, n1) over K [k0, k1) (inside K) is a power of two: the
  * test dg_engine_plan_scales applies to all of B. */
 static bool rows_scales_pow2(const dg_operand *b, int64_t n0, int64_t n1, int64_t k0, int64_t k1) {
@@ -619,11 +640,13 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
     dg_amx_small_begin();
     for (int64_t k0 = 0; k0 < kp; k0 += j->chunk) {
         const int64_t k1 = kp - k0 < j->chunk ? kp : k0 + j->chunk;
-        for (int64_t bi = 0; bi < nblk; ++bi) {
+        int nb = 1; /* blocks in this call: 2 for a pair on planes (dg_amx_small_t_e2m1_planes) */
+        for (int64_t bi = 0; bi < nblk; bi += nb) {
             const int64_t n0 = (g0 + bi) * 16, cols = n - n0 < 16 ? n - n0 : 16;
             int64_t ld = 0, pf = 0;
-            amx_codes cd = {NULL, NULL, NULL, 0};
+            amx_codes cd = {NULL, NULL, NULL, NULL, 1, NULL, 0};
             const uint16_t *src = NULL;
+            nb = 1;
             if ((j->e4m3_fused || j->e2m1_fused) && cols == 16 && k1 <= j->b->k) { /* codes read in place */
                 const dg_tensor *t = j->b->data;
                 const uint8_t *rows = (const uint8_t *)t->data + n0 * t->strides[0];
@@ -632,18 +655,24 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
                  * prefetcher to follow (cold B, M = 1: 3 GB/s without) */
                 pf = k1 < j->b->k ? (j->e4m3_fused ? j->chunk : j->chunk / 2)
                      : n0 + 32 <= n ? 16 * t->strides[0] : 0;
-                if (j->e4m3_fused)
+                const int np = j->e2m1_fused ? amx_planes_blocks(j, bi, nblk, n0, mt) : 0;
+                if (j->e4m3_fused) {
                     cd.e4m3 = rows;
-                else if (!j->e2m1_fold || amx_e2m1_adj(j, n0, k0, k1, scratch, &cd))
+                } else if (np) { /* one stream per panel: hinted a fixed distance ahead */
+                    nb = cd.nb = np, pf = AMX_PLANES_PF;
+                    cd.planes = j->planes->codes + n0 / 16 * j->ldp;
+                    if (j->e2m1_fold)
+                        cd.sfe = j->planes->sfe + n0 / 16 * j->ldsfe + k0 / j->b->gran_k * 16;
+                } else if (!j->e2m1_fold || amx_e2m1_adj(j, n0, k0, k1, scratch, &cd)) {
                     cd.e2m1 = rows;
-                else if (j->refuted && !rows_scales_pow2(j->b, n0, n0 + 16, k0, k1)) {
+                } else if (j->refuted && !rows_scales_pow2(j->b, n0, n0 + 16, k0, k1)) {
                     atomic_store_explicit(j->refuted, 1, memory_order_relaxed);
                     return;
                 }
             }
-            if (!cd.e4m3 && !cd.e2m1)
+            if (!cd.e4m3 && !cd.e2m1 && !cd.planes)
                 src = amx_stage(j, n0, cols, k0, k1, scratch, &ld, &pf);
-            float *tot = total + bi * per;
+            float *tot = total + bi * per; /* a pair's second block: tot + 256 (per is 256 at mt 1) */
             if (!pa->scales && !j->scaled_b) { /* one tile chain over K (engine.h) */
                 amx_steps(j, &cd, src, ld, pf, k0, k0, (k1 - k0) / 32, tot, k0 > 0, buf);
                 continue;
@@ -651,11 +680,14 @@ static void amx_group(const amx_job *j, int64_t g0, int64_t nblk, uint16_t *scra
             for (int64_t kb0 = k0; kb0 < k1; kb0 += gblk) { /* one scale epilogue per block */
                 const int64_t kb1 = kb0 + gblk < k1 ? kb0 + gblk : k1;
                 amx_steps(j, &cd, src, ld, pf, k0, kb0, (kb1 - kb0) / 32, acc, 0, buf);
-                const float *sbp = amx_scales_b(j, n0, cols, kb0, sb, ones);
-                if (pa->scales)
-                    dg_amx_small_t_scale(mt, acc, tot, pa->scales + (kb0 / gblk) * 16, pa->nkb * 16, sbp);
-                else
-                    dg_amx_small_t_scale(mt, acc, tot, ones, 0, sbp);
+                for (int bk = 0; bk < nb; ++bk) {
+                    const float *sbp = amx_scales_b(j, n0 + 16 * bk, cols, kb0, sb, ones);
+                    if (pa->scales)
+                        dg_amx_small_t_scale(mt, acc + 256 * bk, tot + per * bk, pa->scales + (kb0 / gblk) * 16,
+                                             pa->nkb * 16, sbp);
+                    else
+                        dg_amx_small_t_scale(mt, acc + 256 * bk, tot + per * bk, ones, 0, sbp);
+                }
             }
         }
     }
@@ -685,11 +717,12 @@ static int64_t amx_chunk(const dg_operand *b, const dg_scale_plan *plan, int64_t
 }
 
 static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const dg_operand *b,
-                           const dg_scale_plan *plan, const dg_tensor *d, const dg_tensor *c, atomic_int *refuted) {
+                           const dg_e2m1_panels *panels, const dg_scale_plan *plan, const dg_tensor *d,
+                           const dg_tensor *c, atomic_int *refuted) {
     if (a->mn == 0 || b->mn == 0)
         return DG_OK;
     const dg_tensor *bt = b->data;
-    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false, false, false, false, refuted};
+    amx_job j = {cfg, b, plan, NULL, 0, false, false, false, false, false, false, false, NULL, 0, 0, refuted};
     j.bf16_kmajor = bt->dtype == DG_BFLOAT16 && bt->strides[1] == 1;
     j.e4m3_kmajor = bt->dtype == DG_FLOAT8_E4M3 && bt->strides[1] == 1 && !(plan->fold_b && b->sf);
     j.scaled_b = !plan->fold_b && b->sf;
@@ -701,6 +734,10 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     const bool fold = plan->fold_b && b->sf;
     j.chunk = amx_chunk(b, plan, pa.kp, j.bf16_kmajor || j.e4m3_fused, &j.e2m1_fused);
     j.e2m1_fold = j.e2m1_fused && fold;
+    if (j.e2m1_fused && panels && panels->codes) { /* B pre-packed as planes (prepack.c) */
+        j.planes = panels, j.ldp = dg_ceil_div(b->k, 32) * DG_AMX_E2M1_STEP_BYTES;
+        j.ldsfe = dg_ceil_div(b->k, b->gran_k) * 16;
+    }
     j.e2m1_kmajor = b->fp4_dim == 1 && bt->strides[1] == 1 && j.chunk <= AMX_KC_WIDE &&
                     (!(plan->fold_b && b->sf) || (b->gran_k % 32 == 0 && j.chunk % b->gran_k == 0));
     /* An assumed fold holds only where every scale passes a check: the fused kernel's for whole
@@ -713,7 +750,8 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     }
     DG_PATH("%s small-M AMX kernel (D^T tiles; B %s%s) | first: m=%lld n=%lld k=%lld", cfg->name,
             dg_dtype_name(bt->dtype),
-            j.e4m3_fused || j.e2m1_fused ? " codes widened in the tile loop"
+            j.planes ? " pre-packed planes widened in the tile loop"
+            : j.e4m3_fused || j.e2m1_fused ? " codes widened in the tile loop"
             : j.bf16_kmajor || j.e4m3_kmajor ? " read in place" : " widened",
             (long long)a->mn, (long long)b->mn, (long long)b->k);
     const int nt = dg_num_threads();
@@ -721,9 +759,10 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
     group = group < 1 ? 1 : group > AMX_GROUP ? AMX_GROUP : group;
     const int64_t items = dg_ceil_div(blocks, group);
     const int threads = (int)(items < nt ? items : nt);
-    /* Per thread (floats): totals, acc, ones, B scales, output row, the BF16 scratch, then the
-     * four tile buffers of the fused FP8 kernel. */
-    const int64_t per_thread = dg_align(group * mt * 256 + mt * 256 + 32 + group * 16 + 8 * j.chunk + 1024, 16);
+    /* Per thread (floats): totals, acc (at least two tiles: a pair on planes), ones, B scales,
+     * output row, the BF16 scratch, then the four tile buffers of the fused kernels (8 KiB). */
+    const int64_t acc_floats = (mt > 2 ? mt : 2) * 256;
+    const int64_t per_thread = dg_align(group * mt * 256 + acc_floats + 32 + group * 16 + 8 * j.chunk + 2048, 16);
     float *mem = dg_malloc((size_t)(threads * per_thread) * sizeof(float));
     if (!mem) {
         dg_engine_packed_free(&pa);
@@ -735,9 +774,9 @@ static dg_status amx_small(const dg_engine_cfg *cfg, const dg_operand *a, const 
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *total = mem + tid * per_thread, *acc = total + group * mt * 256, *ones = acc + mt * 256;
+        float *total = mem + tid * per_thread, *acc = total + group * mt * 256, *ones = acc + acc_floats;
         float *sb = ones + 16, *row = sb + 16;
-        uint16_t *scratch = (uint16_t *)(row + group * 16), *buf = scratch + 16 * j.chunk; /* 4 KiB, aligned */
+        uint16_t *scratch = (uint16_t *)(row + group * 16), *buf = scratch + 16 * j.chunk; /* 8 KiB, aligned */
         for (int s = 0; s < 16; ++s)
             ones[s] = 1.0f;
 #pragma omp for schedule(dynamic, 1) /* any order: each block's result is fixed */
@@ -778,7 +817,7 @@ dg_status dg_engine_gemm_small_assume_pow2(const dg_engine_cfg *cfg, const dg_op
 #if DG_X86 && defined(DG_HAVE_AMX)
     if (cfg->amx && plan->fold_b && b->sf && !b->sf_packed) {
         atomic_int r = 0;
-        const dg_status st = amx_small(cfg, a, b, plan, d, NULL, &r);
+        const dg_status st = amx_small(cfg, a, b, NULL, plan, d, NULL, &r);
         *refuted = atomic_load(&r) != 0;
         return st;
     }
@@ -798,7 +837,7 @@ dg_status dg_engine_gemm_small_panels(const dg_engine_cfg *cfg, const dg_operand
                                       const dg_tensor *d, const dg_tensor *c) {
 #if DG_X86 && defined(DG_HAVE_AMX)
     if (cfg->amx)
-        return amx_small(cfg, a, b, plan, d, c, NULL);
+        return amx_small(cfg, a, b, panels, plan, d, c, NULL);
 #endif
     int mr;
     const int which = dg_engine_small_kernel(cfg, a->mn, &mr);

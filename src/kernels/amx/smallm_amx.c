@@ -273,22 +273,23 @@ void dg_amx_widen_e4m3_rows(const uint8_t *src, int64_t ld, int rows, int64_t n,
  * tile load does not take data from the store buffer, and stores reach L1 only after they
  * retire, so a step's stores must be older than the previous step's tile ops (one step ahead:
  * ~6% slower). Shared by the E4M3 and E2M1 kernels. */
-#define WIDEN_AHEAD(WIDEN)                                                                         \
+#define WIDEN_AHEAD_BY(WIDEN, STEP, SZ)                                                            \
     do {                                                                                           \
         int64_t s = 0;                                                                             \
         for (int64_t w = 0; w < 2 && w < steps; ++w)                                               \
-            WIDEN(w, buf + (w & 3) * 512);                                                         \
+            WIDEN(w, buf + (w & 3) * (SZ));                                                        \
         for (; s + 1 < steps; s += 2) {                                                            \
             if (s + 2 < steps)                                                                     \
-                WIDEN(s + 2, buf + ((s + 2) & 3) * 512);                                           \
-            STEP_TILES(4, s, buf + (s & 3) * 512);                                                 \
+                WIDEN(s + 2, buf + ((s + 2) & 3) * (SZ));                                          \
+            STEP(4, s, buf + (s & 3) * (SZ));                                                      \
             if (s + 3 < steps)                                                                     \
-                WIDEN(s + 3, buf + ((s + 3) & 3) * 512);                                           \
-            STEP_TILES(5, s + 1, buf + ((s + 1) & 3) * 512);                                       \
+                WIDEN(s + 3, buf + ((s + 3) & 3) * (SZ));                                          \
+            STEP(5, s + 1, buf + ((s + 1) & 3) * (SZ));                                            \
         }                                                                                          \
         if (s < steps)                                                                             \
-            STEP_TILES(4, s, buf + (s & 3) * 512);                                                 \
+            STEP(4, s, buf + (s & 3) * (SZ));                                                      \
     } while (0)
+#define WIDEN_AHEAD(WIDEN) WIDEN_AHEAD_BY(WIDEN, STEP_TILES, 512)
 
 /* Step s's tile ops on the B tile in buffer tb (tile BT), accumulators 0..mt-1. */
 #define STEP_TILES(BT, s, tb)                                                                      \
@@ -397,5 +398,94 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e2m1(int64_t steps, co
 }
 #undef E2M1_WIDEN
 #undef E2M1_ROW
+
+/* ---- FP4 B pre-packed as nibble planes (dg_amx_small_t_e2m1_planes) -------------------------
+ * The row-major codes above cost two port-5 shuffles per row and k step just to bring each
+ * nibble to its own word (vpmovzxwq, vpmultishiftqb) before the table permute; the tile
+ * products occupy the other vector port, so widening and products barely overlap. In the
+ * planes layout (engine.h, DG_AMX_E2M1_PLANES) the 16-bit word w of a 64-byte group holds the
+ * codes of k = w of four rows, 4 bits each: row q of the group is the word shifted right by
+ * 4q (one shift, none for q = 0), then the same permute and scale add as dg_amx_small_t_e2m1.
+ * One call also takes two 16-row blocks at M <= 16: a single accumulator tile is a chain of
+ * dependent tile products, and two independent chains keep the tile unit busy (FP4 M = 1,
+ * B in L2, Sapphire Rapids VM: ~5.0 TSC per row and k step with the row-major codes, 4.1 on
+ * planes with one block, 3.1 with two). */
+
+/* Group word vector v_ shifted for row q -> BF16 words of row r (of the block) at tb + 32 r. */
+#define PLANE_ROW(v_, r, tb)                                                                       \
+    do {                                                                                           \
+        const __m512i t_ = sfe ? _mm512_mask_add_epi16(lut, nonzero, lut, _mm512_set1_epi32(aw[(r) & 15])) : lut; \
+        _mm512_store_si512((tb) + (r) * 32, _mm512_permutexvar_epi16((v_), t_));                   \
+    } while (0)
+
+/* Step s of nb blocks -> buffer tb (block b's rows at tb + 512 b), prefetching pf bytes ahead
+ * in each block's stream (a step is 4 lines). With scales, the block's 16 exponent bytes
+ * become the table adjustments of dg_amx_e2m1_adj (2^(e - 127): (e - 127) << 7 in both words). */
+#define PLANES_WIDEN(s, tb)                                                                        \
+    do {                                                                                           \
+        uint16_t *tb_ = (tb);                                                                      \
+        for (int bk = 0; bk < nb; ++bk) {                                                          \
+            const uint8_t *ps = p + bk * ldp + (s) * DG_AMX_E2M1_STEP_BYTES;                       \
+            if (pf)                                                                                \
+                for (int l = 0; l < DG_AMX_E2M1_STEP_BYTES; l += 64)                               \
+                    _mm_prefetch((const char *)ps + pf + l, _MM_HINT_T1);                          \
+            if (sfe) {                                                                             \
+                const __m512i e_ = _mm512_cvtepu8_epi32(                                           \
+                    _mm_loadu_si128((const __m128i *)(sfe + bk * ldsfe + (t0 + (s)) / spb * 16)));  \
+                const __m512i w_ = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(e_, bias), 7), low16); \
+                _mm512_store_si512(aw, _mm512_or_si512(w_, _mm512_slli_epi32(w_, 16)));           \
+            }                                                                                      \
+            for (int g = 0; g < 4; ++g) {                                                          \
+                const __m512i v = _mm512_loadu_si512(ps + 64 * g);                                 \
+                const int r = 16 * bk + 4 * g;                                                     \
+                PLANE_ROW(v, r, tb_);                                                              \
+                PLANE_ROW(_mm512_srli_epi16(v, 4), r + 1, tb_);                                    \
+                PLANE_ROW(_mm512_srli_epi16(v, 8), r + 2, tb_);                                    \
+                PLANE_ROW(_mm512_srli_epi16(v, 12), r + 3, tb_);                                   \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* Two blocks (tiles 0 and 1), M <= 16: step s's tile ops on the blocks' tiles in buffer tb.
+ * Each parity has its own operand tiles (4, 5, 6 or 2, 3, 7), so a load never waits for the
+ * products still reading the previous step's tiles. */
+#define STEP_PAIR(BT, s, tb)                                                                       \
+    do {                                                                                           \
+        const uint16_t *as = a + (s) * 512;                                                        \
+        if ((BT) == 4) {                                                                           \
+            _tile_loadd(4, (tb), 64);                                                              \
+            _tile_loadd(6, as, 64);                                                                \
+            _tile_loadd(5, (tb) + 512, 64);                                                        \
+            _tile_dpbf16ps(0, 4, 6);                                                               \
+            _tile_dpbf16ps(1, 5, 6);                                                               \
+        } else {                                                                                   \
+            _tile_loadd(2, (tb), 64);                                                              \
+            _tile_loadd(7, as, 64);                                                                \
+            _tile_loadd(3, (tb) + 512, 64);                                                        \
+            _tile_dpbf16ps(0, 2, 7);                                                               \
+            _tile_dpbf16ps(1, 3, 7);                                                               \
+        }                                                                                          \
+    } while (0)
+
+void dg_amx_small_t_e2m1_planes(int64_t steps, const uint8_t *p, int64_t ldp, int nb, int64_t pf, const uint8_t *sfe,
+                                int64_t ldsfe, int64_t t0, int64_t spb, const uint16_t *a, int64_t lda, int mt,
+                                float *acc, int accumulate, uint16_t *buf) {
+    const __m512i lut = _mm512_loadu_si512(kE2m1Bf16), bias = _mm512_set1_epi32(127), low16 = _mm512_set1_epi32(0xffff);
+    const __mmask32 nonzero = 0xfefefefe; /* as in dg_amx_small_t_e2m1 */
+    int32_t aw[16] __attribute__((aligned(64))); /* the current block's row adjustments */
+    if (nb == 2) { /* mt == 1: block b's tile at acc + 256 b */
+        acc_begin(acc, 2, accumulate);
+        WIDEN_AHEAD_BY(PLANES_WIDEN, STEP_PAIR, 1024);
+        acc_end(acc, 2);
+        return;
+    }
+    acc_begin(acc, mt, accumulate);
+    WIDEN_AHEAD_BY(PLANES_WIDEN, STEP_TILES, 1024);
+    acc_end(acc, mt);
+}
+#undef STEP_PAIR
+#undef PLANES_WIDEN
+#undef PLANE_ROW
 #undef STEP_TILES
 #undef WIDEN_AHEAD
+#undef WIDEN_AHEAD_BY
