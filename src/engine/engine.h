@@ -472,6 +472,8 @@ static inline bool dg_amx_e2m1_scale_ok(float s) {
 /* adj[i] for dg_amx_small_t_e2m1 from n float scales; false (adj partly written) when one is not
  * a power of two 2^e with |e| <= 125, where adding to the exponent is not the rounded product. */
 bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj);
+/* The same from n UE8M0 bytes (scale 2^(e - 127)) instead of their float values. */
+bool dg_amx_e2m1_adj_ue8m0(const uint8_t *e, int64_t n, int32_t *adj);
 
 void dg_pack_bf16_kmajor_avx512(const uint16_t *src, int64_t ld, int64_t rows, int r, int64_t k0, int64_t kc,
                                 int64_t k, dg_pack_fmt fmt, void *dst);

@@ -359,6 +359,20 @@ bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj) {
     return true;
 }
 
+bool dg_amx_e2m1_adj_ue8m0(const uint8_t *e, int64_t n, int32_t *adj) {
+    /* byte e is 2^(e - 127): accepted where dg_amx_e2m1_adj accepts that float, 2 <= e <= 252 */
+    const __m512i lo = _mm512_set1_epi32(2), hi = _mm512_set1_epi32(252), bias = _mm512_set1_epi32(127);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, e + i));
+        if (_mm512_mask_cmplt_epi32_mask(m, v, lo) | _mm512_mask_cmpgt_epi32_mask(m, v, hi))
+            return false;
+        const __m512i w = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(v, bias), 7), _mm512_set1_epi32(0xffff));
+        _mm512_mask_storeu_epi32(adj + i, m, _mm512_or_si512(w, _mm512_slli_epi32(w, 16)));
+    }
+    return true;
+}
+
 /* Row r of step s's codes -> BF16 words at tb + 32 r, with the row's adjusted table. Bytes 2q,
  * 2q + 1 of the row go to qword q (vpmovzxwq), and vpmultishiftqb puts bits 0, 4, 8 and 12 of it
  * at the bottom of words 4q .. 4q + 3: codes 4q .. 4q + 3 in their low nibbles (the bits above
