@@ -129,8 +129,9 @@ def memory_plan(cfg, mma, ranks, tokens):
     procs = ranks * ((400 << 20) + (64 << 20))   # and the fused call's wave buffers
     base = weights + buffer + procs + max(chain, ranks * gen)
     # transform_weights_for_mega_moe copies the weights once they exist (the originals are then
-    # freed) and packs them: about 3 bytes per weight (BF16 panels, FP4 codes and decode panels)
-    packed = 3 * E * 3 * H * I
+    # freed) and packs them: about 3.2 bytes per weight (BF16 panels, FP4 codes, decode panels
+    # or AMX nibble planes, scales)
+    packed = 13 * E * 3 * H * I // 4
     return max(base, 2 * weights + buffer + procs) + packed, base
 
 
