@@ -22,8 +22,8 @@
  * every run reads them from DRAM, so GB/s is the weight bandwidth and %lim its share of the
  * measured DRAM limit. Prepacked cases rotate packed copies the same way and count the weight
  * bytes the run streams for the non-empty groups (packed_group_bytes: FP8 weights their kept
- * E4M3 codes on the AMX level, FP4 weights their decode panels on AVX-512 BF16; else BF16
- * panels from AVX2 up, float32 panels below). The m20
+ * E4M3 codes on the AMX level, FP4 weights their decode panels on AVX-512 BF16 and their
+ * nibble planes on AMX; else BF16 panels from AVX2 up, float32 panels below). The m20
  * decoding cases are rated like the dense ones, against the larger of the compute and DRAM
  * bounds: at 20 rows per expert a CPU without AMX is compute-bound (AVX2: 20 FMAs per weight).
  * diff: the reference backend computes a sample of rows (first and last computed row of the
@@ -86,7 +86,8 @@ static void grouped_free(void *state) {
  * powers of two (this tool's 0.5..2 uniform ones), one float per column and 128 of K. */
 static double packed_group_bytes(const gstate *s) {
     const double kb = (double)((s->k + 127) / 128);
-    if (s->p->fp8 == 2 && dg_get_isa() == DG_ISA_AVX512_BF16) /* decode panels: codes, exponent bytes */
+    /* decode panels (AVX-512 BF16) or nibble planes (AMX): codes, exponent bytes */
+    if (s->p->fp8 == 2 && (dg_get_isa() == DG_ISA_AVX512_BF16 || dg_get_isa() >= DG_ISA_AMX))
         return (double)s->n * s->k / 2 + (double)s->n * (s->k / 32);
     if (s->p->fp8 == 2) /* BF16 panels, the power-of-two scales folded */
         return (double)s->n * s->k * (dg_get_isa() >= DG_ISA_AVX2 ? 2 : 4);
