@@ -36,7 +36,7 @@ struct dg_packed_b {
      * per weight, widened in 128-bit lanes with no transpose) and the bytes above serve the
      * rest. 1 byte per weight in all with the codes, plus the BF16 panels' 2. On AMX
      * configurations fp4p.codes holds the same codes as DG_AMX_E2M1_PLANES (engine.h) for the
-     * AMX small-M kernel, M <= 64 (sfe and exact NULL). */
+     * AMX small-M kernel, M <= 64, with sfe and exact as engine.h describes for AMX. */
     dg_e2m1_panels fp4p;
     /* FP8 B on AMX configurations and on those with decode kernels (AVX2 and up): its E4M3 codes
      * K-major [n][k] (1 byte per weight) and, with

@@ -340,6 +340,14 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e4m3(int64_t steps, co
 static const uint16_t kE2m1Bf16[32] = {E2M1_BF16, E2M1_BF16};
 #undef E2M1_BF16
 
+/* Biased exponents e (dwords) -> table adjustments: (e - 127) << 7 in both 16-bit halves, added
+ * to the BF16 words' exponent field. */
+static inline __m512i e2m1_adj_words(__m512i e) {
+    const __m512i w = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(127)), 7),
+                                       _mm512_set1_epi32(0xffff));
+    return _mm512_or_si512(w, _mm512_slli_epi32(w, 16));
+}
+
 bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj) {
     /* 2^e times 0.5 .. 6 stays a normal float and BF16 for e in [-125, 125]: there adding e to
      * the exponent field is the rounded product. Other scales (and non powers of two) decline. */
@@ -352,23 +360,20 @@ bool dg_amx_e2m1_adj(const float *scales, int64_t n, int32_t *adj) {
                               _mm512_mask_cmplt_epi32_mask(m, e, lo) | _mm512_mask_cmpgt_epi32_mask(m, e, hi);
         if (bad)
             return false;
-        const __m512i w = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(127)), 7),
-                                           _mm512_set1_epi32(0xffff));
-        _mm512_mask_storeu_epi32(adj + i, m, _mm512_or_si512(w, _mm512_slli_epi32(w, 16)));
+        _mm512_mask_storeu_epi32(adj + i, m, e2m1_adj_words(e));
     }
     return true;
 }
 
 bool dg_amx_e2m1_adj_ue8m0(const uint8_t *e, int64_t n, int32_t *adj) {
     /* byte e is 2^(e - 127): accepted where dg_amx_e2m1_adj accepts that float, 2 <= e <= 252 */
-    const __m512i lo = _mm512_set1_epi32(2), hi = _mm512_set1_epi32(252), bias = _mm512_set1_epi32(127);
+    const __m512i lo = _mm512_set1_epi32(2), hi = _mm512_set1_epi32(252);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
         const __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, e + i));
         if (_mm512_mask_cmplt_epi32_mask(m, v, lo) | _mm512_mask_cmpgt_epi32_mask(m, v, hi))
             return false;
-        const __m512i w = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(v, bias), 7), _mm512_set1_epi32(0xffff));
-        _mm512_mask_storeu_epi32(adj + i, m, _mm512_or_si512(w, _mm512_slli_epi32(w, 16)));
+        _mm512_mask_storeu_epi32(adj + i, m, e2m1_adj_words(v));
     }
     return true;
 }
@@ -434,7 +439,7 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e2m1(int64_t steps, co
 
 /* Step s of nb blocks -> buffer tb (block b's rows at tb + 512 b), prefetching pf bytes ahead
  * in each block's stream (a step is 4 lines). With scales, the block's 16 exponent bytes
- * become the table adjustments of dg_amx_e2m1_adj (2^(e - 127): (e - 127) << 7 in both words). */
+ * become the rows' table adjustments (aw). */
 #define PLANES_WIDEN(s, tb)                                                                        \
     do {                                                                                           \
         uint16_t *tb_ = (tb);                                                                      \
@@ -443,12 +448,9 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e2m1(int64_t steps, co
             if (pf)                                                                                \
                 for (int l = 0; l < DG_AMX_E2M1_STEP_BYTES; l += 64)                               \
                     _mm_prefetch((const char *)ps + pf + l, _MM_HINT_T1);                          \
-            if (sfe) {                                                                             \
-                const __m512i e_ = _mm512_cvtepu8_epi32(                                           \
-                    _mm_loadu_si128((const __m128i *)(sfe + bk * ldsfe + (t0 + (s)) / spb * 16)));  \
-                const __m512i w_ = _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(e_, bias), 7), low16); \
-                _mm512_store_si512(aw, _mm512_or_si512(w_, _mm512_slli_epi32(w_, 16)));           \
-            }                                                                                      \
+            if (sfe)                                                                               \
+                _mm512_store_si512(aw, e2m1_adj_words(_mm512_cvtepu8_epi32(_mm_loadu_si128(        \
+                                           (const __m128i *)(sfe + bk * ldsfe + (t0 + (s)) / spb * 16))))); \
             for (int g = 0; g < 4; ++g) {                                                          \
                 const __m512i v = _mm512_loadu_si512(ps + 64 * g);                                 \
                 const int r = 16 * bk + 4 * g;                                                     \
@@ -484,7 +486,7 @@ __attribute__((target("avx512vbmi"))) void dg_amx_small_t_e2m1(int64_t steps, co
 void dg_amx_small_t_e2m1_planes(int64_t steps, const uint8_t *p, int64_t ldp, int nb, int64_t pf, const uint8_t *sfe,
                                 int64_t ldsfe, int64_t t0, int64_t spb, const uint16_t *a, int64_t lda, int mt,
                                 float *acc, int accumulate, uint16_t *buf) {
-    const __m512i lut = _mm512_loadu_si512(kE2m1Bf16), bias = _mm512_set1_epi32(127), low16 = _mm512_set1_epi32(0xffff);
+    const __m512i lut = _mm512_loadu_si512(kE2m1Bf16);
     const __mmask32 nonzero = 0xfefefefe; /* as in dg_amx_small_t_e2m1 */
     int32_t aw[16] __attribute__((aligned(64))); /* the current block's row adjustments */
     if (nb == 2) { /* mt == 1: block b's tile at acc + 256 b */
